@@ -1,0 +1,56 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+# Both create .venv on first use; everything else is optional.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+BUILD_INPUTS := pyproject.toml setup.py $(wildcard ext/*.pyx ext/*.pxd) $(shell find protos -name '*.proto' 2>/dev/null)
+
+# Addresses for `make run`: istiod's ports, on loopback.
+RUN_FLAGS ?= --config-dir examples/config \
+	--grpc-addr 127.0.0.1:15010 --http-addr 127.0.0.1:8080 --monitoring-addr 127.0.0.1:15014
+
+.PHONY: run test install install-test lint typecheck unit bench bench-quick clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python $(BUILD_INPUTS)
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(BIN)/python $(BUILD_INPUTS)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+run: install
+	$(BIN)/meshpilot discovery $(RUN_FLAGS)
+
+lint: install-test
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/cython-lint ext
+
+typecheck: install-test
+	$(BIN)/mypy
+
+# The whole suite: lint, types, then tests with the compiled hot paths (a test
+# fails if they did not load), then the twins' own run of the unit tests.
+test: lint typecheck
+	MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q
+	MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not envoy and not integration" tests
+
+bench: install-test
+	$(BIN)/python -m bench.run --suite full
+
+bench-quick: install-test
+	$(BIN)/python -m bench.run --suite quick
+
+clean:
+	rm -rf build $(VENV) src/meshpilot/_proto src/*.egg-info
+	find src ext -name '*.so' -o -name '*.c' | xargs rm -f

@@ -1,0 +1,16 @@
+# C-level API of the config hash (see confighash.pyx).
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+
+
+cdef struct Buffer:
+    uint8_t *data
+    Py_ssize_t size
+    Py_ssize_t capacity
+
+
+cdef uint64_t xxh64(const uint8_t *data, Py_ssize_t n, uint64_t seed) noexcept nogil
+cdef int encode_into(Buffer *buf, object value) except -1
+
+
+cdef inline uint64_t rotl64(uint64_t x, int r) noexcept nogil:
+    return (x << r) | (x >> (64 - r))

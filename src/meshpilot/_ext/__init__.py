@@ -1,0 +1,13 @@
+"""Compiled hot paths, built from ``ext/`` by setup.py.
+
+Never import these modules directly: each has a selector module next to its
+pure-Python twin (for example ``meshpilot.model.confighash``), which picks the
+compiled module unless ``MESHPILOT_NO_EXTENSIONS`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: True when the pure-Python twins are selected for every hot path.
+NO_EXTENSIONS: bool = os.environ.get("MESHPILOT_NO_EXTENSIONS", "") not in ("", "0")

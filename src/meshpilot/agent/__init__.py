@@ -1,0 +1,1 @@
+"""The proxy-side agent (pilot-agent): bootstrap, SDS, xDS relay, Envoy lifecycle."""

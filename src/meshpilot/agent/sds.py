@@ -1,0 +1,145 @@
+"""The agent's SDS server: serves the workload certificate and the mesh roots to Envoy.
+
+In a pod pilot-agent serves two secrets on a Unix socket that the bootstrap's
+``sds-grpc`` cluster points at: ``default`` (the workload's certificate chain
+and key) and ``ROOTCA`` (the roots to verify peers with). Envoy keeps
+clusters and listeners that reference them warming until they arrive. This
+server serves them from PEM files; the certificates are re-read when the
+files change, and every stream gets the new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from meshpilot.networking.names import SDS_DEFAULT, SDS_ROOTCA
+from meshpilot.networking.protobuf import pack
+
+log = logging.getLogger(__name__)
+
+SECRET_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+SDS_SERVICE = "envoy.service.secret.v3.SecretDiscoveryService"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadCredentials:
+    cert_chain: bytes
+    private_key: bytes
+    root_cert: bytes
+
+    @classmethod
+    def from_files(cls, cert_chain: Path, private_key: Path, root_cert: Path) -> WorkloadCredentials:
+        return cls(cert_chain.read_bytes(), private_key.read_bytes(), root_cert.read_bytes())
+
+    def secret(self, name: str) -> secret_pb2.Secret | None:
+        if name == SDS_DEFAULT:
+            out = secret_pb2.Secret(name=name)
+            out.tls_certificate.certificate_chain.inline_bytes = self.cert_chain
+            out.tls_certificate.private_key.inline_bytes = self.private_key
+            return out
+        if name == SDS_ROOTCA:
+            out = secret_pb2.Secret(name=name)
+            out.validation_context.trusted_ca.inline_bytes = self.root_cert
+            return out
+        return None
+
+
+class SdsServer:
+    """SotW SDS over gRPC for one workload."""
+
+    def __init__(self, credentials: WorkloadCredentials) -> None:
+        self._credentials = credentials
+        self._version = 1
+        self._changed = asyncio.Condition()
+
+    async def update(self, credentials: WorkloadCredentials) -> None:
+        """Replace the credentials; every stream sends them again."""
+        async with self._changed:
+            self._credentials = credentials
+            self._version += 1
+            self._changed.notify_all()
+
+    def _response(self, names: frozenset[str]) -> discovery_pb2.DiscoveryResponse:
+        secrets = [s for s in (self._credentials.secret(n) for n in sorted(names)) if s is not None]
+        return discovery_pb2.DiscoveryResponse(
+            version_info=str(self._version),
+            type_url=SECRET_TYPE,
+            nonce=uuid.uuid4().hex,
+            resources=[pack(s) for s in secrets],
+        )
+
+    async def stream_secrets(
+        self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
+        names: frozenset[str] = frozenset()
+        sent_version = 0
+        incoming: asyncio.Queue[discovery_pb2.DiscoveryRequest | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await incoming.put(request)
+            finally:
+                await incoming.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                get = asyncio.create_task(incoming.get())
+                change = asyncio.create_task(self._wait_change(sent_version))
+                done, pending = await asyncio.wait({get, change}, return_when=asyncio.FIRST_COMPLETED)
+                for task in pending:
+                    task.cancel()
+                if get in done:
+                    request = get.result()
+                    if request is None:
+                        return
+                    if request.HasField("error_detail"):
+                        log.warning("SDS: Envoy rejected secrets: %s", request.error_detail.message)
+                        continue
+                    wanted = frozenset(request.resource_names)
+                    if not request.response_nonce or wanted != names:
+                        names = wanted
+                        sent_version = self._version
+                        yield self._response(names)
+                elif names:
+                    sent_version = self._version
+                    yield self._response(names)
+        finally:
+            reader.cancel()
+
+    async def _wait_change(self, seen: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._version != seen)
+
+    def grpc_handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SDS_SERVICE,
+            {
+                "StreamSecrets": grpc.stream_stream_rpc_method_handler(
+                    self.stream_secrets,
+                    request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+                    response_serializer=discovery_pb2.DiscoveryResponse.SerializeToString,
+                )
+            },
+        )
+
+
+async def serve_sds(credentials: WorkloadCredentials, address: str) -> tuple[grpc.aio.Server, SdsServer]:
+    """Start an SDS server on ``address`` (``unix:///path`` or ``host:port``)."""
+    sds = SdsServer(credentials)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([sds.grpc_handler()])
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen on {address} for SDS")
+    await server.start()
+    return server, sds

@@ -1,0 +1,1 @@
+"""The meshpilot command and its subcommands."""

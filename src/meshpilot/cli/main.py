@@ -1,0 +1,152 @@
+"""``meshpilot``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from meshpilot import __version__
+from meshpilot.config.errors import ConfigError
+from meshpilot.server import logs
+from meshpilot.server.settings import Address, DiscoverySettings, duration_seconds, env_default
+
+
+def _address(text: str) -> Address:
+    try:
+        return Address.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _duration(text: str) -> float:
+    try:
+        return duration_seconds(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "discovery",
+        help="run the discovery server (istiod's pilot-discovery)",
+        description="Serve xDS to Envoy sidecars from config files (and, later, the Kubernetes API).",
+    )
+    # istiod's camelCase flag names are accepted too, so existing manifests work.
+    p.add_argument("--config-dir", "--configDir", type=Path, help="directory of YAML/JSON config to load and watch")
+    p.add_argument("--mesh-config", "--meshConfig", type=Path, help="MeshConfig YAML file (istiod's defaults if unset)")
+    p.add_argument("--grpc-addr", "--grpcAddr", type=_address, default=Address("", 15010),
+                   help="plaintext xDS address (default :15010)")
+    p.add_argument("--http-addr", "--httpAddr", type=_address, default=Address("", 8080),
+                   help="HTTP address for /ready and /debug (default :8080)")
+    p.add_argument("--monitoring-addr", "--monitoringAddr", type=_address, default=Address("", 15014),
+                   help="address for /metrics and /debug (default :15014)")
+    p.add_argument("--domain", default="cluster.local", help="DNS domain suffix (default cluster.local)")
+    p.add_argument("--cluster-id", "--clusterID", default=env_default("CLUSTER_ID", "Kubernetes"),
+                   help="ID of the local cluster (default $CLUSTER_ID or Kubernetes)")
+    p.add_argument("--debounce-after", type=_duration, default=env_default("PILOT_DEBOUNCE_AFTER", "100ms"),
+                   help="quiet period before a push (default $PILOT_DEBOUNCE_AFTER or 100ms)")
+    p.add_argument("--debounce-max", type=_duration, default=env_default("PILOT_DEBOUNCE_MAX", "10s"),
+                   help="longest delay of a push (default $PILOT_DEBOUNCE_MAX or 10s)")
+    p.add_argument("--push-throttle", type=int, default=int(env_default("PILOT_PUSH_THROTTLE", "0")),
+                   help="concurrent pushes; 0 means min(15+5*CPUs, 100) (default $PILOT_PUSH_THROTTLE or 0)")
+    p.add_argument("--log-level", "--log_output_level", default="info", choices=sorted(logs.LEVELS),
+                   help="log level (default info)")
+    p.set_defaults(run=_run_discovery)
+
+
+def _run_discovery(args: argparse.Namespace) -> int:
+    logs.configure(args.log_level)
+    if args.config_dir is not None and not args.config_dir.is_dir():
+        print(f"meshpilot: --config-dir {args.config_dir} is not a directory", file=sys.stderr)
+        return 2
+    settings = DiscoverySettings(
+        config_dir=args.config_dir,
+        mesh_config=args.mesh_config,
+        grpc_addr=args.grpc_addr,
+        http_addr=args.http_addr,
+        monitoring_addr=args.monitoring_addr,
+        domain=args.domain,
+        cluster_id=args.cluster_id,
+        debounce_after=args.debounce_after,
+        debounce_max=args.debounce_max,
+        push_throttle=args.push_throttle,
+        log_level=args.log_level,
+    )
+    from meshpilot.server.app import serve
+
+    try:
+        asyncio.run(serve(settings))
+    except ConfigError as err:
+        print(f"meshpilot: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"meshpilot: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_agent(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    agent = sub.add_parser("agent", help="proxy-side agent pieces (pilot-agent)")
+    agent_sub = agent.add_subparsers(dest="agent_command", required=True)
+    sds = agent_sub.add_parser(
+        "sds",
+        help="serve a workload certificate to Envoy over SDS",
+        description="Serve the secrets 'default' (certificate chain and key) and 'ROOTCA' (roots) "
+        "to Envoy's sds-grpc cluster, from PEM files.",
+    )
+    sds.add_argument("--address", required=True, help="listen address: unix:///path/to/socket or HOST:PORT")
+    sds.add_argument("--cert-chain", type=Path, required=True, help="PEM certificate chain, leaf first")
+    sds.add_argument("--key", type=Path, required=True, help="PEM private key of the leaf")
+    sds.add_argument("--root-cert", type=Path, required=True, help="PEM roots that peers' chains end in")
+    sds.add_argument("--log-level", default="info", choices=sorted(logs.LEVELS))
+    sds.set_defaults(run=_run_sds)
+
+
+def _run_sds(args: argparse.Namespace) -> int:
+    logs.configure(args.log_level)
+    from meshpilot.agent.sds import WorkloadCredentials, serve_sds
+
+    try:
+        credentials = WorkloadCredentials.from_files(args.cert_chain, args.key, args.root_cert)
+    except OSError as err:
+        print(f"meshpilot: cannot read credentials: {err}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        server, _ = await serve_sds(credentials, args.address)
+        await stop.wait()
+        await server.stop(1)
+
+    try:
+        asyncio.run(run())
+    except OSError as err:
+        print(f"meshpilot: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="meshpilot", description="A drop-in replacement for istiod.")
+    parser.add_argument("--version", action="version", version=f"meshpilot {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_discovery(sub)
+    _add_agent(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

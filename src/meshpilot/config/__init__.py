@@ -1,0 +1,1 @@
+"""Config kinds and schemas, parsing and validation, the config store and its sources."""

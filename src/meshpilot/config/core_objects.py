@@ -1,0 +1,350 @@
+"""Core Kubernetes objects, reduced to the fields the Kubernetes registry reads.
+
+The same parsing serves files and the Kubernetes API: both hand over the
+object as a JSON-like dict. Each type is plain, picklable data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from meshpilot.config.errors import ConfigError
+from meshpilot.model.kind import Kind
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    name: str
+    namespace: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    resource_version: str = ""
+    creation_timestamp: str = ""
+    deletion_timestamp: str = ""
+    uid: str = ""
+    owner_references: tuple[tuple[str, str], ...] = ()  # (kind, name)
+
+
+@dataclass(frozen=True, slots=True)
+class KubeNamespace:
+    meta: ObjectMeta
+    kind: ClassVar[Kind] = Kind.NAMESPACE
+
+
+@dataclass(frozen=True, slots=True)
+class KubeNode:
+    meta: ObjectMeta
+    kind: ClassVar[Kind] = Kind.NODE
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePortSpec:
+    name: str
+    port: int
+    protocol: str = "TCP"
+    app_protocol: str | None = None
+    target_port: int | str = 0
+    node_port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class KubeService:
+    meta: ObjectMeta
+    type: str = "ClusterIP"
+    cluster_ips: tuple[str, ...] = ()
+    ports: tuple[ServicePortSpec, ...] = ()
+    selector: dict[str, str] | None = None
+    external_name: str = ""
+    internal_traffic_policy: str = ""
+    publish_not_ready_addresses: bool = False
+    kind: ClassVar[Kind] = Kind.SERVICE
+
+    @property
+    def is_headless(self) -> bool:
+        return self.cluster_ips[:1] == ("None",)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointPortSpec:
+    name: str
+    port: int
+    protocol: str = "TCP"
+    app_protocol: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceEndpoint:
+    addresses: tuple[str, ...]
+    #: None means "unknown", which Kubernetes says to read as true.
+    ready: bool | None = None
+    serving: bool | None = None
+    terminating: bool | None = None
+    hostname: str = ""
+    node_name: str = ""
+    zone: str = ""
+    #: (kind, namespace, name) of the backing object, usually a Pod.
+    target_ref: tuple[str, str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KubeEndpointSlice:
+    meta: ObjectMeta
+    address_type: str = "IPv4"
+    ports: tuple[EndpointPortSpec, ...] = ()
+    endpoints: tuple[SliceEndpoint, ...] = ()
+    kind: ClassVar[Kind] = Kind.ENDPOINT_SLICE
+
+    @property
+    def service_name(self) -> str:
+        return self.meta.labels.get("kubernetes.io/service-name", "")
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerPortSpec:
+    name: str
+    container_port: int
+    protocol: str = "TCP"
+
+
+@dataclass(frozen=True, slots=True)
+class KubePod:
+    meta: ObjectMeta
+    service_account: str = "default"
+    node_name: str = ""
+    host_network: bool = False
+    pod_ips: tuple[str, ...] = ()
+    phase: str = ""
+    container_ports: tuple[ContainerPortSpec, ...] = ()
+    kind: ClassVar[Kind] = Kind.POD
+
+    @property
+    def ip(self) -> str:
+        return self.pod_ips[0] if self.pod_ips else ""
+
+
+KubeObject = KubeNamespace | KubeNode | KubeService | KubeEndpointSlice | KubePod
+
+
+# --- parsing -----------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to a JSON-like dict that reports the field path of errors."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"must be an object, got {_type_name(data)}", path)
+        self.data: dict[str, Any] = data
+        self.path = path
+
+    def _at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def str(self, key: str, default: str = "") -> str:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise ConfigError(f"must be a string, got {_type_name(value)}", self._at(key))
+        return value
+
+    def opt_str(self, key: str) -> str | None:
+        return self.str(key) if self.data.get(key) is not None else None
+
+    def int(self, key: str, default: int = 0) -> int:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"must be an integer, got {_type_name(value)}", self._at(key))
+        return value
+
+    def bool(self, key: str, default: bool | None = False) -> Any:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(f"must be a boolean, got {_type_name(value)}", self._at(key))
+        return value
+
+    def int_or_str(self, key: str) -> int | str:
+        value = self.data.get(key)
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"must be an integer or a string, got {_type_name(value)}", self._at(key))
+        return value
+
+    def str_map(self, key: str) -> dict[str, str]:
+        value = self.data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"must be a map of strings, got {_type_name(value)}", self._at(key))
+        for k, v in value.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise ConfigError("must be a map of strings", f"{self._at(key)}.{k}")
+        return dict(value)
+
+    def obj(self, key: str) -> _Reader:
+        return _Reader(self.data.get(key), self._at(key))
+
+    def list(self, key: str) -> list[_Reader]:
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ConfigError(f"must be a list, got {_type_name(value)}", self._at(key))
+        return [_Reader(item, f"{self._at(key)}[{i}]") for i, item in enumerate(value)]
+
+    def str_list(self, key: str) -> tuple[str, ...]:
+        value = self.data.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError("must be a list of strings", self._at(key))
+        return tuple(value)
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def parse_meta(raw: dict[str, Any], *, namespaced: bool, default_namespace: str = "default") -> ObjectMeta:
+    meta = _Reader(raw.get("metadata"), "metadata")
+    name = meta.str("name")
+    if not name:
+        raise ConfigError("name is required", "metadata.name")
+    namespace = meta.str("namespace") if namespaced else ""
+    if namespaced and not namespace:
+        namespace = default_namespace
+    owners = tuple((o.str("kind"), o.str("name")) for o in meta.list("ownerReferences"))
+    return ObjectMeta(
+        name=name,
+        namespace=namespace,
+        labels=meta.str_map("labels"),
+        annotations=meta.str_map("annotations"),
+        resource_version=meta.str("resourceVersion"),
+        creation_timestamp=_timestamp(meta, "creationTimestamp"),
+        deletion_timestamp=_timestamp(meta, "deletionTimestamp"),
+        uid=meta.str("uid"),
+        owner_references=owners,
+    )
+
+
+def _timestamp(meta: _Reader, key: str) -> str:
+    value = meta.data.get(key)
+    # The Kubernetes client may hand over datetimes; files give strings.
+    if value is not None and not isinstance(value, str):
+        return value.isoformat() if hasattr(value, "isoformat") else str(value)
+    return meta.str(key)
+
+
+def parse_namespace(raw: dict[str, Any]) -> KubeNamespace:
+    return KubeNamespace(parse_meta(raw, namespaced=False))
+
+
+def parse_node(raw: dict[str, Any]) -> KubeNode:
+    return KubeNode(parse_meta(raw, namespaced=False))
+
+
+def parse_service(raw: dict[str, Any], default_namespace: str = "default") -> KubeService:
+    meta = parse_meta(raw, namespaced=True, default_namespace=default_namespace)
+    spec = _Reader(raw.get("spec"), "spec")
+    kube_type = spec.str("type", "ClusterIP")
+    if kube_type not in ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"):
+        raise ConfigError(f"unsupported service type {kube_type!r}", "spec.type")
+    ips = spec.str_list("clusterIPs") or ((spec.str("clusterIP"),) if spec.str("clusterIP") else ())
+    ports = []
+    for p in spec.list("ports"):
+        number = p.int("port")
+        if not 0 < number < 65536:
+            raise ConfigError(f"port {number} is out of range 1-65535", f"{p.path}.port")
+        ports.append(
+            ServicePortSpec(
+                name=p.str("name"),
+                port=number,
+                protocol=p.str("protocol", "TCP"),
+                app_protocol=p.opt_str("appProtocol"),
+                target_port=p.int_or_str("targetPort") or number,
+                node_port=p.int("nodePort"),
+            )
+        )
+    selector = spec.str_map("selector") if spec.data.get("selector") is not None else None
+    external_name = spec.str("externalName")
+    if kube_type == "ExternalName" and not external_name:
+        raise ConfigError("externalName is required for type ExternalName", "spec.externalName")
+    return KubeService(
+        meta=meta,
+        type=kube_type,
+        cluster_ips=ips,
+        ports=tuple(ports),
+        selector=selector or None,
+        external_name=external_name,
+        internal_traffic_policy=spec.str("internalTrafficPolicy"),
+        publish_not_ready_addresses=bool(spec.bool("publishNotReadyAddresses")),
+    )
+
+
+def parse_endpoint_slice(raw: dict[str, Any], default_namespace: str = "default") -> KubeEndpointSlice:
+    meta = parse_meta(raw, namespaced=True, default_namespace=default_namespace)
+    top = _Reader(raw, "")
+    address_type = top.str("addressType", "IPv4")
+    ports = []
+    for p in top.list("ports"):
+        number = p.int("port")
+        if not 0 <= number < 65536:
+            raise ConfigError(f"port {number} is out of range 0-65535", f"{p.path}.port")
+        ports.append(
+            EndpointPortSpec(
+                name=p.str("name"), port=number, protocol=p.str("protocol", "TCP"),
+                app_protocol=p.opt_str("appProtocol"),
+            )
+        )
+    endpoints = []
+    for e in top.list("endpoints"):
+        addresses = e.str_list("addresses")
+        if not addresses:
+            raise ConfigError("at least one address is required", f"{e.path}.addresses")
+        conditions = e.obj("conditions")
+        ref = e.obj("targetRef")
+        target = (ref.str("kind"), ref.str("namespace") or meta.namespace, ref.str("name")) if ref.data else None
+        endpoints.append(
+            SliceEndpoint(
+                addresses=addresses,
+                ready=conditions.bool("ready", None),
+                serving=conditions.bool("serving", None),
+                terminating=conditions.bool("terminating", None),
+                hostname=e.str("hostname"),
+                node_name=e.str("nodeName"),
+                zone=e.str("zone"),
+                target_ref=target,
+            )
+        )
+    return KubeEndpointSlice(meta=meta, address_type=address_type, ports=tuple(ports), endpoints=tuple(endpoints))
+
+
+def parse_pod(raw: dict[str, Any], default_namespace: str = "default") -> KubePod:
+    meta = parse_meta(raw, namespaced=True, default_namespace=default_namespace)
+    spec = _Reader(raw.get("spec"), "spec")
+    status = _Reader(raw.get("status"), "status")
+    ips = tuple(ip.str("ip") for ip in status.list("podIPs") if ip.str("ip"))
+    if not ips and status.str("podIP"):
+        ips = (status.str("podIP"),)
+    ports = []
+    for c in spec.list("containers"):
+        for p in c.list("ports"):
+            ports.append(ContainerPortSpec(p.str("name"), p.int("containerPort"), p.str("protocol", "TCP")))
+    return KubePod(
+        meta=meta,
+        service_account=spec.str("serviceAccountName") or spec.str("serviceAccount") or "default",
+        node_name=spec.str("nodeName"),
+        host_network=bool(spec.bool("hostNetwork")),
+        pod_ips=ips,
+        phase=status.str("phase"),
+        container_ports=tuple(ports),
+    )

@@ -1,0 +1,24 @@
+"""Errors raised while reading config, carrying where the problem is."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """An object that cannot be applied: unparseable, unknown, or invalid.
+
+    ``path`` is the field path inside the object ("spec.http[0].route"), and
+    the message says what is wrong there.
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.reason = message
+        self.path = path
+
+
+class ValidationError(ConfigError):
+    """A well-formed object whose values istiod's validation rejects."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors

@@ -1,0 +1,1 @@
+"""The service mesh model: plain, picklable data shared by every stage."""

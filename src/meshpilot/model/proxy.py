@@ -1,0 +1,197 @@
+"""Proxies: identity parsed from the node ID and metadata, plus per-push state."""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from meshpilot.model.endpoint import Locality
+
+if TYPE_CHECKING:
+    from meshpilot.model.service import ServiceTarget
+    from meshpilot.model.sidecar_scope import SidecarScope
+
+
+class NodeType(enum.Enum):
+    SIDECAR = "sidecar"
+    ROUTER = "router"
+    WAYPOINT = "waypoint"
+    ZTUNNEL = "ztunnel"
+
+
+class InterceptionMode(enum.Enum):
+    REDIRECT = "REDIRECT"
+    TPROXY = "TPROXY"
+    NONE = "NONE"
+
+
+class InvalidNode(ValueError):
+    """The node ID or metadata cannot identify a proxy (gRPC INVALID_ARGUMENT)."""
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMetadata:
+    """The node metadata fields meshpilot reads (keys as pilot-agent sends them)."""
+
+    namespace: str = ""
+    cluster_id: str = ""
+    istio_version: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    instance_ips: tuple[str, ...] = ()
+    node_name: str = ""
+    workload_name: str = ""
+    service_account: str = ""
+    interception_mode: InterceptionMode = InterceptionMode.REDIRECT
+    network: str = ""
+    mesh_id: str = ""
+    generator: str = ""
+    #: Container ports of the proxy's pod, from ``POD_PORTS`` (JSON).
+    pod_ports: tuple[dict[str, Any], ...] = ()
+    unprivileged_pod: bool = False
+    #: Everything that was sent, for the debug endpoints.
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> NodeMetadata:
+        """Parse metadata as sent in ``node.metadata``; unknown keys are kept in ``raw``."""
+
+        def text(key: str) -> str:
+            value = raw.get(key, "")
+            if not isinstance(value, str):
+                raise InvalidNode(f"node metadata {key} must be a string, got {type(value).__name__}")
+            return value
+
+        labels = raw.get("LABELS") or {}
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            raise InvalidNode("node metadata LABELS must be a map of strings")
+        mode_text = text("INTERCEPTION_MODE") or "REDIRECT"
+        try:
+            mode = InterceptionMode(mode_text)
+        except ValueError:
+            raise InvalidNode(f"node metadata INTERCEPTION_MODE {mode_text!r} is not one of "
+                              "REDIRECT, TPROXY, NONE") from None
+        ips = tuple(ip.strip() for ip in text("INSTANCE_IPS").split(",") if ip.strip())
+        pod_ports: tuple[dict[str, Any], ...] = ()
+        if text("POD_PORTS"):
+            try:
+                parsed = json.loads(text("POD_PORTS"))
+            except ValueError as err:
+                raise InvalidNode(f"node metadata POD_PORTS is not JSON: {err}") from None
+            if isinstance(parsed, list):
+                pod_ports = tuple(p for p in parsed if isinstance(p, dict))
+        return cls(
+            namespace=text("NAMESPACE"),
+            cluster_id=text("CLUSTER_ID"),
+            istio_version=text("ISTIO_VERSION"),
+            labels=dict(labels),
+            instance_ips=ips,
+            node_name=text("NODE_NAME"),
+            workload_name=text("WORKLOAD_NAME"),
+            service_account=text("SERVICE_ACCOUNT"),
+            interception_mode=mode,
+            network=text("NETWORK"),
+            mesh_id=text("MESH_ID"),
+            generator=text("GENERATOR"),
+            pod_ports=pod_ports,
+            unprivileged_pod=text("UNPRIVILEGED_POD").lower() == "true",
+            raw=raw,
+        )
+
+
+@dataclass(slots=True)
+class Proxy:
+    """A connected proxy. Identity fields are fixed; labels and locality follow its Pod."""
+
+    type: NodeType
+    ip_addresses: tuple[str, ...]
+    #: ``POD.NAMESPACE`` for Kubernetes workloads.
+    id: str
+    dns_domain: str
+    metadata: NodeMetadata
+    config_namespace: str
+    cluster_id: str
+    #: Envoy extension names the proxy reported (``node.extensions``).
+    extensions: frozenset[str] = frozenset()
+    labels: dict[str, str] = field(default_factory=dict)
+    locality: Locality = field(default_factory=Locality)
+    # State recomputed on every full push (istiod's computeProxyState):
+    #: Service ports the proxy's own workload serves (inbound listeners and clusters).
+    service_targets: tuple[ServiceTarget, ...] = ()
+    sidecar_scope: SidecarScope | None = None
+    #: The scope before the last recomputation; a change concerns the proxy if it
+    #: concerns either scope (a host may have just left or entered it).
+    previous_scope: SidecarScope | None = None
+
+    @property
+    def ip(self) -> str:
+        return self.ip_addresses[0]
+
+    @property
+    def interception_mode(self) -> InterceptionMode:
+        return self.metadata.interception_mode
+
+    @property
+    def pod_key(self) -> tuple[str, str] | None:
+        """(namespace, name) of the proxy's own Pod, when the ID names one."""
+        parts = self.id.split(".")
+        if len(parts) == 2 and parts[0] and parts[1] == self.config_namespace:
+            return parts[1], parts[0]
+        return None
+
+    @property
+    def is_proxyless_grpc(self) -> bool:
+        return self.metadata.generator == "grpc"
+
+    def has_extension(self, name: str) -> bool:
+        return name in self.extensions
+
+
+def parse_proxy(
+    node_id: str,
+    metadata: NodeMetadata,
+    *,
+    default_cluster_id: str = "Kubernetes",
+    extensions: frozenset[str] = frozenset(),
+) -> Proxy:
+    """Parse ``TYPE~IP~ID~DOMAIN`` as istiod does; raises InvalidNode."""
+    parts = node_id.split("~")
+    if len(parts) != 4:
+        raise InvalidNode(f"missing parts in the service node {node_id!r}")
+    try:
+        node_type = NodeType(parts[0])
+    except ValueError:
+        valid = ", ".join(t.value for t in NodeType)
+        raise InvalidNode(f"invalid node type (valid types: {valid}) in the service node {node_id!r}") from None
+    if metadata.instance_ips and all(_is_ip(ip) for ip in metadata.instance_ips):
+        ips = metadata.instance_ips
+    elif _is_ip(parts[1]):
+        ips = (parts[1],)
+    else:
+        raise InvalidNode("no valid IP address in the service node id or metadata")
+    dns_domain = parts[3]
+    namespace = metadata.namespace
+    if not namespace:
+        labels = dns_domain.split(".")
+        namespace = labels[0] if len(labels) > 1 else ""
+    return Proxy(
+        type=node_type,
+        ip_addresses=ips,
+        id=parts[2],
+        dns_domain=dns_domain,
+        metadata=metadata,
+        config_namespace=namespace,
+        cluster_id=metadata.cluster_id or default_cluster_id,
+        extensions=extensions,
+        labels=dict(metadata.labels),
+    )

@@ -1,0 +1,176 @@
+"""PushContext: an immutable snapshot of services and config, with the indexes generators read.
+
+A full push builds a new PushContext; an endpoint-only push reuses the
+current one, since endpoints live in the EndpointIndex.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshpilot.model import visibility
+from meshpilot.model.config import Config
+from meshpilot.model.destination_rules import DestinationRuleIndex, MergedDestinationRule
+from meshpilot.model.hosts import resolve_short_name
+from meshpilot.model.kind import Kind
+from meshpilot.model.labels import selector_matches
+from meshpilot.model.proxy import Proxy
+from meshpilot.model.service import Service
+from meshpilot.model.sidecar_scope import SidecarScope, build_scope
+
+MESH_GATEWAY = "mesh"
+
+KindView = Mapping[tuple[str, str], Config]
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualServiceEntry:
+    """A VirtualService with its hosts resolved to FQDNs."""
+
+    config: Config
+    hosts: tuple[str, ...]
+    gateways: frozenset[str]
+    export_to: frozenset[str]
+
+
+def _order(config: Config) -> tuple[str, str, str]:
+    return (config.meta.creation_timestamp or "~", config.namespace, config.name)
+
+
+class PushContext:
+    """Everything a generator may read besides the proxy and the EndpointIndex."""
+
+    def __init__(
+        self,
+        *,
+        version: str,
+        mesh: Any,
+        services: Iterable[Service],
+        configs: Mapping[Kind, KindView],
+        domain_suffix: str = "cluster.local",
+        service_accounts: Mapping[tuple[str, str], frozenset[str]] | None = None,
+    ) -> None:
+        self.version = version
+        self.mesh = mesh
+        self.domain_suffix = domain_suffix
+        self._configs = configs
+        self._service_accounts = service_accounts or {}
+
+        # Services: the first service for a (hostname, namespace) wins; registries
+        # are given in priority order (Kubernetes before ServiceEntries).
+        self._by_host_ns: dict[str, dict[str, Service]] = defaultdict(dict)
+        ordered: list[Service] = []
+        for svc in sorted(services, key=lambda s: (s.creation_timestamp or "~", s.hostname, s.namespace)):
+            if svc.namespace not in self._by_host_ns[svc.hostname]:
+                self._by_host_ns[svc.hostname][svc.namespace] = svc
+                ordered.append(svc)
+        self.services: tuple[Service, ...] = tuple(ordered)
+        self._default_service_export = frozenset(mesh.default_service_export_to) or frozenset({"*"})
+        self._services_visible: dict[str, list[Service]] = {}
+
+        default_vs_export = frozenset(mesh.default_virtual_service_export_to) or frozenset({"*"})
+        self.virtual_services: list[VirtualServiceEntry] = []
+        for config in self.configs(Kind.VIRTUAL_SERVICE):
+            spec = config.spec
+            gateways = frozenset(spec.gateways) or frozenset({MESH_GATEWAY})
+            hosts = tuple(resolve_short_name(h, config.namespace, domain_suffix) for h in spec.hosts)
+            export_to = visibility.export_set(spec.export_to, default_vs_export)
+            self.virtual_services.append(VirtualServiceEntry(config, hosts, gateways, export_to))
+        self._vs_visible: dict[str, list[VirtualServiceEntry]] = {}
+
+        self.destination_rules = DestinationRuleIndex(
+            self.configs(Kind.DESTINATION_RULE),
+            default_export_to=mesh.default_destination_rule_export_to or ["*"],
+            root_namespace=mesh.root_namespace,
+            domain_suffix=domain_suffix,
+        )
+        self._sidecars: dict[str, list[Config]] = defaultdict(list)
+        for config in self.configs(Kind.SIDECAR):
+            self._sidecars[config.namespace].append(config)
+        self._scopes: dict[tuple[str, str, str], SidecarScope] = {}
+
+    # -- configs -----------------------------------------------------------------
+
+    def configs(self, kind: Kind, namespace: str | None = None) -> list[Config]:
+        """Configs of a kind, oldest first."""
+        view = self._configs.get(kind, {})
+        items = [c for c in view.values() if namespace is None or c.namespace == namespace]
+        return sorted(items, key=_order)
+
+    # -- services ---------------------------------------------------------------
+
+    def service(self, hostname: str, namespace: str) -> Service | None:
+        return self._by_host_ns.get(hostname, {}).get(namespace)
+
+    def services_for_hostname(self, hostname: str) -> list[Service]:
+        return list(self._by_host_ns.get(hostname, {}).values())
+
+    def service_export_to(self, svc: Service) -> frozenset[str]:
+        return svc.export_to or self._default_service_export
+
+    def services_visible_to(self, namespace: str) -> list[Service]:
+        found = self._services_visible.get(namespace)
+        if found is None:
+            found = [
+                s for s in self.services if visibility.visible_to(self.service_export_to(s), s.namespace, namespace)
+            ]
+            self._services_visible[namespace] = found
+        return found
+
+    def service_accounts(self, svc: Service) -> tuple[str, ...]:
+        """Identities allowed to serve ``svc``: its endpoints' and its own, sorted."""
+        from_endpoints = self._service_accounts.get((svc.hostname, svc.namespace), frozenset())
+        return tuple(sorted(from_endpoints | set(svc.service_accounts)))
+
+    # -- routing config -------------------------------------------------------------
+
+    def virtual_services_visible_to(self, namespace: str) -> list[VirtualServiceEntry]:
+        """VirtualServices for sidecars (gateway ``mesh``) that ``namespace`` sees."""
+        found = self._vs_visible.get(namespace)
+        if found is None:
+            found = [
+                vs for vs in self.virtual_services
+                if MESH_GATEWAY in vs.gateways
+                and visibility.visible_to(vs.export_to, vs.config.namespace, namespace)
+            ]
+            self._vs_visible[namespace] = found
+        return found
+
+    def destination_rule(self, proxy_namespace: str, svc: Service) -> MergedDestinationRule | None:
+        return self.destination_rules.lookup(proxy_namespace, svc.hostname, svc.namespace)
+
+    # -- sidecar scopes -------------------------------------------------------------
+
+    def sidecar_for(self, namespace: str, labels: Mapping[str, str]) -> Config | None:
+        """The Sidecar that applies to a workload, as istiod picks it.
+
+        A Sidecar in the workload's namespace whose selector matches wins
+        (oldest first), then the namespace's Sidecar without a selector, then
+        the root namespace's Sidecar without a selector.
+        """
+        candidates = self._sidecars.get(namespace, [])
+        for config in candidates:
+            spec = config.spec
+            if spec.HasField("workload_selector") and spec.workload_selector.labels:
+                if selector_matches(spec.workload_selector.labels, labels):
+                    return config
+        for config in candidates:
+            if not (config.spec.HasField("workload_selector") and config.spec.workload_selector.labels):
+                return config
+        for config in self._sidecars.get(self.mesh.root_namespace, []):
+            if not (config.spec.HasField("workload_selector") and config.spec.workload_selector.labels):
+                return config
+        return None
+
+    def sidecar_scope(self, proxy: Proxy) -> SidecarScope:
+        namespace = proxy.config_namespace
+        sidecar = self.sidecar_for(namespace, proxy.labels)
+        key = (namespace, sidecar.namespace if sidecar else "", sidecar.name if sidecar else "")
+        scope = self._scopes.get(key)
+        if scope is None:
+            scope = build_scope(self, namespace, sidecar)
+            self._scopes[key] = scope
+        return scope

@@ -1,0 +1,66 @@
+"""A request to push config to proxies, and how requests merge while debounced."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from meshpilot.model.config import ConfigKey
+
+if TYPE_CHECKING:
+    from meshpilot.model.push_context import PushContext
+
+
+class TriggerReason(enum.Enum):
+    """Why a push happened; the ``type`` label of ``pilot_push_triggers``."""
+
+    ENDPOINT = "endpoint"
+    CONFIG = "config"
+    SERVICE = "service"
+    PROXY = "proxy"
+    GLOBAL = "global"
+    UNKNOWN = "unknown"
+    DEBUG = "debug"
+    INITIAL = "initial"
+
+
+@dataclass(slots=True)
+class PushRequest:
+    """What changed, so each proxy can tell whether and what to push.
+
+    ``full`` means any config may have changed (CDS, LDS and RDS are rebuilt);
+    otherwise only endpoints of the hosts named in ``configs_updated`` changed
+    and only EDS is sent. An empty ``configs_updated`` on a full push means
+    "anything may have changed", which is also what ``forced`` says.
+    """
+
+    full: bool = True
+    configs_updated: frozenset[ConfigKey] = frozenset()
+    reasons: Counter[TriggerReason] = field(default_factory=Counter)
+    forced: bool = False
+    #: time.monotonic() of the first change that led to this request.
+    start: float = field(default_factory=time.monotonic)
+    #: The snapshot to push; set by the server when the push starts.
+    push: PushContext | None = None
+
+    def merge(self, other: PushRequest) -> PushRequest:
+        """A request that covers both; the later snapshot wins, the earlier start stays."""
+        return PushRequest(
+            full=self.full or other.full,
+            configs_updated=self.configs_updated | other.configs_updated,
+            reasons=self.reasons + other.reasons,
+            forced=self.forced or other.forced,
+            start=min(self.start, other.start),
+            push=other.push if other.push is not None else self.push,
+        )
+
+    @property
+    def is_everything(self) -> bool:
+        """True when nothing narrows what may have changed."""
+        return self.forced or (self.full and not self.configs_updated)
+
+    def reason_text(self) -> str:
+        return ",".join(f"{r.value}:{n}" for r, n in sorted(self.reasons.items(), key=lambda i: i[0].value))

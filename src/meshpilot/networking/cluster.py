@@ -1,0 +1,333 @@
+"""Clusters for a sidecar (CDS), in istiod's names and shapes.
+
+Order: for each imported service port its default cluster then its subset
+clusters; BlackHoleCluster; PassthroughCluster; inbound clusters;
+InboundPassthroughCluster.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
+from xds.type.v3 import typed_struct_pb2
+
+from meshpilot.model.destination_rules import MergedDestinationRule
+from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.mesh import MeshConfig
+from meshpilot.model.protocol import Protocol
+from meshpilot.model.proxy import InterceptionMode, Proxy
+from meshpilot.model.push_context import PushContext
+from meshpilot.model.service import Port, Resolution, Service, ServiceTarget
+from meshpilot.networking import endpoint as eds
+from meshpilot.networking import extensions, names
+from meshpilot.networking import traffic_policy as tp
+from meshpilot.networking.protobuf import duration, pack
+from meshpilot.networking.tls import istio_mutual_upstream, raw_buffer_transport_socket, tls_transport_socket
+
+HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+#: istiod's "never clean up" interval for ORIGINAL_DST clusters (max seconds of a Duration it uses).
+_NO_CLEANUP = 9223372035
+_TYPES = {
+    Resolution.CLIENT_SIDE_LB: cluster_pb2.Cluster.EDS,
+    Resolution.DNS_LB: cluster_pb2.Cluster.STRICT_DNS,
+    Resolution.DNS_ROUND_ROBIN_LB: cluster_pb2.Cluster.LOGICAL_DNS,
+    Resolution.PASSTHROUGH: cluster_pb2.Cluster.ORIGINAL_DST,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInputs:
+    """Everything a cluster build reads, so the cache key can name it."""
+
+    proxy: Proxy
+    push: PushContext
+    index: EndpointIndex
+
+
+def ads_config_source() -> Any:
+    return config_source_pb2.ConfigSource(
+        ads=config_source_pb2.AggregatedConfigSource(),
+        initial_fetch_timeout=duration(0),
+        resource_api_version=config_source_pb2.V3,
+    )
+
+
+def config_path(kind_path: str, namespace: str, name: str) -> str:
+    """The ``istio.config`` metadata value naming the Istio config a resource came from."""
+    return f"/apis/networking.istio.io/v1/namespaces/{namespace}/{kind_path}/{name}"
+
+
+def _metadata(svc: Service | None, rule: MergedDestinationRule | None, subset: str) -> Any:
+    meta = base_pb2.Metadata()
+    istio: dict[str, Any] = {}
+    if rule is not None:
+        istio["config"] = config_path("destination-rule", rule.first.namespace, rule.first.name)
+    if subset:
+        istio["subset"] = subset
+    if svc is not None and not svc.mesh_external:
+        istio["services"] = [{"host": svc.hostname, "name": svc.name, "namespace": svc.namespace}]
+    if svc is not None and svc.mesh_external:
+        istio["external"] = True
+    if istio:
+        meta.filter_metadata["istio"].update(istio)
+    return meta
+
+
+def _metadata_exchange_filter() -> Any:
+    config = typed_struct_pb2.TypedStruct(type_url="type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange")
+    config.value.update({"protocol": "istio-peer-exchange", "enable_discovery": True})
+    return cluster_pb2.Filter(name=extensions.METADATA_EXCHANGE, typed_config=pack(config))
+
+
+def _set_protocol_options(cluster: Any, options: Any) -> None:
+    if options.ByteSize():
+        cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS].CopyFrom(pack(options))
+
+
+def _upstream_options(port: Port) -> Any:
+    return tp.http_protocol_options_for(port.protocol.is_http2, port.protocol is Protocol.UNSUPPORTED)
+
+
+def build_outbound_cluster(
+    inputs: ClusterInputs, svc: Service, port: Port, subset: str, rule: MergedDestinationRule | None
+) -> Any | None:
+    """One ``outbound|port|subset|host`` cluster; None when it must not exist (DNS without endpoints)."""
+    proxy, push = inputs.proxy, inputs.push
+    mesh = push.mesh
+    name = names.outbound_cluster(port.port, subset, svc.hostname)
+    policy = tp.cluster_policy(rule, subset, port.port)
+    cluster_type = _TYPES.get(svc.resolution, cluster_pb2.Cluster.EDS)
+    if policy.is_passthrough_lb:
+        cluster_type = cluster_pb2.Cluster.ORIGINAL_DST
+    cluster = cluster_pb2.Cluster(name=name, type=cluster_type, alt_stat_name=names.stat_name(name))
+    cluster.connect_timeout.CopyFrom(mesh.connect_timeout)
+    cluster.common_lb_config.SetInParent()
+    if cluster_type == cluster_pb2.Cluster.EDS:
+        cluster.eds_cluster_config.service_name = name
+        cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
+    elif cluster_type in (cluster_pb2.Cluster.STRICT_DNS, cluster_pb2.Cluster.LOGICAL_DNS):
+        subset_labels = _subset_labels(rule, subset)
+        endpoints = eds.select_endpoints(inputs.index, svc, port.name, subset_labels, allow_hostnames=True)
+        if not endpoints:
+            return None
+        if cluster_type == cluster_pb2.Cluster.LOGICAL_DNS:
+            endpoints = endpoints[:1]  # Envoy takes exactly one host for LOGICAL_DNS
+        cluster.dns_lookup_family = _dns_family(proxy)
+        cluster.respect_dns_ttl = True
+        cluster.dns_refresh_rate.CopyFrom(mesh.dns_refresh_rate)
+        tls_mode = eds.destination_tls_mode(rule.first.spec if rule else None, subset, port.port)
+        cluster.load_assignment.CopyFrom(
+            eds.load_assignment(name, eds.locality_groups(endpoints, tls_mode=tls_mode))
+        )
+    elif cluster_type == cluster_pb2.Cluster.ORIGINAL_DST:
+        if svc.registry.value == "External" and isinstance(port.target_port, int) and port.target_port:
+            cluster.lb_config.original_dst_lb_config.upstream_port_override.value = port.target_port
+    http_options = _upstream_options(port)
+    tp.apply_connection_pool(cluster, policy.connection_pool, http_options)
+    tp.apply_load_balancer(cluster, policy.load_balancer)
+    tp.apply_outlier_detection(cluster, policy.outlier_detection)
+    _set_protocol_options(cluster, http_options)
+    cluster.metadata.CopyFrom(_metadata(svc, rule, subset))
+    if extensions.has_metadata_exchange(proxy):
+        cluster.filters.append(_metadata_exchange_filter())
+    _apply_tls(cluster, inputs, svc, port, subset, policy)
+    return cluster
+
+
+def _subset_labels(rule: MergedDestinationRule | None, subset: str) -> dict[str, str] | None:
+    if rule is None or not subset:
+        return None
+    found = rule.subset(subset)
+    return dict(found.labels) if found is not None else None
+
+
+def _dns_family(proxy: Proxy) -> int:
+    families = {ipaddress.ip_address(ip).version for ip in proxy.ip_addresses}
+    if families == {6}:
+        return cluster_pb2.Cluster.V6_ONLY
+    return cluster_pb2.Cluster.V4_ONLY
+
+
+def _apply_tls(
+    cluster: Any, inputs: ClusterInputs, svc: Service, port: Port, subset: str, policy: tp.ClusterPolicy
+) -> None:
+    """Explicit DestinationRule TLS, else auto mTLS for in-mesh services, as istiod decides."""
+    proxy, push = inputs.proxy, inputs.push
+    sni = names.sni_cluster(port.port, subset, svc.hostname)
+    alpn = extensions.mtls_client_alpn(proxy, http2=port.protocol.is_http2)
+    if policy.tls is not None:
+        if policy.tls.mode == eds.TLS_ISTIO_MUTUAL:
+            sans = list(policy.tls.subject_alt_names) or list(push.service_accounts(svc))
+            context = istio_mutual_upstream(policy.tls.sni or sni, sans, alpn)
+            cluster.transport_socket.CopyFrom(tls_transport_socket(context))
+        # SIMPLE and MUTUAL need credentials from files or Secrets; DISABLE means plaintext.
+        return
+    if not push.mesh.enable_auto_mtls.value or svc.mesh_external:
+        return
+    context = istio_mutual_upstream(sni, push.service_accounts(svc), alpn)
+    if cluster.type == cluster_pb2.Cluster.ORIGINAL_DST:
+        # Headless: every endpoint gets TLS; istiod does not use matches here.
+        cluster.transport_socket.CopyFrom(tls_transport_socket(context))
+        return
+    cluster.transport_socket_matches.add(
+        name="tlsMode-istio",
+        match=eds.struct_value({"tlsMode": "istio"}),
+        transport_socket=tls_transport_socket(context),
+    )
+    cluster.transport_socket_matches.add(
+        name="tlsMode-disabled", match=eds.struct_value({}), transport_socket=raw_buffer_transport_socket()
+    )
+
+
+def blackhole_cluster(mesh: Any) -> Any:
+    cluster = cluster_pb2.Cluster(
+        name=names.BLACKHOLE_CLUSTER,
+        type=cluster_pb2.Cluster.STATIC,
+        alt_stat_name=names.stat_name(names.BLACKHOLE_CLUSTER),
+    )
+    cluster.connect_timeout.CopyFrom(mesh.connect_timeout)
+    return cluster
+
+
+def passthrough_cluster(proxy: Proxy, mesh: Any, *, inbound: bool = False) -> Any:
+    name = names.INBOUND_PASSTHROUGH_CLUSTER if inbound else names.PASSTHROUGH_CLUSTER
+    cluster = cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.ORIGINAL_DST,
+        lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
+        # istiod copies the outbound passthrough cluster and keeps its stat name.
+        alt_stat_name=names.stat_name(names.PASSTHROUGH_CLUSTER),
+    )
+    cluster.connect_timeout.CopyFrom(mesh.connect_timeout)
+    options = tp.http_protocol_options_for(False, True)
+    options.common_http_protocol_options.idle_timeout.CopyFrom(duration(300))
+    _set_protocol_options(cluster, options)
+    cluster.circuit_breakers.CopyFrom(tp.default_circuit_breakers())
+    if inbound:
+        cluster.upstream_bind_config.CopyFrom(_inbound_bind(proxy))
+    elif extensions.has_metadata_exchange(proxy):
+        cluster.filters.append(_metadata_exchange_filter())
+    return cluster
+
+
+def _inbound_bind(proxy: Proxy) -> Any:
+    v6 = all(ipaddress.ip_address(ip).version == 6 for ip in proxy.ip_addresses)
+    source = names.INBOUND_PASSTHROUGH_BIND_IPV6 if v6 else names.INBOUND_PASSTHROUGH_BIND_IPV4
+    return address_pb2.BindConfig(source_address=address_pb2.SocketAddress(address=source, port_value=0))
+
+
+def inbound_cluster(
+    proxy: Proxy,
+    mesh: Any,
+    port: int,
+    protocol: Protocol,
+    services: list[Service],
+    *,
+    endpoint: tuple[str, int] | None = None,
+) -> Any:
+    """``inbound|port||``: to the app, by original destination or a fixed endpoint."""
+    name = names.inbound_cluster(port)
+    cluster = cluster_pb2.Cluster(name=name, alt_stat_name=names.stat_name(name))
+    cluster.connect_timeout.CopyFrom(mesh.connect_timeout)
+    cluster.common_lb_config.SetInParent()
+    cluster.circuit_breakers.CopyFrom(tp.default_circuit_breakers())
+    localhost = endpoint is not None and endpoint[0] in ("127.0.0.1", "::1")
+    if endpoint is None:
+        cluster.type = cluster_pb2.Cluster.ORIGINAL_DST
+        cluster.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
+        cluster.cleanup_interval.seconds = _NO_CLEANUP
+    else:
+        cluster.type = cluster_pb2.Cluster.STATIC
+        cluster.load_assignment.cluster_name = name
+        group = cluster.load_assignment.endpoints.add()
+        group.lb_endpoints.add().endpoint.address.CopyFrom(eds.socket_address(*endpoint))
+    if not localhost:
+        cluster.upstream_bind_config.CopyFrom(_inbound_bind(proxy))
+    services_meta = [{"host": s.hostname, "name": s.name, "namespace": s.namespace} for s in services]
+    if services_meta:
+        cluster.metadata.filter_metadata["istio"].update({"services": services_meta})
+    _set_protocol_options(cluster, tp.http_protocol_options_for(protocol.is_http2, protocol is Protocol.UNSUPPORTED))
+    return cluster
+
+
+def _inbound_clusters(proxy: Proxy, mesh: Any) -> list[Any]:
+    scope = proxy.sidecar_scope
+    if scope is not None and scope.has_ingress:
+        return [_ingress_cluster(proxy, mesh, ingress) for ingress in scope.ingress]
+    if proxy.interception_mode is InterceptionMode.NONE:
+        return []
+    by_port: dict[int, list[ServiceTarget]] = {}
+    for target in proxy.service_targets:
+        by_port.setdefault(target.target_port, []).append(target)
+    out = []
+    localhost_mode = mesh.inbound_traffic_policy.mode == MeshConfig.InboundTrafficPolicy.LOCALHOST
+    for port in sorted(by_port):
+        targets = by_port[port]
+        services = [t.service for t in targets if t.port.port == targets[0].port.port]
+        endpoint = ("127.0.0.1", port) if localhost_mode else None
+        out.append(inbound_cluster(proxy, mesh, port, targets[0].port.protocol, services, endpoint=endpoint))
+    return out
+
+
+def parse_default_endpoint(text: str, proxy: Proxy) -> tuple[str, int] | None:
+    """A Sidecar ingress ``defaultEndpoint``: ``127.0.0.1:8080``, ``0.0.0.0:8080`` or ``unix://path``."""
+    if not text:
+        return None
+    if text.startswith("unix://"):
+        return (text, 0)
+    host, _, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        return None
+    if host in ("0.0.0.0", "::"):
+        host = proxy.ip
+    return (host, port)
+
+
+def _ingress_cluster(proxy: Proxy, mesh: Any, ingress: Any) -> Any:
+    number = ingress.port.number
+    protocol = Protocol.parse(ingress.port.protocol)
+    targets = [t.service for t in proxy.service_targets if t.target_port == number]
+    endpoint = parse_default_endpoint(ingress.default_endpoint, proxy)
+    return inbound_cluster(proxy, mesh, number, protocol, targets, endpoint=endpoint)
+
+
+def build_clusters(inputs: ClusterInputs) -> list[Any]:
+    """Every cluster of a sidecar, in istiod's order, names unique (first wins)."""
+    proxy, push = inputs.proxy, inputs.push
+    scope = proxy.sidecar_scope
+    assert scope is not None, "the sidecar scope is computed before generation"
+    out: list[Any] = []
+    for svc in scope.services:
+        if svc.resolution is Resolution.ALIAS:
+            continue
+        rule = scope.destination_rule(svc.hostname)
+        for port in svc.ports:
+            if port.protocol is Protocol.UDP:
+                continue
+            default = build_outbound_cluster(inputs, svc, port, "", rule)
+            if default is None:
+                continue
+            out.append(default)
+            if rule is not None:
+                for subset in rule.subsets:
+                    cluster = build_outbound_cluster(inputs, svc, port, subset.name, rule)
+                    if cluster is not None:
+                        out.append(cluster)
+    out.append(blackhole_cluster(push.mesh))
+    out.append(passthrough_cluster(proxy, push.mesh))
+    out.extend(_inbound_clusters(proxy, push.mesh))
+    out.append(passthrough_cluster(proxy, push.mesh, inbound=True))
+    seen: set[str] = set()
+    unique = []
+    for cluster in out:
+        if cluster.name not in seen:
+            seen.add(cluster.name)
+            unique.append(cluster)
+    return unique

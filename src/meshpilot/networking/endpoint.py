@@ -1,0 +1,181 @@
+"""ClusterLoadAssignments: a cluster's endpoints, grouped by locality (EDS)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from envoy.config.core.v3 import address_pb2, base_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from google.protobuf import struct_pb2
+
+from meshpilot.model import labels as wk
+from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
+from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.service import Service
+from meshpilot.networking.protobuf import uint32
+
+#: DestinationRule ClientTLSSettings.TLSmode numbers.
+TLS_DISABLE, TLS_SIMPLE, TLS_MUTUAL, TLS_ISTIO_MUTUAL = 0, 1, 2, 3
+
+_MAX_UINT32 = 0xFFFFFFFF
+
+
+def destination_tls_mode(rule_spec: Any | None, subset: str, port: int) -> int | None:
+    """The TLS mode a DestinationRule sets for a cluster, or None if it sets none.
+
+    As in istiod, a subset cluster reads only the subset's own traffic policy.
+    """
+    if rule_spec is None:
+        return None
+    policy = None
+    if not subset:
+        policy = rule_spec.traffic_policy if rule_spec.HasField("traffic_policy") else None
+    else:
+        for candidate in rule_spec.subsets:
+            if candidate.name == subset:
+                policy = candidate.traffic_policy if candidate.HasField("traffic_policy") else None
+                break
+    if policy is None:
+        return None
+    mode = policy.tls.mode if policy.HasField("tls") else None
+    for settings in policy.port_level_settings:
+        if settings.port.number == port and settings.HasField("tls"):
+            mode = settings.tls.mode
+            break
+    return mode
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def socket_address(address: str, port: int) -> Any:
+    if address.startswith("unix://"):
+        return address_pb2.Address(pipe=address_pb2.Pipe(path=address[len("unix://") :]))
+    return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=address, port_value=port))
+
+
+def lb_endpoint(ep: Endpoint, *, mtls: bool) -> Any:
+    """One endpoint with istiod's metadata: the tlsMode match and the workload for telemetry."""
+    metadata = base_pb2.Metadata()
+    if mtls:
+        metadata.filter_metadata["envoy.transport_socket_match"].update({"tlsMode": TLS_MODE_ISTIO})
+    canonical_rev = wk.canonical_revision(ep.labels)
+    workload = ";".join(
+        (
+            ep.workload_name,
+            ep.namespace,
+            wk.canonical_service(ep.labels, ep.workload_name),
+            "" if canonical_rev == "latest" else canonical_rev,
+            ep.locality.cluster_id,
+        )
+    )
+    metadata.filter_metadata["istio"].update({"workload": workload})
+    endpoint = endpoint_components_pb2.Endpoint(address=socket_address(ep.address, ep.port))
+    for extra in ep.extra_addresses:
+        endpoint.additional_addresses.add(address=socket_address(extra, ep.port))
+    return endpoint_components_pb2.LbEndpoint(
+        endpoint=endpoint,
+        health_status=int(ep.health) if ep.health is not HealthStatus.TERMINATING else base_pb2.UNHEALTHY,
+        load_balancing_weight=uint32(ep.weight or 1),
+        metadata=metadata,
+    )
+
+
+def _locality(label: str) -> Any:
+    parts = label.split("/") if label else []
+    parts += [""] * (3 - len(parts))
+    return base_pb2.Locality(region=parts[0], zone=parts[1], sub_zone=parts[2])
+
+
+def select_endpoints(
+    index: EndpointIndex,
+    svc: Service,
+    port_name: str,
+    subset_labels: Mapping[str, str] | None,
+    *,
+    allow_hostnames: bool = False,
+) -> list[Endpoint]:
+    """The healthy endpoints of one service port (and subset), shards in sorted order."""
+    shards = index.shards(svc.hostname, svc.namespace)
+    if shards is None:
+        return []
+    out = []
+    for _, ep in shards.endpoints():
+        if ep.service_port_name != port_name:
+            continue
+        if subset_labels and not wk.selector_matches(subset_labels, ep.labels):
+            continue
+        if ep.health is not HealthStatus.HEALTHY:
+            continue
+        if not (allow_hostnames or ep.address.startswith("unix://") or _is_address(ep.address)):
+            continue
+        out.append(ep)
+    return out
+
+
+def locality_groups(endpoints: Iterable[Endpoint], *, tls_mode: int | None) -> list[Any]:
+    """LocalityLbEndpoints, one per locality in sorted order, weighted by their endpoints."""
+    by_locality: dict[str, list[Any]] = {}
+    weights: dict[str, int] = {}
+    for ep in endpoints:
+        mtls = tls_mode == TLS_ISTIO_MUTUAL if tls_mode is not None else ep.tls_mode == TLS_MODE_ISTIO
+        by_locality.setdefault(ep.locality.label, []).append(lb_endpoint(ep, mtls=mtls))
+        weights[ep.locality.label] = min(_MAX_UINT32, weights.get(ep.locality.label, 0) + (ep.weight or 1))
+    return [
+        endpoint_components_pb2.LocalityLbEndpoints(
+            locality=_locality(label), lb_endpoints=by_locality[label], load_balancing_weight=uint32(weights[label])
+        )
+        for label in sorted(by_locality)
+    ]
+
+
+def load_assignment(cluster_name: str, groups: list[Any]) -> Any:
+    return endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name, endpoints=groups)
+
+
+def struct_value(data: dict[str, Any]) -> Any:
+    out = struct_pb2.Struct()
+    out.update(data)
+    return out
+
+
+def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> Any:
+    """The ClusterLoadAssignment of one outbound cluster; only its name when it has no endpoints."""
+    from meshpilot.networking import names
+
+    parsed = names.parse_cluster(cluster_name)
+    empty = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
+    if parsed is None or parsed[0] != "outbound":
+        return empty
+    _, port_number, subset, hostname = parsed
+    scope = proxy.sidecar_scope
+    svc = scope.service(hostname) if scope is not None else None
+    if svc is None:
+        candidates = push.services_for_hostname(hostname)
+        svc = next((s for s in candidates if s.namespace == proxy.config_namespace), None) or (
+            candidates[0] if candidates else None
+        )
+    if svc is None:
+        return empty
+    port = svc.port(port_number)
+    if port is None:
+        return empty
+    rule = scope.destination_rule(hostname) if scope is not None else None
+    subset_labels: dict[str, str] | None = None
+    if subset:
+        found = rule.subset(subset) if rule is not None else None
+        if found is None:
+            return empty
+        subset_labels = dict(found.labels)
+    endpoints = select_endpoints(index, svc, port.name, subset_labels)
+    if not endpoints:
+        return empty
+    tls_mode = destination_tls_mode(rule.first.spec if rule else None, subset, port_number)
+    return load_assignment(cluster_name, locality_groups(endpoints, tls_mode=tls_mode))

@@ -1,0 +1,1 @@
+"""From change events to pushes: debounce, the push context snapshot, the push queue."""

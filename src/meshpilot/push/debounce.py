@@ -1,0 +1,77 @@
+"""Debounce: merge bursts of change events into one push.
+
+A push starts once no event arrived for ``quiet`` seconds, or ``max_delay``
+seconds after the first event of the burst, whichever comes first. Only one
+push runs at a time; events arriving meanwhile form the next burst. This is
+a free function with its push function and clock passed in, so tests can
+drive it without waiting for real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from meshpilot.model.push_request import PushRequest
+
+PushFn = Callable[[PushRequest], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class DebounceOptions:
+    quiet: float = 0.1
+    max_delay: float = 10.0
+
+
+async def debounce(
+    events: asyncio.Queue[PushRequest],
+    push: PushFn,
+    options: DebounceOptions,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    on_debounced: Callable[[float, int], None] | None = None,
+) -> None:
+    """Run until cancelled; ``on_debounced(seconds_since_first_event, merged_count)`` observes each push."""
+    pending: PushRequest | None = None
+    merged = 0
+    first_at = last_at = 0.0
+    running: asyncio.Task[None] | None = None
+    getter: asyncio.Task[PushRequest] | None = None
+    try:
+        while True:
+            timeout: float | None = None
+            if pending is not None and running is None:
+                now = clock()
+                due = min(last_at + options.quiet, first_at + options.max_delay)
+                if now >= due:
+                    if on_debounced is not None:
+                        on_debounced(now - first_at, merged)
+                    running = asyncio.create_task(push(pending))
+                    pending, merged = None, 0
+                    continue
+                timeout = due - now
+            if getter is None:
+                getter = asyncio.create_task(events.get())
+            waiters: set[asyncio.Task[object]] = {getter}  # type: ignore[arg-type]
+            if running is not None:
+                waiters.add(running)  # type: ignore[arg-type]
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if running is not None and running.done():
+                if not running.cancelled():
+                    running.exception()  # retrieved here; push() logs its own failures
+                running = None
+            if getter.done():
+                request = getter.result()
+                getter = None
+                last_at = clock()
+                if pending is None:
+                    pending, merged, first_at = request, 1, last_at
+                else:
+                    pending = pending.merge(request)
+                    merged += 1
+    finally:
+        for task in (running, getter):
+            if task is not None:
+                task.cancel()

@@ -1,0 +1,63 @@
+"""The environment a push reads: registries, config store, mesh config, endpoint index."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from meshpilot.config.store import ConfigStore
+from meshpilot.model.endpoint import Locality
+from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.proxy import Proxy
+from meshpilot.model.push_context import PushContext
+from meshpilot.registry.aggregate import AggregateRegistry
+
+
+class MeshEnvironment:
+    """Builds PushContext snapshots and per-proxy state from the live sources."""
+
+    def __init__(
+        self,
+        *,
+        store: ConfigStore,
+        registry: AggregateRegistry,
+        index: EndpointIndex,
+        mesh: Any,
+        domain_suffix: str = "cluster.local",
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.index = index
+        self.mesh = mesh
+        self.domain_suffix = domain_suffix
+
+    def build_push_context(self, version: str) -> PushContext:
+        services = self.registry.services()
+        accounts = {}
+        for svc in services:
+            shards = self.index.shards(svc.hostname, svc.namespace)
+            if shards is not None and shards.service_accounts:
+                accounts[(svc.hostname, svc.namespace)] = shards.service_accounts
+        return PushContext(
+            version=version,
+            mesh=self.mesh,
+            services=services,
+            configs=self.store.snapshot(),
+            domain_suffix=self.domain_suffix,
+            service_accounts=accounts,
+        )
+
+    def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:
+        """Recompute what a proxy's config depends on besides its identity (istiod's computeProxyState)."""
+        labels = self.registry.workload_labels(proxy)
+        proxy.labels = labels if labels is not None else dict(proxy.metadata.labels)
+        locality = self.registry.proxy_locality(proxy)
+        proxy.locality = Locality(locality, proxy.cluster_id)
+        proxy.service_targets = tuple(self.registry.service_targets(proxy))
+        proxy.previous_scope = proxy.sidecar_scope
+        proxy.sidecar_scope = push.sidecar_scope(proxy)
+
+
+def push_version(counter: int) -> str:
+    """istiod's version format: RFC 3339 time, a slash, a counter."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + f"/{counter}"

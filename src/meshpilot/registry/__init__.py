@@ -1,0 +1,1 @@
+"""Service registries: where services and endpoints come from."""

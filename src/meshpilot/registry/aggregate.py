@@ -1,0 +1,57 @@
+"""The aggregate registry: every registry's services seen as one, in priority order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from meshpilot.model.proxy import Proxy
+from meshpilot.model.service import Service, ServiceTarget
+
+
+class ServiceRegistry(Protocol):
+    def services(self) -> list[Service]: ...
+
+
+class WorkloadRegistry(ServiceRegistry, Protocol):
+    """A registry that also knows the workloads behind proxies (the Kubernetes registry)."""
+
+    def workload_labels(self, proxy: Proxy) -> dict[str, str] | None: ...
+
+    def proxy_locality(self, proxy: Proxy) -> str: ...
+
+    def service_targets(self, proxy: Proxy) -> list[ServiceTarget]: ...
+
+
+class AggregateRegistry:
+    """Kubernetes registries first, then ServiceEntries: the first service for a host wins."""
+
+    def __init__(self, workloads: Sequence[WorkloadRegistry], others: Sequence[ServiceRegistry]) -> None:
+        self.workloads = list(workloads)
+        self.others = list(others)
+
+    def services(self) -> list[Service]:
+        out: list[Service] = []
+        for registry in [*self.workloads, *self.others]:
+            out.extend(registry.services())
+        return out
+
+    def workload_labels(self, proxy: Proxy) -> dict[str, str] | None:
+        for registry in self.workloads:
+            labels = registry.workload_labels(proxy)
+            if labels is not None:
+                return labels
+        return None
+
+    def proxy_locality(self, proxy: Proxy) -> str:
+        for registry in self.workloads:
+            locality = registry.proxy_locality(proxy)
+            if locality:
+                return locality
+        return ""
+
+    def service_targets(self, proxy: Proxy) -> list[ServiceTarget]:
+        out: list[ServiceTarget] = []
+        for registry in self.workloads:
+            out.extend(registry.service_targets(proxy))
+        return out

@@ -1,0 +1,1 @@
+"""The Kubernetes registry: Services, EndpointSlices, Pods, Nodes and Namespaces."""

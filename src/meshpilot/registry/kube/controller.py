@@ -1,0 +1,254 @@
+"""The Kubernetes registry: keeps core objects and turns them into services and endpoints.
+
+It is an ObjectSink, so the config directory and (later) the Kubernetes API
+feed it the same way. Every change is reported to the XdsUpdater: service
+changes as service updates, endpoint changes as EDS updates of the whole
+service (the union of its EndpointSlices), so the EndpointIndex decides
+whether a push is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from meshpilot.config.core_objects import (
+    KubeEndpointSlice,
+    KubeNamespace,
+    KubeNode,
+    KubeObject,
+    KubePod,
+    KubeService,
+)
+from meshpilot.model import labels as wk
+from meshpilot.model.endpoint import Endpoint
+from meshpilot.model.endpoint_index import ShardKey
+from meshpilot.model.kind import Kind
+from meshpilot.model.proxy import Proxy
+from meshpilot.model.service import Service, ServiceTarget
+from meshpilot.model.xds_updater import XdsUpdater
+from meshpilot.registry.kube.conversion import (
+    convert_service,
+    pod_locality,
+    service_hostname,
+    slice_endpoints,
+)
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "Kubernetes"
+
+
+class KubeRegistry:
+    """Services and endpoints of one Kubernetes cluster."""
+
+    def __init__(
+        self,
+        updater: XdsUpdater,
+        *,
+        cluster_id: str = "Kubernetes",
+        domain_suffix: str = "cluster.local",
+        trust_domain: str = "cluster.local",
+    ) -> None:
+        self._updater = updater
+        self.cluster_id = cluster_id
+        self.domain_suffix = domain_suffix
+        self.trust_domain = trust_domain
+        self.shard = ShardKey(cluster_id, PROVIDER)
+        self._namespaces: dict[str, KubeNamespace] = {}
+        self._nodes: dict[str, KubeNode] = {}
+        self._kube_services: dict[tuple[str, str], KubeService] = {}
+        self._services: dict[str, Service] = {}  # by hostname
+        self._slices: dict[tuple[str, str], KubeEndpointSlice] = {}
+        self._slices_by_service: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self._pods: dict[tuple[str, str], KubePod] = {}
+        self._pods_by_ip: dict[str, KubePod] = {}
+        # Services whose endpoints depend on a pod (by key) or a node (by name).
+        self._services_by_pod: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+        self._services_by_node: dict[str, set[tuple[str, str]]] = defaultdict(set)
+
+    # -- ObjectSink ------------------------------------------------------------
+
+    def upsert(self, obj: KubeObject) -> None:
+        if isinstance(obj, KubeService):
+            self._upsert_service(obj)
+        elif isinstance(obj, KubeEndpointSlice):
+            self._upsert_slice(obj)
+        elif isinstance(obj, KubePod):
+            self._upsert_pod(obj)
+        elif isinstance(obj, KubeNode):
+            self._nodes[obj.meta.name] = obj
+            self._refresh_services(set(self._services_by_node.get(obj.meta.name, ())))
+        elif isinstance(obj, KubeNamespace):
+            self._namespaces[obj.meta.name] = obj
+
+    def remove(self, kind: Kind, namespace: str, name: str) -> None:
+        if kind is Kind.SERVICE:
+            self._remove_service(namespace, name)
+        elif kind is Kind.ENDPOINT_SLICE:
+            old = self._slices.pop((namespace, name), None)
+            if old is not None:
+                self._slices_by_service[(namespace, old.service_name)].discard(name)
+                self._refresh_services({(namespace, old.service_name)})
+        elif kind is Kind.POD:
+            pod = self._pods.pop((namespace, name), None)
+            if pod is not None:
+                for ip in pod.pod_ips:
+                    if self._pods_by_ip.get(ip) is pod:
+                        del self._pods_by_ip[ip]
+                self._refresh_services(set(self._services_by_pod.get((namespace, name), ())))
+        elif kind is Kind.NODE:
+            if self._nodes.pop(name, None) is not None:
+                self._refresh_services(set(self._services_by_node.get(name, ())))
+        elif kind is Kind.NAMESPACE:
+            self._namespaces.pop(name, None)
+
+    # -- queries -------------------------------------------------------------------
+
+    def services(self) -> list[Service]:
+        return list(self._services.values())
+
+    def get_service(self, hostname: str) -> Service | None:
+        return self._services.get(hostname)
+
+    def namespaces(self) -> list[KubeNamespace]:
+        return list(self._namespaces.values())
+
+    def pod_for_proxy(self, proxy: Proxy) -> KubePod | None:
+        """The proxy's Pod: by the ``name.namespace`` in its ID, then by its IP."""
+        key = proxy.pod_key
+        if key is not None:
+            pod = self._pods.get(key)
+            if pod is not None:
+                return pod
+        return self._pods_by_ip.get(proxy.ip)
+
+    def workload_labels(self, proxy: Proxy) -> dict[str, str] | None:
+        pod = self.pod_for_proxy(proxy)
+        return dict(pod.meta.labels) if pod is not None else None
+
+    def proxy_locality(self, proxy: Proxy) -> str:
+        pod = self.pod_for_proxy(proxy)
+        if pod is None:
+            return ""
+        return pod_locality(pod, self._nodes.get(pod.node_name))
+
+    def service_targets(self, proxy: Proxy) -> list[ServiceTarget]:
+        """Ports of the services whose selector picks the proxy's Pod."""
+        pod = self.pod_for_proxy(proxy)
+        if pod is None:
+            return []
+        targets = []
+        for svc in sorted(self._services.values(), key=lambda s: s.hostname):
+            if svc.namespace != pod.meta.namespace or not svc.selector:
+                continue
+            if not wk.selector_matches(svc.selector, pod.meta.labels):
+                continue
+            for port in svc.ports:
+                target = _resolve_target_port(port.target_port, port.port, pod)
+                if target:
+                    targets.append(ServiceTarget(svc, port, target))
+        return targets
+
+    # -- internals -----------------------------------------------------------------
+
+    def _hostname(self, namespace: str, name: str) -> str:
+        return service_hostname(name, namespace, self.domain_suffix)
+
+    def _upsert_service(self, ks: KubeService) -> None:
+        key = (ks.meta.namespace, ks.meta.name)
+        self._kube_services[key] = ks
+        svc = convert_service(
+            ks, domain_suffix=self.domain_suffix, cluster_id=self.cluster_id, trust_domain=self.trust_domain
+        )
+        old = self._services.get(svc.hostname)
+        self._services[svc.hostname] = svc
+        if old != svc:
+            self._updater.service_update(self.shard, svc.hostname, svc.namespace, deleted=False)
+        if old is None:
+            # Endpoints may have arrived first; report them now that the service exists.
+            self._refresh_services({key})
+
+    def _remove_service(self, namespace: str, name: str) -> None:
+        if self._kube_services.pop((namespace, name), None) is None:
+            return
+        hostname = self._hostname(namespace, name)
+        self._services.pop(hostname, None)
+        self._updater.service_update(self.shard, hostname, namespace, deleted=True)
+
+    def _upsert_slice(self, es: KubeEndpointSlice) -> None:
+        key = (es.meta.namespace, es.meta.name)
+        old = self._slices.get(key)
+        self._slices[key] = es
+        touched = {(es.meta.namespace, es.service_name)}
+        if old is not None and old.service_name != es.service_name:
+            self._slices_by_service[(es.meta.namespace, old.service_name)].discard(es.meta.name)
+            touched.add((es.meta.namespace, old.service_name))
+        if es.service_name:
+            self._slices_by_service[(es.meta.namespace, es.service_name)].add(es.meta.name)
+        self._refresh_services(touched)
+
+    def _upsert_pod(self, pod: KubePod) -> None:
+        key = (pod.meta.namespace, pod.meta.name)
+        old = self._pods.get(key)
+        self._pods[key] = pod
+        if old is not None:
+            for ip in old.pod_ips:
+                if self._pods_by_ip.get(ip) is old:
+                    del self._pods_by_ip[ip]
+        if not pod.host_network:
+            for ip in pod.pod_ips:
+                self._pods_by_ip[ip] = pod
+        self._refresh_services(set(self._services_by_pod.get(key, ())) | self._services_with_ips(pod.pod_ips))
+        if old is not None and old.meta.labels != pod.meta.labels:
+            for ip in pod.pod_ips:
+                self._updater.proxy_update(self.cluster_id, ip)
+
+    def _services_with_ips(self, ips: tuple[str, ...]) -> set[tuple[str, str]]:
+        """Services with a slice endpoint at one of ``ips`` and no target Pod named."""
+        wanted = set(ips)
+        found = set()
+        for (namespace, _), es in self._slices.items():
+            for e in es.endpoints:
+                if e.target_ref is None and e.addresses[0] in wanted:
+                    found.add((namespace, es.service_name))
+        return found
+
+    def _refresh_services(self, keys: set[tuple[str, str]]) -> None:
+        for namespace, name in sorted(keys):
+            if name:
+                self._refresh_endpoints(namespace, name)
+
+    def _refresh_endpoints(self, namespace: str, name: str) -> None:
+        """Recompute a service's endpoints from all its slices and report them."""
+        endpoints: list[Endpoint] = []
+        for slice_name in sorted(self._slices_by_service.get((namespace, name), ())):
+            es = self._slices[(namespace, slice_name)]
+            found, pending = slice_endpoints(
+                es,
+                pods_by_name=self._pods,
+                pods_by_ip=self._pods_by_ip,
+                nodes=self._nodes,
+                cluster_id=self.cluster_id,
+                trust_domain=self.trust_domain,
+            )
+            endpoints.extend(found)
+            for pod_key in pending:
+                self._services_by_pod[pod_key].add((namespace, name))
+                log.debug("endpoint of %s/%s waits for pod %s/%s", namespace, name, *pod_key)
+            for ep in found:
+                if ep.node_name:
+                    self._services_by_node[ep.node_name].add((namespace, name))
+            for e in es.endpoints:
+                if e.target_ref is not None and e.target_ref[0] == "Pod":
+                    self._services_by_pod[(e.target_ref[1], e.target_ref[2])].add((namespace, name))
+        self._updater.eds_update(self.shard, self._hostname(namespace, name), namespace, endpoints)
+
+
+def _resolve_target_port(target: int | str, port: int, pod: KubePod) -> int:
+    if isinstance(target, int):
+        return target or port
+    for cp in pod.container_ports:
+        if cp.name == target:
+            return cp.container_port
+    return 0

@@ -1,0 +1,1 @@
+"""The ServiceEntry registry: ServiceEntries and the WorkloadEntries they select."""

@@ -1,0 +1,1 @@
+"""Assembly of a running server: settings, metrics, HTTP endpoints, lifecycle."""

@@ -1,0 +1,198 @@
+"""The composition root: builds the discovery server from settings and runs it until a signal.
+
+It only wires; behaviour lives in the components. Shutdown order: stop
+accepting streams and requests, end open streams within the grace period,
+stop the push loop, stop watching files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections import Counter
+from typing import Any
+
+import grpc
+
+from meshpilot import __version__
+from meshpilot.config.core_objects import KubeObject
+from meshpilot.config.decode import Decoded
+from meshpilot.config.errors import ConfigError
+from meshpilot.config.file_source import FileSource
+from meshpilot.config.store import ConfigEvent, ConfigStore
+from meshpilot.model.config import Config, ConfigKey
+from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.kind import Kind
+from meshpilot.model.mesh import apply_mesh_config, default_mesh_config
+from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.push.debounce import DebounceOptions
+from meshpilot.push.environment import MeshEnvironment
+from meshpilot.registry.aggregate import AggregateRegistry
+from meshpilot.registry.kube.controller import KubeRegistry
+from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
+from meshpilot.server.debug import DebugHandlers, DebugSources
+from meshpilot.server.http import http_app, monitoring_app, start_site
+from meshpilot.server.metrics import Metrics
+from meshpilot.server.settings import DiscoverySettings
+from meshpilot.xds.server import DiscoveryOptions, DiscoveryServer
+
+log = logging.getLogger(__name__)
+
+#: Kinds whose changes reach proxies through a registry rather than as config pushes.
+_REGISTRY_KINDS = frozenset({Kind.SERVICE_ENTRY, Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP})
+
+
+class ObjectRouter:
+    """The sink of config sources: Istio config to the store, core objects to the Kubernetes registry."""
+
+    def __init__(self, store: ConfigStore, kube: KubeRegistry) -> None:
+        self.store = store
+        self.kube = kube
+
+    def upsert(self, obj: Decoded) -> None:
+        if isinstance(obj, Config):
+            self.store.upsert(obj)
+        else:
+            self.kube.upsert(obj)
+
+    def remove(self, kind: Kind, namespace: str, name: str) -> None:
+        if kind.is_istio:
+            self.store.delete(ConfigKey(kind, name, namespace))
+        else:
+            self.kube.remove(kind, namespace, name)
+
+
+def load_mesh_config(settings: DiscoverySettings) -> Any:
+    if settings.mesh_config is None:
+        return default_mesh_config()
+    try:
+        text = settings.mesh_config.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read mesh config {settings.mesh_config}: {err.strerror or err}") from None
+    try:
+        return apply_mesh_config(text)
+    except ConfigError as err:
+        raise ConfigError(f"mesh config {settings.mesh_config}: {err}") from None
+
+
+class DiscoveryApp:
+    """A running meshpilot discovery server."""
+
+    def __init__(self, settings: DiscoverySettings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        mesh = load_mesh_config(settings)
+        self.store = ConfigStore()
+        self.index = EndpointIndex()
+        self.registry = AggregateRegistry([], [])
+        self.env = MeshEnvironment(
+            store=self.store, registry=self.registry, index=self.index, mesh=mesh, domain_suffix=settings.domain
+        )
+        self.server = DiscoveryServer(
+            self.env,
+            self.metrics,
+            DiscoveryOptions(
+                debounce=DebounceOptions(settings.debounce_after, settings.debounce_max),
+                push_throttle=settings.push_throttle,
+                cluster_id=settings.cluster_id,
+            ),
+        )
+        trust_domain = mesh.trust_domain
+        self.kube = KubeRegistry(
+            self.server, cluster_id=settings.cluster_id, domain_suffix=settings.domain, trust_domain=trust_domain
+        )
+        self.service_entries = ServiceEntryRegistry(
+            self.store, self.server, cluster_id=settings.cluster_id, trust_domain=trust_domain
+        )
+        self.registry.workloads.append(self.kube)
+        self.registry.others.append(self.service_entries)
+        self.store.add_handler(self._on_config)
+        self.sources: list[FileSource] = []
+        if settings.config_dir is not None:
+            self.sources.append(FileSource(settings.config_dir, ObjectRouter(self.store, self.kube)))
+        debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
+        self.debug = debug
+        self._stop = asyncio.Event()
+        self.grpc_server: grpc.aio.Server | None = None
+
+    def _on_config(self, event: ConfigEvent) -> None:
+        if event.config.kind in _REGISTRY_KINDS:
+            return
+        self.server.config_update(
+            PushRequest(
+                full=True,
+                configs_updated=frozenset({event.config.key}),
+                reasons=Counter({TriggerReason.CONFIG: 1}),
+            )
+        )
+
+    def load(self) -> None:
+        """Read every config source once; the server is ready afterwards."""
+        for source in self.sources:
+            source.sync()
+            self.metrics.config_rejections.set(len(source.rejections))
+            log.info("loaded %d objects from %s (%d rejected)", source.object_count(), source.root,
+                     len(source.rejections))
+        self.server.start_serving()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        settings = self.settings
+        self.load()
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+                ("grpc.max_send_message_length", 2**31 - 1),
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.max_connection_age_ms", 30 * 60 * 1000),
+            ]
+        )
+        server.add_generic_rpc_handlers([self.server.grpc_handler()])
+        bound = server.add_insecure_port(settings.grpc_addr.grpc_target)
+        if bound == 0:
+            raise OSError(f"cannot listen on {settings.grpc_addr} for xDS")
+        self.grpc_server = server
+        runners = []
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            runners.append(await start_site(http_app(lambda: self.server.ready, self.debug), settings.http_addr))
+            runners.append(
+                await start_site(monitoring_app(self.metrics, self.debug, __version__), settings.monitoring_addr)
+            )
+            await server.start()
+            log.info(
+                "meshpilot %s serving: xDS on %s, HTTP on %s, monitoring on %s", __version__, settings.grpc_addr,
+                settings.http_addr, settings.monitoring_addr,
+            )
+            tasks.append(asyncio.create_task(self.server.run(), name="push"))
+            for source in self.sources:
+                tasks.append(asyncio.create_task(self._watch(source), name=f"watch {source.root}"))
+            await self._stop.wait()
+            log.info("shutting down")
+        finally:
+            await server.stop(settings.shutdown_grace)
+            for runner in runners:
+                await runner.cleanup()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _watch(self, source: FileSource) -> None:
+        await source.run(self._stop, after_sync=lambda: self.metrics.config_rejections.set(len(source.rejections)))
+
+
+async def serve(settings: DiscoverySettings) -> None:
+    """Run until SIGTERM or SIGINT."""
+    app = DiscoveryApp(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, app.stop)
+    await app.run()

@@ -1,0 +1,69 @@
+"""Settings of the discovery server: parsed once from flags and environment, then passed around."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshpilot.config.protojson import parse_go_duration
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A listen address; an empty host means every interface."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Address:
+        host, sep, port = text.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"invalid address {text!r}: expected HOST:PORT or :PORT")
+        number = int(port)
+        if not 0 <= number < 65536:
+            raise ValueError(f"invalid port in address {text!r}")
+        return cls(host.strip("[]"), number)
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def grpc_target(self) -> str:
+        """The form grpc's add_insecure_port wants; all interfaces is ``[::]``."""
+        return str(self) if self.host else f"[::]:{self.port}"
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a Go duration ("100ms", "10s") as istiod's env knobs take them."""
+    try:
+        return float(parse_go_duration(text))
+    except ValueError:
+        raise ValueError(f"invalid duration {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoverySettings:
+    #: Directory of YAML/JSON config (Kubernetes objects and Istio config).
+    config_dir: Path | None = None
+    #: MeshConfig YAML; istiod's defaults when None.
+    mesh_config: Path | None = None
+    grpc_addr: Address = Address("", 15010)
+    http_addr: Address = Address("", 8080)
+    monitoring_addr: Address = Address("", 15014)
+    domain: str = "cluster.local"
+    cluster_id: str = "Kubernetes"
+    #: Quiet period and maximum delay of debounce (PILOT_DEBOUNCE_AFTER / _MAX).
+    debounce_after: float = 0.1
+    debounce_max: float = 10.0
+    #: Concurrent pushes; 0 is istiod's automatic value (PILOT_PUSH_THROTTLE).
+    push_throttle: int = 0
+    #: Grace period for open streams on shutdown, in seconds.
+    shutdown_grace: float = 2.0
+    log_level: str = "info"
+
+
+def env_default(name: str, default: str) -> str:
+    return os.environ.get(name, "") or default

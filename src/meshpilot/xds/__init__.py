@@ -1,0 +1,1 @@
+"""The ADS server: connections, ACK/NACK, generators, the push queue."""

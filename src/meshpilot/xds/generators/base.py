@@ -1,0 +1,54 @@
+"""What a generator is: a pure function of the proxy, the push context, the index and the watch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.kind import Kind
+from meshpilot.model.proxy import Proxy
+from meshpilot.model.push_context import PushContext
+from meshpilot.model.push_request import PushRequest
+from meshpilot.xds.connection import WatchedResource
+from meshpilot.xds.types import TypeUrl
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    name: str
+    #: The Envoy protobuf message.
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationContext:
+    proxy: Proxy
+    push: PushContext
+    index: EndpointIndex
+    request: PushRequest
+
+
+class Generator(Protocol):
+    type_url: TypeUrl
+
+    def needs_push(self, request: PushRequest) -> bool:
+        """Whether a change (as the request describes it) can change this type's resources."""
+
+    def generate(
+        self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
+    ) -> list[Resource] | None:
+        """Resources to send; ``names`` narrows a non-wildcard type to those names.
+
+        None means "nothing to send for this request" (as opposed to an empty
+        list, which for a wildcard type means "you have no resources").
+        """
+
+
+def only_kinds(request: PushRequest, skipped: Iterable[Kind]) -> bool:
+    """True when every updated config is of a kind in ``skipped``, so the push can skip this type."""
+    if request.is_everything:
+        return False
+    skip = frozenset(skipped)
+    return all(key.kind in skip for key in request.configs_updated)

@@ -1,0 +1,263 @@
+"""The discovery server: ADS over gRPC, debounced pushes, and the XdsUpdater registries call.
+
+Data flows one way: registries and stores call the XdsUpdater methods; those
+become PushRequests; debounce merges them; a push builds a new PushContext
+(full pushes) and queues every connection; push workers hand each queued
+connection its merged request; the connection's stream generates and sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+
+from meshpilot.model.config import ConfigKey
+from meshpilot.model.endpoint import Endpoint
+from meshpilot.model.endpoint_index import EndpointIndex, PushType, ShardKey
+from meshpilot.model.kind import Kind
+from meshpilot.model.proxy import Proxy
+from meshpilot.model.push_context import PushContext
+from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.push.debounce import DebounceOptions, debounce
+from meshpilot.push.environment import push_version
+from meshpilot.push.queue import PushQueue
+from meshpilot.server.metrics import Metrics
+from meshpilot.xds.connection import Connection
+from meshpilot.xds.generators import Generator, sidecar_generators
+from meshpilot.xds.stream import AdsStream
+from meshpilot.xds.types import TypeUrl
+
+log = logging.getLogger(__name__)
+
+ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+NOT_READY = "server is not ready to serve discovery information"
+
+
+class Environment(Protocol):
+    """What the server reads; implemented by push.environment.MeshEnvironment."""
+
+    index: EndpointIndex
+
+    def build_push_context(self, version: str) -> PushContext: ...
+
+    def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None: ...
+
+
+def default_push_throttle() -> int:
+    """istiod's automatic limit on concurrent pushes: min(15 + 5 per CPU, 100)."""
+    return min(15 + 5 * (os.cpu_count() or 1), 100)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryOptions:
+    debounce: DebounceOptions = field(default_factory=DebounceOptions)
+    push_throttle: int = 0
+    cluster_id: str = "Kubernetes"
+
+
+class DiscoveryServer:
+    def __init__(
+        self,
+        env: Environment,
+        metrics: Metrics,
+        options: DiscoveryOptions | None = None,
+        generators: dict[TypeUrl, Generator] | None = None,
+    ) -> None:
+        self.env = env
+        self.metrics = metrics
+        self.options = options or DiscoveryOptions()
+        self.generators = generators if generators is not None else sidecar_generators()
+        self.push_context: PushContext | None = None
+        self.connections: dict[str, Connection] = {}
+        self._streams: dict[str, AdsStream] = {}
+        self._events: asyncio.Queue[PushRequest] = asyncio.Queue()
+        self._queue: PushQueue[str] = PushQueue()
+        self._versions = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listeners: list[Callable[[PushRequest], None]] = []
+
+    # -- readiness ---------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.push_context is not None
+
+    def start_serving(self) -> None:
+        """Build the first snapshot; streams are accepted from now on."""
+        self._rebuild_push_context()
+
+    # -- XdsUpdater -------------------------------------------------------------
+
+    def config_update(self, request: PushRequest) -> None:
+        for reason in request.reasons:
+            if reason is TriggerReason.CONFIG:
+                self.metrics.inbound_updates.labels(type="config").inc()
+        self._events.put_nowait(request)
+
+    def eds_update(self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]) -> None:
+        self.metrics.inbound_updates.labels(type="eds").inc()
+        push_type = self.env.index.update_service_endpoints(shard, hostname, namespace, endpoints)
+        if push_type is PushType.NO_PUSH:
+            return
+        self._events.put_nowait(
+            PushRequest(
+                full=push_type is PushType.FULL,
+                configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)}),
+                reasons=Counter({TriggerReason.ENDPOINT: 1}),
+            )
+        )
+
+    def service_update(self, shard: ShardKey, hostname: str, namespace: str, deleted: bool) -> None:
+        self.metrics.inbound_updates.labels(type="svcdelete" if deleted else "svc").inc()
+        if deleted:
+            self.env.index.delete_service_shard(shard, hostname, namespace)
+        self._events.put_nowait(
+            PushRequest(
+                full=True,
+                configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)}),
+                reasons=Counter({TriggerReason.SERVICE: 1}),
+            )
+        )
+
+    def proxy_update(self, cluster_id: str, ip: str) -> None:
+        push = self.push_context
+        if push is None:
+            return
+        for conn in self.connections.values():
+            if conn.proxy.cluster_id == cluster_id and ip in conn.proxy.ip_addresses:
+                request = PushRequest(full=True, forced=True, reasons=Counter({TriggerReason.PROXY: 1}), push=push)
+                self._queue.enqueue(conn.id, request)
+
+    # -- pushing -----------------------------------------------------------------
+
+    def add_push_listener(self, listener: Callable[[PushRequest], None]) -> None:
+        """Observe every push as it starts (for the debug endpoints and tests)."""
+        self._listeners.append(listener)
+
+    def _rebuild_push_context(self) -> PushContext:
+        started = time.monotonic()
+        push = self.env.build_push_context(push_version(next(self._versions)))
+        self.metrics.pushcontext_init.observe(time.monotonic() - started)
+        self.metrics.services.set(len(push.services))
+        self.metrics.virtual_services.set(len(push.virtual_services))
+        self.push_context = push
+        return push
+
+    async def push(self, request: PushRequest) -> None:
+        """Push a debounced request to every connection."""
+        try:
+            if request.full or self.push_context is None:
+                push = self._rebuild_push_context()
+            else:
+                push = self.push_context
+            request.push = push
+            for reason, count in request.reasons.items():
+                self.metrics.push_triggers.labels(type=reason.value).inc(count)
+            for listener in self._listeners:
+                listener(request)
+            for conn_id in list(self.connections):
+                self._queue.enqueue(conn_id, request)
+        except Exception:
+            self.metrics.internal_errors.inc()
+            log.exception("push failed")
+
+    async def _push_worker(self, limit: asyncio.Semaphore) -> None:
+        while True:
+            await limit.acquire()
+            item = await self._queue.dequeue()
+            if item is None:
+                limit.release()
+                return
+            conn_id, request = item
+            stream = self._streams.get(conn_id)
+            if stream is None:
+                self._queue.mark_done(conn_id)
+                limit.release()
+                continue
+            self.metrics.queue_time.observe(max(0.0, time.monotonic() - request.start))
+
+            def done(conn_id: str = conn_id) -> None:
+                self._queue.mark_done(conn_id)
+                limit.release()
+
+            stream.deliver(request, done)
+
+    async def run(self) -> None:
+        """Debounce and push until cancelled."""
+        throttle = self.options.push_throttle or default_push_throttle()
+        limit = asyncio.Semaphore(throttle)
+
+        def observe(delay: float, merged: int) -> None:
+            self.metrics.debounce_time.observe(delay)
+
+        tasks = [asyncio.create_task(debounce(self._events, self.push, self.options.debounce, on_debounced=observe))]
+        tasks.append(asyncio.create_task(self._push_worker(limit)))
+        self._tasks = tasks
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            self._queue.close()
+
+    # -- connections -------------------------------------------------------------
+
+    def add_connection(self, conn: Connection, stream: AdsStream) -> None:
+        self.connections[conn.id] = conn
+        self._streams[conn.id] = stream
+        self.metrics.xds_clients.labels(version=conn.proxy.metadata.istio_version or "unknown").inc()
+        log.info("ADS: new connection for node:%s (%s)", conn.id, conn.peer)
+
+    def remove_connection(self, conn: Connection) -> None:
+        if self.connections.pop(conn.id, None) is None:
+            return
+        self._streams.pop(conn.id, None)
+        self._queue.remove(conn.id)
+        self.metrics.xds_clients.labels(version=conn.proxy.metadata.istio_version or "unknown").dec()
+        log.info("ADS: %s terminated", conn.id)
+
+    def push_all(self, reason: TriggerReason = TriggerReason.DEBUG) -> None:
+        """Queue a forced full push to every proxy (``/debug/adsz?push=true``)."""
+        self._events.put_nowait(PushRequest(full=True, forced=True, reasons=Counter({reason: 1})))
+
+    # -- gRPC --------------------------------------------------------------------
+
+    async def stream_aggregated_resources(
+        self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+    ) -> None:
+        if not self.ready:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+        await AdsStream(self, context).run(requests)
+
+    async def delta_aggregated_resources(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "delta xDS is not supported yet; use GRPC (SotW) ADS")
+
+    def grpc_handler(self) -> grpc.GenericRpcHandler:
+        """ADS handlers; responses are written already serialized."""
+
+        def identity(payload: bytes) -> bytes:
+            return payload
+
+        handlers = {
+            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self.stream_aggregated_resources,
+                request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+                response_serializer=identity,
+            ),
+            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self.delta_aggregated_resources,
+                request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
+                response_serializer=identity,
+            ),
+        }
+        return grpc.method_handlers_generic_handler(ADS_SERVICE, handlers)

@@ -1,0 +1,223 @@
+"""One ADS stream: the loop that answers requests and delivers pushes, in that priority order."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import json_format
+
+from meshpilot.model.proxy import InvalidNode, NodeMetadata, parse_proxy
+from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.networking.protobuf import pack
+from meshpilot.xds import protocol
+from meshpilot.xds.connection import Connection, WatchedResource
+from meshpilot.xds.dependencies import proxy_needs_push
+from meshpilot.xds.generators.base import GenerationContext
+from meshpilot.xds.types import PUSH_ORDER, TypeUrl, parse_type_url
+
+if TYPE_CHECKING:
+    from meshpilot.xds.server import DiscoveryServer
+
+log = logging.getLogger(__name__)
+
+# Requests are answered before pushes; the end of the stream queues like a request.
+_REQUEST, _PUSH, _END = 0, 1, 0
+_seq = itertools.count()
+
+
+class StreamClosed(Exception):
+    pass
+
+
+class AdsStream:
+    """Serves one SotW ADS stream for one proxy."""
+
+    def __init__(self, server: DiscoveryServer, context: grpc.aio.ServicerContext) -> None:
+        self.server = server
+        self.context = context
+        self.events: asyncio.PriorityQueue[tuple[int, int, Any]] = asyncio.PriorityQueue()
+        self.conn: Connection | None = None
+
+    # -- setup -------------------------------------------------------------------
+
+    async def run(self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest]) -> None:
+        try:
+            first = await anext(requests)
+        except StopAsyncIteration:
+            return
+        conn = await self._connect(first)
+        self.conn = conn
+        self.server.add_connection(conn, self)
+        reader = asyncio.create_task(self._read(requests))
+        try:
+            await self._handle_request(first)
+            await self._loop()
+        finally:
+            reader.cancel()
+            self.server.remove_connection(conn)
+            self._drain_pushes()
+
+    async def _connect(self, request: discovery_pb2.DiscoveryRequest) -> Connection:
+        node = request.node
+        if not request.HasField("node") or not node.id:
+            await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing node information")
+        try:
+            raw = json_format.MessageToDict(node.metadata) if node.HasField("metadata") else {}
+            metadata = NodeMetadata.parse(raw)
+            proxy = parse_proxy(
+                node.id,
+                metadata,
+                default_cluster_id=self.server.options.cluster_id,
+                extensions=frozenset(e.name for e in node.extensions),
+            )
+        except InvalidNode as err:
+            await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise  # abort raises; this keeps type checkers informed
+        push = self.server.push_context
+        assert push is not None, "streams are accepted only once ready"
+        self.server.env.refresh_proxy(proxy, push)
+        return Connection(proxy=proxy, peer=self.context.peer())
+
+    async def _read(self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest]) -> None:
+        try:
+            async for request in requests:
+                self.events.put_nowait((_REQUEST, next(_seq), request))
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("reading ADS stream failed")
+        finally:
+            self.events.put_nowait((_END, next(_seq), None))
+
+    # -- the loop ----------------------------------------------------------------
+
+    def deliver(self, request: PushRequest, done: Callable[[], None]) -> None:
+        """Hand a push to this stream; ``done`` is called once it was handled."""
+        self.events.put_nowait((_PUSH, next(_seq), (request, done)))
+
+    async def _loop(self) -> None:
+        while True:
+            _, _, item = await self.events.get()
+            if item is None:
+                return
+            if isinstance(item, discovery_pb2.DiscoveryRequest):
+                await self._handle_request(item)
+                continue
+            request, done = item
+            try:
+                await self._push(request)
+            finally:
+                done()
+
+    def _drain_pushes(self) -> None:
+        while not self.events.empty():
+            _, _, item = self.events.get_nowait()
+            if isinstance(item, tuple):
+                item[1]()
+
+    # -- requests ----------------------------------------------------------------
+
+    async def _handle_request(self, request: discovery_pb2.DiscoveryRequest) -> None:
+        conn = self.conn
+        assert conn is not None
+        type_url = request.type_url
+        if type_url == TypeUrl.HEALTH:
+            return
+        error = request.error_detail.message if request.HasField("error_detail") else None
+        decision = protocol.decide(conn, type_url, list(request.resource_names), request.response_nonce, error)
+        metrics = self.server.metrics
+        short = TypeUrl(type_url).short if parse_type_url(type_url) else type_url
+        if decision.verdict is protocol.Verdict.NACK:
+            metrics.xds_rejects.labels(type=short).inc()
+            log.warning("ADS:%s: %s rejected by %s (nonce %s): %s", short.upper(), conn.id, conn.peer,
+                        request.response_nonce, error)
+            return
+        if decision.verdict is protocol.Verdict.STALE:
+            metrics.expired_nonce.labels(type=short).inc()
+            return
+        if not decision.respond:
+            return
+        push = self.server.push_context
+        assert push is not None
+        generate_request = PushRequest(full=True, reasons=_counter(TriggerReason.PROXY), push=push)
+        await self._send(type_url, generate_request, decision.names)
+
+    # -- pushes ------------------------------------------------------------------
+
+    async def _push(self, request: PushRequest) -> None:
+        conn = self.conn
+        assert conn is not None and request.push is not None
+        env = self.server.env
+        if request.full:
+            env.refresh_proxy(conn.proxy, request.push)
+        if not proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace):
+            return
+        ordered = [t for t in PUSH_ORDER if t in conn.watched]
+        ordered += [t for t in conn.watched if t not in ordered]
+        for type_url in ordered:
+            generator = self.server.generators.get(TypeUrl(type_url)) if parse_type_url(type_url) else None
+            if generator is None or not generator.needs_push(request):
+                continue
+            await self._send(type_url, request, None)
+        self.server.metrics.convergence_time.observe(time.monotonic() - request.start)
+
+    async def _send(self, type_url: str, request: PushRequest, names: frozenset[str] | None) -> None:
+        conn = self.conn
+        assert conn is not None and request.push is not None
+        watch = conn.watched.get(type_url)
+        known = parse_type_url(type_url)
+        generator = self.server.generators.get(known) if known is not None else None
+        if watch is None or generator is None:
+            return
+        started = time.monotonic()
+        ctx = GenerationContext(conn.proxy, request.push, self.server.env.index, request)
+        try:
+            resources = generator.generate(ctx, watch, names)
+        except Exception:
+            self.server.metrics.internal_errors.inc()
+            log.exception("generating %s for %s failed", type_url, conn.id)
+            return
+        if resources is None:
+            return
+        version = request.push.version
+        nonce = f"{version}{uuid.uuid4()}"
+        response = discovery_pb2.DiscoveryResponse(
+            version_info=version, type_url=type_url, nonce=nonce,
+            resources=[pack(r.message) for r in resources],
+        )
+        payload = response.SerializeToString()
+        metrics = self.server.metrics
+        assert known is not None
+        metrics.push_time.labels(type=known.short).observe(time.monotonic() - started)
+        sent_at = time.monotonic()
+        await self.context.write(payload)
+        metrics.send_time.observe(time.monotonic() - sent_at)
+        metrics.xds_pushes.labels(type=known.short).inc()
+        metrics.config_size.labels(type=known.short).observe(len(payload))
+        _record_sent(watch, version, nonce, {r.name for r in resources}, partial=names is not None or not request.full)
+        if known is TypeUrl.CLUSTER:
+            eds = conn.watched.get(TypeUrl.ENDPOINT)
+            if eds is not None:
+                # Changed clusters warm until they get endpoints; Envoy's next EDS
+                # request may name the same clusters and still needs an answer.
+                eds.always_respond = True
+
+
+def _record_sent(watch: WatchedResource, version: str, nonce: str, names: set[str], *, partial: bool) -> None:
+    watch.nonce_sent = nonce
+    watch.version_sent = version
+    watch.last_sent = time.time()
+    watch.sent_names = frozenset(names) | (watch.sent_names if partial else frozenset())
+
+
+def _counter(reason: TriggerReason) -> Counter[TriggerReason]:
+    return Counter({reason: 1})
