@@ -36,25 +36,65 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         description="Serve xDS to Envoy sidecars from config files (and, later, the Kubernetes API).",
     )
     # istiod's camelCase flag names are accepted too, so existing manifests work.
-    p.add_argument("--config-dir", "--configDir", type=Path, help="directory of YAML/JSON config to load and watch")
-    p.add_argument("--mesh-config", "--meshConfig", type=Path, help="MeshConfig YAML file (istiod's defaults if unset)")
-    p.add_argument("--grpc-addr", "--grpcAddr", type=_address, default=Address("", 15010),
-                   help="plaintext xDS address (default :15010)")
-    p.add_argument("--http-addr", "--httpAddr", type=_address, default=Address("", 8080),
-                   help="HTTP address for /ready and /debug (default :8080)")
-    p.add_argument("--monitoring-addr", "--monitoringAddr", type=_address, default=Address("", 15014),
-                   help="address for /metrics and /debug (default :15014)")
+    p.add_argument(
+        "--config-dir", "--configDir", type=Path, help="directory of YAML/JSON config to load and watch"
+    )
+    p.add_argument(
+        "--mesh-config", "--meshConfig", type=Path, help="MeshConfig YAML file (istiod's defaults if unset)"
+    )
+    p.add_argument(
+        "--grpc-addr",
+        "--grpcAddr",
+        type=_address,
+        default=Address("", 15010),
+        help="plaintext xDS address (default :15010)",
+    )
+    p.add_argument(
+        "--http-addr",
+        "--httpAddr",
+        type=_address,
+        default=Address("", 8080),
+        help="HTTP address for /ready and /debug (default :8080)",
+    )
+    p.add_argument(
+        "--monitoring-addr",
+        "--monitoringAddr",
+        type=_address,
+        default=Address("", 15014),
+        help="address for /metrics and /debug (default :15014)",
+    )
     p.add_argument("--domain", default="cluster.local", help="DNS domain suffix (default cluster.local)")
-    p.add_argument("--cluster-id", "--clusterID", default=env_default("CLUSTER_ID", "Kubernetes"),
-                   help="ID of the local cluster (default $CLUSTER_ID or Kubernetes)")
-    p.add_argument("--debounce-after", type=_duration, default=env_default("PILOT_DEBOUNCE_AFTER", "100ms"),
-                   help="quiet period before a push (default $PILOT_DEBOUNCE_AFTER or 100ms)")
-    p.add_argument("--debounce-max", type=_duration, default=env_default("PILOT_DEBOUNCE_MAX", "10s"),
-                   help="longest delay of a push (default $PILOT_DEBOUNCE_MAX or 10s)")
-    p.add_argument("--push-throttle", type=int, default=int(env_default("PILOT_PUSH_THROTTLE", "0")),
-                   help="concurrent pushes; 0 means min(15+5*CPUs, 100) (default $PILOT_PUSH_THROTTLE or 0)")
-    p.add_argument("--log-level", "--log_output_level", default="info", choices=sorted(logs.LEVELS),
-                   help="log level (default info)")
+    p.add_argument(
+        "--cluster-id",
+        "--clusterID",
+        default=env_default("CLUSTER_ID", "Kubernetes"),
+        help="ID of the local cluster (default $CLUSTER_ID or Kubernetes)",
+    )
+    p.add_argument(
+        "--debounce-after",
+        type=_duration,
+        default=env_default("PILOT_DEBOUNCE_AFTER", "100ms"),
+        help="quiet period before a push (default $PILOT_DEBOUNCE_AFTER or 100ms)",
+    )
+    p.add_argument(
+        "--debounce-max",
+        type=_duration,
+        default=env_default("PILOT_DEBOUNCE_MAX", "10s"),
+        help="longest delay of a push (default $PILOT_DEBOUNCE_MAX or 10s)",
+    )
+    p.add_argument(
+        "--push-throttle",
+        type=int,
+        default=int(env_default("PILOT_PUSH_THROTTLE", "0")),
+        help="concurrent pushes; 0 means min(15+5*CPUs, 100) (default $PILOT_PUSH_THROTTLE or 0)",
+    )
+    p.add_argument(
+        "--log-level",
+        "--log_output_level",
+        default="info",
+        choices=sorted(logs.LEVELS),
+        help="log level (default info)",
+    )
     p.set_defaults(run=_run_discovery)
 
 

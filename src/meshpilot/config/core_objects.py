@@ -143,7 +143,7 @@ class _Reader:
     def _at(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
 
-    def str(self, key: str, default: str = "") -> str:
+    def text(self, key: str, default: str = "") -> str:
         value = self.data.get(key)
         if value is None:
             return default
@@ -151,10 +151,10 @@ class _Reader:
             raise ConfigError(f"must be a string, got {_type_name(value)}", self._at(key))
         return value
 
-    def opt_str(self, key: str) -> str | None:
-        return self.str(key) if self.data.get(key) is not None else None
+    def opt_text(self, key: str) -> str | None:
+        return self.text(key) if self.data.get(key) is not None else None
 
-    def int(self, key: str, default: int = 0) -> int:
+    def integer(self, key: str, default: int = 0) -> int:
         value = self.data.get(key)
         if value is None:
             return default
@@ -162,7 +162,7 @@ class _Reader:
             raise ConfigError(f"must be an integer, got {_type_name(value)}", self._at(key))
         return value
 
-    def bool(self, key: str, default: bool | None = False) -> Any:
+    def flag(self, key: str, default: bool | None = False) -> Any:
         value = self.data.get(key)
         if value is None:
             return default
@@ -170,7 +170,7 @@ class _Reader:
             raise ConfigError(f"must be a boolean, got {_type_name(value)}", self._at(key))
         return value
 
-    def int_or_str(self, key: str) -> int | str:
+    def int_or_text(self, key: str) -> int | str:
         value = self.data.get(key)
         if value is None:
             return 0
@@ -178,7 +178,7 @@ class _Reader:
             raise ConfigError(f"must be an integer or a string, got {_type_name(value)}", self._at(key))
         return value
 
-    def str_map(self, key: str) -> dict[str, str]:
+    def text_map(self, key: str) -> dict[str, str]:
         value = self.data.get(key)
         if value is None:
             return {}
@@ -189,10 +189,10 @@ class _Reader:
                 raise ConfigError("must be a map of strings", f"{self._at(key)}.{k}")
         return dict(value)
 
-    def obj(self, key: str) -> _Reader:
+    def child(self, key: str) -> _Reader:
         return _Reader(self.data.get(key), self._at(key))
 
-    def list(self, key: str) -> list[_Reader]:
+    def children(self, key: str) -> list[_Reader]:
         value = self.data.get(key)
         if value is None:
             return []
@@ -200,7 +200,7 @@ class _Reader:
             raise ConfigError(f"must be a list, got {_type_name(value)}", self._at(key))
         return [_Reader(item, f"{self._at(key)}[{i}]") for i, item in enumerate(value)]
 
-    def str_list(self, key: str) -> tuple[str, ...]:
+    def text_list(self, key: str) -> tuple[str, ...]:
         value = self.data.get(key)
         if value is None:
             return ()
@@ -210,28 +210,35 @@ class _Reader:
 
 
 def _type_name(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def parse_meta(raw: dict[str, Any], *, namespaced: bool, default_namespace: str = "default") -> ObjectMeta:
     meta = _Reader(raw.get("metadata"), "metadata")
-    name = meta.str("name")
+    name = meta.text("name")
     if not name:
         raise ConfigError("name is required", "metadata.name")
-    namespace = meta.str("namespace") if namespaced else ""
+    namespace = meta.text("namespace") if namespaced else ""
     if namespaced and not namespace:
         namespace = default_namespace
-    owners = tuple((o.str("kind"), o.str("name")) for o in meta.list("ownerReferences"))
+    owners = tuple((o.text("kind"), o.text("name")) for o in meta.children("ownerReferences"))
     return ObjectMeta(
         name=name,
         namespace=namespace,
-        labels=meta.str_map("labels"),
-        annotations=meta.str_map("annotations"),
-        resource_version=meta.str("resourceVersion"),
+        labels=meta.text_map("labels"),
+        annotations=meta.text_map("annotations"),
+        resource_version=meta.text("resourceVersion"),
         creation_timestamp=_timestamp(meta, "creationTimestamp"),
         deletion_timestamp=_timestamp(meta, "deletionTimestamp"),
-        uid=meta.str("uid"),
+        uid=meta.text("uid"),
         owner_references=owners,
     )
 
@@ -241,7 +248,7 @@ def _timestamp(meta: _Reader, key: str) -> str:
     # The Kubernetes client may hand over datetimes; files give strings.
     if value is not None and not isinstance(value, str):
         return value.isoformat() if hasattr(value, "isoformat") else str(value)
-    return meta.str(key)
+    return meta.text(key)
 
 
 def parse_namespace(raw: dict[str, Any]) -> KubeNamespace:
@@ -255,27 +262,27 @@ def parse_node(raw: dict[str, Any]) -> KubeNode:
 def parse_service(raw: dict[str, Any], default_namespace: str = "default") -> KubeService:
     meta = parse_meta(raw, namespaced=True, default_namespace=default_namespace)
     spec = _Reader(raw.get("spec"), "spec")
-    kube_type = spec.str("type", "ClusterIP")
+    kube_type = spec.text("type", "ClusterIP")
     if kube_type not in ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"):
         raise ConfigError(f"unsupported service type {kube_type!r}", "spec.type")
-    ips = spec.str_list("clusterIPs") or ((spec.str("clusterIP"),) if spec.str("clusterIP") else ())
+    ips = spec.text_list("clusterIPs") or ((spec.text("clusterIP"),) if spec.text("clusterIP") else ())
     ports = []
-    for p in spec.list("ports"):
-        number = p.int("port")
+    for p in spec.children("ports"):
+        number = p.integer("port")
         if not 0 < number < 65536:
             raise ConfigError(f"port {number} is out of range 1-65535", f"{p.path}.port")
         ports.append(
             ServicePortSpec(
-                name=p.str("name"),
+                name=p.text("name"),
                 port=number,
-                protocol=p.str("protocol", "TCP"),
-                app_protocol=p.opt_str("appProtocol"),
-                target_port=p.int_or_str("targetPort") or number,
-                node_port=p.int("nodePort"),
+                protocol=p.text("protocol", "TCP"),
+                app_protocol=p.opt_text("appProtocol"),
+                target_port=p.int_or_text("targetPort") or number,
+                node_port=p.integer("nodePort"),
             )
         )
-    selector = spec.str_map("selector") if spec.data.get("selector") is not None else None
-    external_name = spec.str("externalName")
+    selector = spec.text_map("selector") if spec.data.get("selector") is not None else None
+    external_name = spec.text("externalName")
     if kube_type == "ExternalName" and not external_name:
         raise ConfigError("externalName is required for type ExternalName", "spec.externalName")
     return KubeService(
@@ -285,66 +292,76 @@ def parse_service(raw: dict[str, Any], default_namespace: str = "default") -> Ku
         ports=tuple(ports),
         selector=selector or None,
         external_name=external_name,
-        internal_traffic_policy=spec.str("internalTrafficPolicy"),
-        publish_not_ready_addresses=bool(spec.bool("publishNotReadyAddresses")),
+        internal_traffic_policy=spec.text("internalTrafficPolicy"),
+        publish_not_ready_addresses=bool(spec.flag("publishNotReadyAddresses")),
     )
 
 
 def parse_endpoint_slice(raw: dict[str, Any], default_namespace: str = "default") -> KubeEndpointSlice:
     meta = parse_meta(raw, namespaced=True, default_namespace=default_namespace)
     top = _Reader(raw, "")
-    address_type = top.str("addressType", "IPv4")
+    address_type = top.text("addressType", "IPv4")
     ports = []
-    for p in top.list("ports"):
-        number = p.int("port")
+    for p in top.children("ports"):
+        number = p.integer("port")
         if not 0 <= number < 65536:
             raise ConfigError(f"port {number} is out of range 0-65535", f"{p.path}.port")
         ports.append(
             EndpointPortSpec(
-                name=p.str("name"), port=number, protocol=p.str("protocol", "TCP"),
-                app_protocol=p.opt_str("appProtocol"),
+                name=p.text("name"),
+                port=number,
+                protocol=p.text("protocol", "TCP"),
+                app_protocol=p.opt_text("appProtocol"),
             )
         )
     endpoints = []
-    for e in top.list("endpoints"):
-        addresses = e.str_list("addresses")
+    for e in top.children("endpoints"):
+        addresses = e.text_list("addresses")
         if not addresses:
             raise ConfigError("at least one address is required", f"{e.path}.addresses")
-        conditions = e.obj("conditions")
-        ref = e.obj("targetRef")
-        target = (ref.str("kind"), ref.str("namespace") or meta.namespace, ref.str("name")) if ref.data else None
+        conditions = e.child("conditions")
+        ref = e.child("targetRef")
+        target = (
+            (ref.text("kind"), ref.text("namespace") or meta.namespace, ref.text("name"))
+            if ref.data
+            else None
+        )
         endpoints.append(
             SliceEndpoint(
                 addresses=addresses,
-                ready=conditions.bool("ready", None),
-                serving=conditions.bool("serving", None),
-                terminating=conditions.bool("terminating", None),
-                hostname=e.str("hostname"),
-                node_name=e.str("nodeName"),
-                zone=e.str("zone"),
+                ready=conditions.flag("ready", None),
+                serving=conditions.flag("serving", None),
+                terminating=conditions.flag("terminating", None),
+                hostname=e.text("hostname"),
+                node_name=e.text("nodeName"),
+                zone=e.text("zone"),
                 target_ref=target,
             )
         )
-    return KubeEndpointSlice(meta=meta, address_type=address_type, ports=tuple(ports), endpoints=tuple(endpoints))
+    return KubeEndpointSlice(
+        meta=meta, address_type=address_type, ports=tuple(ports), endpoints=tuple(endpoints)
+    )
 
 
 def parse_pod(raw: dict[str, Any], default_namespace: str = "default") -> KubePod:
     meta = parse_meta(raw, namespaced=True, default_namespace=default_namespace)
     spec = _Reader(raw.get("spec"), "spec")
     status = _Reader(raw.get("status"), "status")
-    ips = tuple(ip.str("ip") for ip in status.list("podIPs") if ip.str("ip"))
-    if not ips and status.str("podIP"):
-        ips = (status.str("podIP"),)
+    ips = tuple(ip.text("ip") for ip in status.children("podIPs") if ip.text("ip"))
+    if not ips and status.text("podIP"):
+        ips = (status.text("podIP"),)
     ports = []
-    for c in spec.list("containers"):
-        for p in c.list("ports"):
-            ports.append(ContainerPortSpec(p.str("name"), p.int("containerPort"), p.str("protocol", "TCP")))
+    for c in spec.children("containers"):
+        for p in c.children("ports"):
+            ports.append(
+                ContainerPortSpec(p.text("name"), p.integer("containerPort"), p.text("protocol", "TCP"))
+            )
     return KubePod(
         meta=meta,
-        service_account=spec.str("serviceAccountName") or spec.str("serviceAccount") or "default",
-        node_name=spec.str("nodeName"),
-        host_network=bool(spec.bool("hostNetwork")),
+        service_account=spec.text("serviceAccountName") or spec.text("serviceAccount") or "default",
+        node_name=spec.text("nodeName"),
+        host_network=bool(spec.flag("hostNetwork")),
         pod_ips=ips,
-        phase=status.str("phase"),
+        phase=status.text("phase"),
         container_ports=tuple(ports),
     )

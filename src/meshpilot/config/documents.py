@@ -87,7 +87,7 @@ def parse_text(text: str, source: str, *, json: bool = False) -> list[Document]:
         return _expand(data, source, 0)
     for index, (chunk, first_line) in enumerate(split_yaml(text)):
         try:
-            data = yaml.load(chunk, Loader=_Loader)  # noqa: S506 - a safe loader
+            data = yaml.load(chunk, Loader=_Loader)
         except yaml.YAMLError as err:
             reason = _yaml_reason(err, first_line)
             docs.append(Document(source, index, error=ConfigError(f"invalid YAML: {reason}")))
@@ -112,7 +112,11 @@ def _expand(data: Any, source: str, index: int) -> list[Document]:
     if data is None:
         return []
     if not isinstance(data, dict):
-        return [Document(source, index, error=ConfigError(f"a document must be an object, got {type(data).__name__}"))]
+        return [
+            Document(
+                source, index, error=ConfigError(f"a document must be an object, got {type(data).__name__}")
+            )
+        ]
     kind = data.get("kind")
     if isinstance(kind, str) and kind.endswith("List") and "items" in data:
         items = data.get("items") or []

@@ -194,8 +194,9 @@ class FileSource:
 
     def _settle(self, key: ObjectKey) -> None:
         """Make the sink hold the winning definition of ``key``, or nothing."""
-        definitions = sorted((path, state.objects[key]) for path, state in self._files.items()
-                             if key in state.objects)
+        definitions = sorted(
+            (path, state.objects[key]) for path, state in self._files.items() if key in state.objects
+        )
         current = self._effective.get(key)
         if not definitions:
             if current is not None:

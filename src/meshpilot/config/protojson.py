@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from meshpilot.config.errors import ConfigError
@@ -59,7 +59,7 @@ def parse_go_duration(text: str) -> Decimal:
 
 def _canonical_duration(value: Any, path: str) -> Any:
     if not isinstance(value, str):
-        raise ConfigError(f"must be a duration such as \"5s\", got {_kind(value)}", path)
+        raise ConfigError(f'must be a duration such as "5s", got {_kind(value)}', path)
     try:
         seconds = parse_go_duration(value)
     except ValueError:
@@ -70,23 +70,37 @@ def _canonical_duration(value: Any, path: str) -> Any:
     return f"{text}s"
 
 
-_INT_TYPES = frozenset({
-    FieldDescriptor.TYPE_INT32, FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT32,
-    FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT32, FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED32,
-    FieldDescriptor.TYPE_SFIXED64,
-})
+_INT_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT32,
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT32,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT32,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED32,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED32,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
 _FLOAT_TYPES = frozenset({FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT})
 # Wrapper and other well-known messages have JSON forms protobuf checks itself.
 _WELL_KNOWN = "google.protobuf."
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
-def _rewrite(data: Any, descriptor: Descriptor, path: str) -> dict[str, Any]:
+def _rewrite(data: Any, descriptor: Any, path: str) -> dict[str, Any]:
     """Check ``data`` against ``descriptor``; return a copy with canonical durations.
 
     Errors name the field path and say what was expected, which protobuf's own
@@ -94,7 +108,7 @@ def _rewrite(data: Any, descriptor: Descriptor, path: str) -> dict[str, Any]:
     """
     if not isinstance(data, dict):
         raise ConfigError(f"must be an object, got {_kind(data)}", path)
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in data.items():
         where = f"{path}.{key}"
         field = descriptor.fields_by_camelcase_name.get(key) or descriptor.fields_by_name.get(key)
@@ -149,6 +163,7 @@ def _value(value: Any, field: FieldDescriptor, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"must be a number, got {_kind(value)}", path)
     elif kind == FieldDescriptor.TYPE_ENUM:
+        assert field.enum_type is not None
         names = field.enum_type.values_by_name
         if isinstance(value, str):
             if value not in names:

@@ -60,31 +60,59 @@ def _istio(kind: Kind, message: type[Message], plural: str, versions: tuple[str,
 SCHEMAS: dict[Kind, Schema] = {
     s.kind: s
     for s in (
-        Schema(Kind.NAMESPACE, "", ("v1",), "namespaces", cluster_scoped=True,
-               parse_core=core_objects.parse_namespace),
+        Schema(
+            Kind.NAMESPACE,
+            "",
+            ("v1",),
+            "namespaces",
+            cluster_scoped=True,
+            parse_core=core_objects.parse_namespace,
+        ),
         Schema(Kind.NODE, "", ("v1",), "nodes", cluster_scoped=True, parse_core=core_objects.parse_node),
         Schema(Kind.SERVICE, "", ("v1",), "services", parse_core=core_objects.parse_service),
         Schema(Kind.POD, "", ("v1",), "pods", parse_core=core_objects.parse_pod),
-        Schema(Kind.ENDPOINT_SLICE, "discovery.k8s.io", ("v1",), "endpointslices",
-               parse_core=core_objects.parse_endpoint_slice),
-        _istio(Kind.VIRTUAL_SERVICE, virtual_service_pb2.VirtualService, "virtualservices",
-               _NETWORKING_VERSIONS),
-        _istio(Kind.DESTINATION_RULE, destination_rule_pb2.DestinationRule, "destinationrules",
-               _NETWORKING_VERSIONS),
+        Schema(
+            Kind.ENDPOINT_SLICE,
+            "discovery.k8s.io",
+            ("v1",),
+            "endpointslices",
+            parse_core=core_objects.parse_endpoint_slice,
+        ),
+        _istio(
+            Kind.VIRTUAL_SERVICE, virtual_service_pb2.VirtualService, "virtualservices", _NETWORKING_VERSIONS
+        ),
+        _istio(
+            Kind.DESTINATION_RULE,
+            destination_rule_pb2.DestinationRule,
+            "destinationrules",
+            _NETWORKING_VERSIONS,
+        ),
         _istio(Kind.GATEWAY, gateway_pb2.Gateway, "gateways", _NETWORKING_VERSIONS),
         _istio(Kind.SERVICE_ENTRY, service_entry_pb2.ServiceEntry, "serviceentries", _NETWORKING_VERSIONS),
-        _istio(Kind.WORKLOAD_ENTRY, workload_entry_pb2.WorkloadEntry, "workloadentries",
-               _NETWORKING_VERSIONS),
-        _istio(Kind.WORKLOAD_GROUP, workload_group_pb2.WorkloadGroup, "workloadgroups",
-               _NETWORKING_VERSIONS),
+        _istio(
+            Kind.WORKLOAD_ENTRY, workload_entry_pb2.WorkloadEntry, "workloadentries", _NETWORKING_VERSIONS
+        ),
+        _istio(Kind.WORKLOAD_GROUP, workload_group_pb2.WorkloadGroup, "workloadgroups", _NETWORKING_VERSIONS),
         _istio(Kind.SIDECAR, sidecar_pb2.Sidecar, "sidecars", _NETWORKING_VERSIONS),
         _istio(Kind.ENVOY_FILTER, envoy_filter_pb2.EnvoyFilter, "envoyfilters", ("v1alpha3",)),
-        _istio(Kind.PEER_AUTHENTICATION, peer_authentication_pb2.PeerAuthentication,
-               "peerauthentications", _SECURITY_VERSIONS),
-        _istio(Kind.AUTHORIZATION_POLICY, authorization_policy_pb2.AuthorizationPolicy,
-               "authorizationpolicies", _SECURITY_VERSIONS),
-        _istio(Kind.REQUEST_AUTHENTICATION, request_authentication_pb2.RequestAuthentication,
-               "requestauthentications", _SECURITY_VERSIONS),
+        _istio(
+            Kind.PEER_AUTHENTICATION,
+            peer_authentication_pb2.PeerAuthentication,
+            "peerauthentications",
+            _SECURITY_VERSIONS,
+        ),
+        _istio(
+            Kind.AUTHORIZATION_POLICY,
+            authorization_policy_pb2.AuthorizationPolicy,
+            "authorizationpolicies",
+            _SECURITY_VERSIONS,
+        ),
+        _istio(
+            Kind.REQUEST_AUTHENTICATION,
+            request_authentication_pb2.RequestAuthentication,
+            "requestauthentications",
+            _SECURITY_VERSIONS,
+        ),
     )
 }
 

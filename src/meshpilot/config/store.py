@@ -58,11 +58,11 @@ class ConfigStore:
     def get(self, kind: Kind, name: str, namespace: str) -> Config | None:
         return self._by_kind.get(kind, {}).get((namespace, name))
 
-    def list(self, kind: Kind, namespace: str | None = None) -> list[Config]:
+    def configs(self, kind: Kind, namespace: str | None = None) -> list[Config]:
         """Configs of a kind, oldest first (ties by namespace and name), as istiod orders them."""
-        items = self._by_kind.get(kind, {}).values()
-        if namespace is not None:
-            items = [c for c in items if c.namespace == namespace]
+        items = [
+            c for c in self._by_kind.get(kind, {}).values() if namespace is None or c.namespace == namespace
+        ]
         return sorted(items, key=config_order)
 
     def kinds(self) -> list[Kind]:

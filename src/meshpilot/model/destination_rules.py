@@ -69,8 +69,14 @@ class _HostRules:
 class DestinationRuleIndex:
     """Rules local to each namespace and rules each namespace exports."""
 
-    def __init__(self, configs: Iterable[Config], *, default_export_to: Iterable[str], root_namespace: str,
-                 domain_suffix: str) -> None:
+    def __init__(
+        self,
+        configs: Iterable[Config],
+        *,
+        default_export_to: Iterable[str],
+        root_namespace: str,
+        domain_suffix: str,
+    ) -> None:
         self.root_namespace = root_namespace
         self._local: dict[str, _HostRules] = defaultdict(_HostRules)
         self._exported: dict[str, _HostRules] = defaultdict(_HostRules)
@@ -105,7 +111,8 @@ class DestinationRuleIndex:
             if exported is None:
                 continue
             found = [
-                c for c in exported.lookup(host)
+                c
+                for c in exported.lookup(host)
                 if visibility.visible_to(self._export_to[(c.namespace, c.name)], c.namespace, proxy_namespace)
             ]
             if found:

@@ -41,9 +41,9 @@ def most_specific_match(host: str, candidates: list[str]) -> str | None:
         return host
     best = None
     for candidate in candidates:
-        if is_wildcard(candidate) and host_subset_of(host, candidate):
-            if best is None or len(candidate) > len(best):
-                best = candidate
+        better = best is None or len(candidate) > len(best)
+        if better and is_wildcard(candidate) and host_subset_of(host, candidate):
+            best = candidate
     return best
 
 

@@ -82,7 +82,9 @@ def _merge(target: Message, source: Message, data: dict[str, Any]) -> None:
         elif field.is_repeated:
             target.ClearField(name)
             getattr(target, name).MergeFrom(getattr(source, name))
-        elif field.message_type is not None and not field.message_type.full_name.startswith("google.protobuf."):
+        elif field.message_type is not None and not field.message_type.full_name.startswith(
+            "google.protobuf."
+        ):
             if isinstance(value, dict):
                 _merge(getattr(target, name), getattr(source, name), value)
             else:

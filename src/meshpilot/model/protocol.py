@@ -44,9 +44,7 @@ class Protocol(enum.Enum):
 
 
 _HTTP = frozenset({Protocol.HTTP, Protocol.HTTP2, Protocol.GRPC, Protocol.GRPC_WEB, Protocol.HTTP_PROXY})
-_TCP = frozenset(
-    {Protocol.TCP, Protocol.HTTPS, Protocol.TLS, Protocol.MONGO, Protocol.REDIS, Protocol.MYSQL}
-)
+_TCP = frozenset({Protocol.TCP, Protocol.HTTPS, Protocol.TLS, Protocol.MONGO, Protocol.REDIS, Protocol.MYSQL})
 _BY_LOWER = {p.value.lower(): p for p in Protocol if p is not Protocol.UNSUPPORTED}
 
 # Unnamed ports that are well known to carry TCP (istiod's wellKnownPorts).

@@ -79,8 +79,9 @@ class NodeMetadata:
         try:
             mode = InterceptionMode(mode_text)
         except ValueError:
-            raise InvalidNode(f"node metadata INTERCEPTION_MODE {mode_text!r} is not one of "
-                              "REDIRECT, TPROXY, NONE") from None
+            raise InvalidNode(
+                f"node metadata INTERCEPTION_MODE {mode_text!r} is not one of REDIRECT, TPROXY, NONE"
+            ) from None
         ips = tuple(ip.strip() for ip in text("INSTANCE_IPS").split(",") if ip.strip())
         pod_ports: tuple[dict[str, Any], ...] = ()
         if text("POD_PORTS"):
@@ -172,7 +173,9 @@ def parse_proxy(
         node_type = NodeType(parts[0])
     except ValueError:
         valid = ", ".join(t.value for t in NodeType)
-        raise InvalidNode(f"invalid node type (valid types: {valid}) in the service node {node_id!r}") from None
+        raise InvalidNode(
+            f"invalid node type (valid types: {valid}) in the service node {node_id!r}"
+        ) from None
     if metadata.instance_ips and all(_is_ip(ip) for ip in metadata.instance_ips):
         ips = metadata.instance_ips
     elif _is_ip(parts[1]):

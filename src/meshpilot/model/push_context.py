@@ -36,6 +36,11 @@ class VirtualServiceEntry:
     export_to: frozenset[str]
 
 
+def _selector(sidecar: Config) -> dict[str, str]:
+    spec = sidecar.spec
+    return dict(spec.workload_selector.labels) if spec.HasField("workload_selector") else {}
+
+
 def _order(config: Config) -> tuple[str, str, str]:
     return (config.meta.creation_timestamp or "~", config.namespace, config.name)
 
@@ -115,7 +120,9 @@ class PushContext:
         found = self._services_visible.get(namespace)
         if found is None:
             found = [
-                s for s in self.services if visibility.visible_to(self.service_export_to(s), s.namespace, namespace)
+                s
+                for s in self.services
+                if visibility.visible_to(self.service_export_to(s), s.namespace, namespace)
             ]
             self._services_visible[namespace] = found
         return found
@@ -132,7 +139,8 @@ class PushContext:
         found = self._vs_visible.get(namespace)
         if found is None:
             found = [
-                vs for vs in self.virtual_services
+                vs
+                for vs in self.virtual_services
                 if MESH_GATEWAY in vs.gateways
                 and visibility.visible_to(vs.export_to, vs.config.namespace, namespace)
             ]
@@ -153,15 +161,11 @@ class PushContext:
         """
         candidates = self._sidecars.get(namespace, [])
         for config in candidates:
-            spec = config.spec
-            if spec.HasField("workload_selector") and spec.workload_selector.labels:
-                if selector_matches(spec.workload_selector.labels, labels):
-                    return config
-        for config in candidates:
-            if not (config.spec.HasField("workload_selector") and config.spec.workload_selector.labels):
+            selector = _selector(config)
+            if selector and selector_matches(selector, labels):
                 return config
-        for config in self._sidecars.get(self.mesh.root_namespace, []):
-            if not (config.spec.HasField("workload_selector") and config.spec.workload_selector.labels):
+        for config in [*candidates, *self._sidecars.get(self.mesh.root_namespace, [])]:
+            if not _selector(config):
                 return config
         return None
 

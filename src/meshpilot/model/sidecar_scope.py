@@ -99,9 +99,7 @@ def _parse_hosts(hosts: list[str], config_namespace: str) -> tuple[tuple[str, st
 
 
 def _selects(hosts: tuple[tuple[str, str], ...], namespace: str, hostname: str) -> bool:
-    return any(
-        ns != "~" and (ns in ("*", namespace)) and host_matches(host, hostname) for ns, host in hosts
-    )
+    return any(ns != "~" and (ns in ("*", namespace)) and host_matches(host, hostname) for ns, host in hosts)
 
 
 def build_scope(push: PushContext, namespace: str, sidecar: Config | None) -> SidecarScope:
@@ -115,10 +113,13 @@ def build_scope(push: PushContext, namespace: str, sidecar: Config | None) -> Si
     else:
         spec = sidecar.spec
         raw_egress = [
-            (e.port if e.HasField("port") else None, e.bind, e.capture_mode, list(e.hosts)) for e in spec.egress
+            (e.port if e.HasField("port") else None, e.bind, e.capture_mode, list(e.hosts))
+            for e in spec.egress
         ] or [(None, "", CAPTURE_DEFAULT, ["*/*"])]
         ingress = tuple(spec.ingress)
-        policy = spec.outbound_traffic_policy.mode if spec.HasField("outbound_traffic_policy") else mesh_policy
+        policy = (
+            spec.outbound_traffic_policy.mode if spec.HasField("outbound_traffic_policy") else mesh_policy
+        )
         name = sidecar.name
 
     visible_services = push.services_visible_to(namespace)

@@ -16,7 +16,9 @@ class XdsUpdater(Protocol):
     def config_update(self, request: PushRequest) -> None:
         """Something changed; ``request`` says what. Debounced before pushing."""
 
-    def eds_update(self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]) -> None:
+    def eds_update(
+        self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]
+    ) -> None:
         """Replace one shard's endpoints of a service."""
 
     def service_update(self, shard: ShardKey, hostname: str, namespace: str, deleted: bool) -> None:

@@ -21,7 +21,7 @@ from meshpilot.model.mesh import MeshConfig
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext
-from meshpilot.model.service import Port, Resolution, Service, ServiceTarget
+from meshpilot.model.service import Port, Registry, Resolution, Service, ServiceTarget
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import extensions, names
 from meshpilot.networking import traffic_policy as tp
@@ -78,7 +78,9 @@ def _metadata(svc: Service | None, rule: MergedDestinationRule | None, subset: s
 
 
 def _metadata_exchange_filter() -> Any:
-    config = typed_struct_pb2.TypedStruct(type_url="type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange")
+    config = typed_struct_pb2.TypedStruct(
+        type_url="type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange"
+    )
     config.value.update({"protocol": "istio-peer-exchange", "enable_discovery": True})
     return cluster_pb2.Filter(name=extensions.METADATA_EXCHANGE, typed_config=pack(config))
 
@@ -123,9 +125,10 @@ def build_outbound_cluster(
         cluster.load_assignment.CopyFrom(
             eds.load_assignment(name, eds.locality_groups(endpoints, tls_mode=tls_mode))
         )
-    elif cluster_type == cluster_pb2.Cluster.ORIGINAL_DST:
-        if svc.registry.value == "External" and isinstance(port.target_port, int) and port.target_port:
-            cluster.lb_config.original_dst_lb_config.upstream_port_override.value = port.target_port
+    elif cluster_type == cluster_pb2.Cluster.ORIGINAL_DST and _passthrough_target_port(svc, port):
+        # A ServiceEntry with resolution NONE may send to another port than the one called.
+        override = cluster.lb_config.original_dst_lb_config.upstream_port_override
+        override.value = _passthrough_target_port(svc, port)
     http_options = _upstream_options(port)
     tp.apply_connection_pool(cluster, policy.connection_pool, http_options)
     tp.apply_load_balancer(cluster, policy.load_balancer)
@@ -138,6 +141,12 @@ def build_outbound_cluster(
     return cluster
 
 
+def _passthrough_target_port(svc: Service, port: Port) -> int:
+    if svc.registry is Registry.EXTERNAL and isinstance(port.target_port, int):
+        return port.target_port
+    return 0
+
+
 def _subset_labels(rule: MergedDestinationRule | None, subset: str) -> dict[str, str] | None:
     if rule is None or not subset:
         return None
@@ -145,7 +154,7 @@ def _subset_labels(rule: MergedDestinationRule | None, subset: str) -> dict[str,
     return dict(found.labels) if found is not None else None
 
 
-def _dns_family(proxy: Proxy) -> int:
+def _dns_family(proxy: Proxy) -> Any:
     families = {ipaddress.ip_address(ip).version for ip in proxy.ip_addresses}
     if families == {6}:
         return cluster_pb2.Cluster.V6_ONLY
@@ -250,7 +259,9 @@ def inbound_cluster(
     services_meta = [{"host": s.hostname, "name": s.name, "namespace": s.namespace} for s in services]
     if services_meta:
         cluster.metadata.filter_metadata["istio"].update({"services": services_meta})
-    _set_protocol_options(cluster, tp.http_protocol_options_for(protocol.is_http2, protocol is Protocol.UNSUPPORTED))
+    _set_protocol_options(
+        cluster, tp.http_protocol_options_for(protocol.is_http2, protocol is Protocol.UNSUPPORTED)
+    )
     return cluster
 
 

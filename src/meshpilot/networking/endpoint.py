@@ -130,7 +130,9 @@ def locality_groups(endpoints: Iterable[Endpoint], *, tls_mode: int | None) -> l
         weights[ep.locality.label] = min(_MAX_UINT32, weights.get(ep.locality.label, 0) + (ep.weight or 1))
     return [
         endpoint_components_pb2.LocalityLbEndpoints(
-            locality=_locality(label), lb_endpoints=by_locality[label], load_balancing_weight=uint32(weights[label])
+            locality=_locality(label),
+            lb_endpoints=by_locality[label],
+            load_balancing_weight=uint32(weights[label]),
         )
         for label in sorted(by_locality)
     ]

@@ -24,15 +24,89 @@ from meshpilot.networking.protobuf import boolean, duration, pack, uint32
 
 DEFAULT_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
 _HTTP_STATUS_TEXT = frozenset(
-    {100, 101, 102, 103, 200, 201, 202, 203, 204, 205, 206, 207, 208, 226, 300, 301, 302, 303, 304, 305, 307,
-     308, 400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415, 416, 417, 418, 421,
-     422, 423, 424, 425, 426, 428, 429, 431, 451, 500, 501, 502, 503, 504, 505, 506, 507, 508, 510, 511}
+    {
+        100,
+        101,
+        102,
+        103,
+        200,
+        201,
+        202,
+        203,
+        204,
+        205,
+        206,
+        207,
+        208,
+        226,
+        300,
+        301,
+        302,
+        303,
+        304,
+        305,
+        307,
+        308,
+        400,
+        401,
+        402,
+        403,
+        404,
+        405,
+        406,
+        407,
+        408,
+        409,
+        410,
+        411,
+        412,
+        413,
+        414,
+        415,
+        416,
+        417,
+        418,
+        421,
+        422,
+        423,
+        424,
+        425,
+        426,
+        428,
+        429,
+        431,
+        451,
+        500,
+        501,
+        502,
+        503,
+        504,
+        505,
+        506,
+        507,
+        508,
+        510,
+        511,
+    }
 )
 _GRPC_CODES = {
-    "OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5,
-    "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
-    "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13, "UNAVAILABLE": 14,
-    "DATA_LOSS": 15, "UNAUTHENTICATED": 16,
+    "OK": 0,
+    "CANCELLED": 1,
+    "UNKNOWN": 2,
+    "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5,
+    "ALREADY_EXISTS": 6,
+    "PERMISSION_DENIED": 7,
+    "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9,
+    "ABORTED": 10,
+    "OUT_OF_RANGE": 11,
+    "UNIMPLEMENTED": 12,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+    "DATA_LOSS": 15,
+    "UNAUTHENTICATED": 16,
 }
 _REDIRECT_CODES = {
     0: rc.RedirectAction.MOVED_PERMANENTLY,
@@ -111,7 +185,7 @@ def _presence_only(match: Any | None) -> bool:
     """An empty match or the regex ``*`` means "present", as istiod reads it."""
     if match is None or match.WhichOneof("match_type") is None:
         return True
-    return match.WhichOneof("match_type") == "regex" and match.regex == "*"
+    return bool(match.WhichOneof("match_type") == "regex" and match.regex == "*")
 
 
 def header_matcher(name: str, match: Any | None) -> Any:
@@ -186,7 +260,11 @@ def _header_options(headers: Any, append: bool) -> tuple[list[Any], str]:
             if append
             else base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
         )
-        out.append(base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, value=value), append_action=action))
+        out.append(
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=key, value=value), append_action=action
+            )
+        )
     return out, authority
 
 
@@ -473,8 +551,10 @@ def _apply_destinations(
                 weighted.response_headers_to_remove.extend(resp_remove)
                 if dst_authority:
                     weighted.host_rewrite_literal = dst_authority
-    retries = http.retries if http.HasField("retries") else (
-        mesh.default_http_retry_policy if mesh.HasField("default_http_retry_policy") else None
+    retries = (
+        http.retries
+        if http.HasField("retries")
+        else (mesh.default_http_retry_policy if mesh.HasField("default_http_retry_policy") else None)
     )
     policy = retry_policy(retries)
     if policy is not None:
@@ -503,4 +583,3 @@ def routes_for_virtual_service(
         if stop:
             break
     return out
-

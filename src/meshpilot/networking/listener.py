@@ -85,7 +85,9 @@ def _http_chain(proxy: Proxy, bind: str, port: int, rds: str, *, alpn: bool) -> 
             application_protocols=list(HTTP_ALPNS), transport_protocol="raw_buffer"
         )
     hcm = http_connection_manager(
-        proxy, stat_prefix=names.stat_name(f"outbound_{names.listener_name(bind, port)}"), inbound=False,
+        proxy,
+        stat_prefix=names.stat_name(f"outbound_{names.listener_name(bind, port)}"),
+        inbound=False,
         rds_name=rds,
     )
     return Chain([hcm], match, http=True)
@@ -130,7 +132,9 @@ class OutboundBuilder:
                     continue
                 listen_port = egress.port.number if egress.port is not None else port.port
                 protocol = override or port.protocol
-                self._add_service_port(svc, port, listen_port, protocol, bind, bind_to_port, egress.port is None)
+                self._add_service_port(
+                    svc, port, listen_port, protocol, bind, bind_to_port, egress.port is None
+                )
 
     def lock_all(self) -> None:
         """Entries made by listeners with a port may not be changed by the catch-all listener."""
@@ -138,7 +142,13 @@ class OutboundBuilder:
             entry.locked = True
 
     def _add_service_port(
-        self, svc: Service, port: Port, listen_port: int, protocol: Protocol, bind: str, bind_to_port: bool,
+        self,
+        svc: Service,
+        port: Port,
+        listen_port: int,
+        protocol: Protocol,
+        bind: str,
+        bind_to_port: bool,
         catch_all: bool,
     ) -> None:
         kind = listener_protocol(protocol)
@@ -168,7 +178,13 @@ class OutboundBuilder:
                 self._merge(existing, kind, chains)
 
     def _chains(
-        self, kind: ListenerProtocol, svc: Service, port: int, address: str, cluster: str, match: Any | None,
+        self,
+        kind: ListenerProtocol,
+        svc: Service,
+        port: int,
+        address: str,
+        cluster: str,
+        match: Any | None,
         wildcard: bool,
     ) -> list[Chain]:
         if kind is ListenerProtocol.HTTP:
@@ -232,8 +248,9 @@ class OutboundBuilder:
         scope = self.proxy.sidecar_scope
         blocked = scope is not None and scope.outbound_traffic_policy == REGISTRY_ONLY
         cluster = names.BLACKHOLE_CLUSTER if blocked else names.PASSTHROUGH_CLUSTER
-        return Chain([tcp_proxy(cluster)], listener_components_pb2.FilterChainMatch(),
-                     names.PASSTHROUGH_FILTER_CHAIN)
+        return Chain(
+            [tcp_proxy(cluster)], listener_components_pb2.FilterChainMatch(), names.PASSTHROUGH_FILTER_CHAIN
+        )
 
     def _listener(self, entry: Entry) -> Any:
         name = names.listener_name(entry.bind, entry.port)
@@ -304,7 +321,9 @@ def virtual_outbound(proxy: Proxy, push: PushContext) -> Any:
     catchall = names.BLACKHOLE_CLUSTER if blocked else names.PASSTHROUGH_CLUSTER
     listener = listener_pb2.Listener(
         name=names.VIRTUAL_OUTBOUND,
-        address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=WILDCARD, port_value=port)),
+        address=address_pb2.Address(
+            socket_address=address_pb2.SocketAddress(address=WILDCARD, port_value=port)
+        ),
         use_original_dst=boolean(True),
         traffic_direction=base_pb2.OUTBOUND,
     )

@@ -54,7 +54,9 @@ def _downstream_tls(proxy: Proxy, push: PushContext, *, http: bool) -> Any:
 
 
 def _match(port: int | None, transport: str, alpns: tuple[str, ...] = ()) -> Any:
-    match = listener_components_pb2.FilterChainMatch(transport_protocol=transport, application_protocols=alpns)
+    match = listener_components_pb2.FilterChainMatch(
+        transport_protocol=transport, application_protocols=alpns
+    )
     if port is not None:
         match.destination_port.value = port
     return match
@@ -102,8 +104,10 @@ def permissive_chains(
     proxy: Proxy, push: PushContext, target: InboundPort, *, port: int | None, name: str, http_name: str = ""
 ) -> list[Any]:
     """The PERMISSIVE chains for one port: mTLS and plaintext, HTTP and TCP as the protocol allows."""
-    stat_prefix = names.stat_name(f"inbound_{target.chain_name}") if port is not None else names.stat_name(
-        names.INBOUND_PASSTHROUGH_CLUSTER
+    stat_prefix = (
+        names.stat_name(f"inbound_{target.chain_name}")
+        if port is not None
+        else names.stat_name(names.INBOUND_PASSTHROUGH_CLUSTER)
     )
     http_name = http_name or name
     chains = []
@@ -111,26 +115,58 @@ def permissive_chains(
     is_http = protocol.is_http
     is_tcp = protocol.is_tcp
     if is_http:
-        chains.append((http_name, _match(port, "tls", ALL_ISTIO_ALPNS), _downstream_tls(proxy, push, http=True),
-                       _hcm_filters(proxy, target, stat_prefix)))
+        chains.append(
+            (
+                http_name,
+                _match(port, "tls", ALL_ISTIO_ALPNS),
+                _downstream_tls(proxy, push, http=True),
+                _hcm_filters(proxy, target, stat_prefix),
+            )
+        )
         chains.append((http_name, _match(port, "raw_buffer"), None, _hcm_filters(proxy, target, stat_prefix)))
     elif is_tcp:
-        chains.append((name, _match(port, "tls", ALL_ISTIO_ALPNS), _downstream_tls(proxy, push, http=False),
-                       _tcp_filters(target)))
+        chains.append(
+            (
+                name,
+                _match(port, "tls", ALL_ISTIO_ALPNS),
+                _downstream_tls(proxy, push, http=False),
+                _tcp_filters(target),
+            )
+        )
         chains.append((name, _match(port, "tls"), None, _tcp_filters(target)))
         chains.append((name, _match(port, "raw_buffer"), None, _tcp_filters(target)))
     else:
-        chains.append((http_name, _match(port, "tls", ISTIO_HTTP_ALPNS), _downstream_tls(proxy, push, http=True),
-                       _hcm_filters(proxy, target, stat_prefix)))
-        chains.append((http_name, _match(port, "raw_buffer", HTTP_ALPNS), None,
-                       _hcm_filters(proxy, target, stat_prefix)))
-        chains.append((name, _match(port, "tls", ISTIO_TCP_ALPNS), _downstream_tls(proxy, push, http=False),
-                       _tcp_filters(target)))
+        chains.append(
+            (
+                http_name,
+                _match(port, "tls", ISTIO_HTTP_ALPNS),
+                _downstream_tls(proxy, push, http=True),
+                _hcm_filters(proxy, target, stat_prefix),
+            )
+        )
+        chains.append(
+            (
+                http_name,
+                _match(port, "raw_buffer", HTTP_ALPNS),
+                None,
+                _hcm_filters(proxy, target, stat_prefix),
+            )
+        )
+        chains.append(
+            (
+                name,
+                _match(port, "tls", ISTIO_TCP_ALPNS),
+                _downstream_tls(proxy, push, http=False),
+                _tcp_filters(target),
+            )
+        )
         chains.append((name, _match(port, "raw_buffer"), None, _tcp_filters(target)))
         chains.append((name, _match(port, "tls"), None, _tcp_filters(target)))
     out = []
     for chain_name, match, socket, filters in chains:
-        chain = listener_components_pb2.FilterChain(name=chain_name, filter_chain_match=match, filters=filters)
+        chain = listener_components_pb2.FilterChain(
+            name=chain_name, filter_chain_match=match, filters=filters
+        )
         if socket is not None:
             chain.transport_socket.CopyFrom(socket)
         out.append(chain)
@@ -227,7 +263,9 @@ def virtual_inbound(proxy: Proxy, push: PushContext, targets: list[InboundPort])
     port = push.mesh.proxy_inbound_listen_port
     listener = listener_pb2.Listener(
         name=names.VIRTUAL_INBOUND,
-        address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=WILDCARD, port_value=port)),
+        address=address_pb2.Address(
+            socket_address=address_pb2.SocketAddress(address=WILDCARD, port_value=port)
+        ),
         traffic_direction=base_pb2.INBOUND,
         continue_on_listener_filters_timeout=True,
     )
@@ -260,7 +298,11 @@ def virtual_inbound(proxy: Proxy, push: PushContext, targets: list[InboundPort])
     )
     listener.filter_chains.extend(
         permissive_chains(
-            proxy, push, passthrough, port=None, name=names.VIRTUAL_INBOUND,
+            proxy,
+            push,
+            passthrough,
+            port=None,
+            name=names.VIRTUAL_INBOUND,
             http_name=names.VIRTUAL_INBOUND_CATCHALL_HTTP,
         )
     )
@@ -283,7 +325,9 @@ def ingress_listener(proxy: Proxy, push: PushContext, target: InboundPort, bind:
     listener.listener_filters_timeout.CopyFrom(push.mesh.protocol_detection_timeout)
     sniffed = not (target.protocol.is_http or target.protocol.is_tcp)
     _inspectors(listener, tls=True, http_disabled_ports=[], http=sniffed)
-    listener.filter_chains.extend(permissive_chains(proxy, push, target, port=target.port, name=target.chain_name))
+    listener.filter_chains.extend(
+        permissive_chains(proxy, push, target, port=target.port, name=target.chain_name)
+    )
     return listener
 
 

@@ -52,7 +52,10 @@ def alt_hosts(hostname: str, proxy_domain: str) -> list[str]:
         return [*out, hostname[:svc_at], hostname[:svc_at] + ".svc"]
     host_parts, domain_parts = hostname.split("."), proxy_domain.split(".")
     shared = 0
-    while shared < min(len(host_parts), len(domain_parts)) and host_parts[-1 - shared] == domain_parts[-1 - shared]:
+    while (
+        shared < min(len(host_parts), len(domain_parts))
+        and host_parts[-1 - shared] == domain_parts[-1 - shared]
+    ):
         shared += 1
     if shared == 0:
         return out
@@ -84,7 +87,9 @@ def default_route(cluster: str, operation: str, mesh: Any) -> Any:
     route.route.cluster = cluster
     route.route.timeout.CopyFrom(duration(0))
     route.route.max_grpc_timeout.CopyFrom(duration(0))
-    policy = retry_policy(mesh.default_http_retry_policy if mesh.HasField("default_http_retry_policy") else None)
+    policy = retry_policy(
+        mesh.default_http_retry_policy if mesh.HasField("default_http_retry_policy") else None
+    )
     if policy is not None:
         route.route.retry_policy.CopyFrom(policy)
     return route
@@ -172,7 +177,9 @@ def build_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any
             seen_domains.add(lowered)
         if kept:
             vhosts.append(
-                rc.VirtualHost(name=vhost_name, domains=kept, routes=routes, include_request_attempt_count=True)
+                rc.VirtualHost(
+                    name=vhost_name, domains=kept, routes=routes, include_request_attempt_count=True
+                )
             )
 
     for vs in virtual_services:

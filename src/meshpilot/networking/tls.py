@@ -89,4 +89,6 @@ def tls_transport_socket(context: Any) -> Any:
 
 
 def raw_buffer_transport_socket() -> Any:
-    return base_pb2.TransportSocket(name=RAW_BUFFER_TRANSPORT_SOCKET, typed_config=pack(raw_buffer_pb2.RawBuffer()))
+    return base_pb2.TransportSocket(
+        name=RAW_BUFFER_TRANSPORT_SOCKET, typed_config=pack(raw_buffer_pb2.RawBuffer())
+    )

@@ -171,6 +171,10 @@ def http_protocol_options_for(protocol_http2: bool, sniffed: bool) -> Any:
     if protocol_http2:
         options.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
     elif sniffed:
-        options.use_downstream_protocol_config.http_protocol_options.CopyFrom(protocol_pb2.Http1ProtocolOptions())
-        options.use_downstream_protocol_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
+        options.use_downstream_protocol_config.http_protocol_options.CopyFrom(
+            protocol_pb2.Http1ProtocolOptions()
+        )
+        options.use_downstream_protocol_config.http2_protocol_options.CopyFrom(
+            protocol_pb2.Http2ProtocolOptions()
+        )
     return options

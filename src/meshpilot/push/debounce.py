@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from meshpilot.model.push_request import PushRequest
 
-PushFn = Callable[[PushRequest], Awaitable[None]]
+PushFn = Callable[[PushRequest], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +55,9 @@ async def debounce(
                 timeout = due - now
             if getter is None:
                 getter = asyncio.create_task(events.get())
-            waiters: set[asyncio.Task[object]] = {getter}  # type: ignore[arg-type]
+            waiters: set[asyncio.Task[Any]] = {getter}
             if running is not None:
-                waiters.add(running)  # type: ignore[arg-type]
+                waiters.add(running)
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if running is not None and running.done():
                 if not running.cancelled():

@@ -17,7 +17,6 @@ from typing import Any
 import grpc
 
 from meshpilot import __version__
-from meshpilot.config.core_objects import KubeObject
 from meshpilot.config.decode import Decoded
 from meshpilot.config.errors import ConfigError
 from meshpilot.config.file_source import FileSource
@@ -88,7 +87,11 @@ class DiscoveryApp:
         self.index = EndpointIndex()
         self.registry = AggregateRegistry([], [])
         self.env = MeshEnvironment(
-            store=self.store, registry=self.registry, index=self.index, mesh=mesh, domain_suffix=settings.domain
+            store=self.store,
+            registry=self.registry,
+            index=self.index,
+            mesh=mesh,
+            domain_suffix=settings.domain,
         )
         self.server = DiscoveryServer(
             self.env,
@@ -101,7 +104,10 @@ class DiscoveryApp:
         )
         trust_domain = mesh.trust_domain
         self.kube = KubeRegistry(
-            self.server, cluster_id=settings.cluster_id, domain_suffix=settings.domain, trust_domain=trust_domain
+            self.server,
+            cluster_id=settings.cluster_id,
+            domain_suffix=settings.domain,
+            trust_domain=trust_domain,
         )
         self.service_entries = ServiceEntryRegistry(
             self.store, self.server, cluster_id=settings.cluster_id, trust_domain=trust_domain
@@ -133,8 +139,12 @@ class DiscoveryApp:
         for source in self.sources:
             source.sync()
             self.metrics.config_rejections.set(len(source.rejections))
-            log.info("loaded %d objects from %s (%d rejected)", source.object_count(), source.root,
-                     len(source.rejections))
+            log.info(
+                "loaded %d objects from %s (%d rejected)",
+                source.object_count(),
+                source.root,
+                len(source.rejections),
+            )
         self.server.start_serving()
 
     def stop(self) -> None:
@@ -161,14 +171,21 @@ class DiscoveryApp:
         runners = []
         tasks: list[asyncio.Task[Any]] = []
         try:
-            runners.append(await start_site(http_app(lambda: self.server.ready, self.debug), settings.http_addr))
             runners.append(
-                await start_site(monitoring_app(self.metrics, self.debug, __version__), settings.monitoring_addr)
+                await start_site(http_app(lambda: self.server.ready, self.debug), settings.http_addr)
+            )
+            runners.append(
+                await start_site(
+                    monitoring_app(self.metrics, self.debug, __version__), settings.monitoring_addr
+                )
             )
             await server.start()
             log.info(
-                "meshpilot %s serving: xDS on %s, HTTP on %s, monitoring on %s", __version__, settings.grpc_addr,
-                settings.http_addr, settings.monitoring_addr,
+                "meshpilot %s serving: xDS on %s, HTTP on %s, monitoring on %s",
+                __version__,
+                settings.grpc_addr,
+                settings.http_addr,
+                settings.monitoring_addr,
             )
             tasks.append(asyncio.create_task(self.server.run(), name="push"))
             for source in self.sources:
@@ -186,7 +203,9 @@ class DiscoveryApp:
                     await task
 
     async def _watch(self, source: FileSource) -> None:
-        await source.run(self._stop, after_sync=lambda: self.metrics.config_rejections.set(len(source.rejections)))
+        await source.run(
+            self._stop, after_sync=lambda: self.metrics.config_rejections.set(len(source.rejections))
+        )
 
 
 async def serve(settings: DiscoverySettings) -> None:

@@ -95,7 +95,11 @@ def service_json(svc: Service) -> dict[str, Any]:
             "Labels": svc.labels or None,
             "ExportTo": sorted(svc.export_to) or None,
             "LabelSelectors": svc.selector,
-            "K8sAttributes": {"Type": svc.kube_type, "ExternalName": svc.external_name, "NodeLocal": svc.node_local},
+            "K8sAttributes": {
+                "Type": svc.kube_type,
+                "ExternalName": svc.external_name,
+                "NodeLocal": svc.node_local,
+            },
         },
         "ports": [{"name": p.name, "port": p.port, "protocol": p.protocol.value} for p in svc.ports],
         "serviceAccounts": list(svc.service_accounts) or None,
@@ -166,7 +170,9 @@ class DebugHandlers:
     async def syncz(self, request: web.Request) -> web.Response:
         namespace = request.query.get("namespace", "")
         conns = sorted(self.sources.server.connections.values(), key=lambda c: c.id)
-        return _json([sync_status(c) for c in conns if not namespace or c.proxy.config_namespace == namespace])
+        return _json(
+            [sync_status(c) for c in conns if not namespace or c.proxy.config_namespace == namespace]
+        )
 
     async def registryz(self, request: web.Request) -> web.Response:
         services = sorted(self.sources.services(), key=lambda s: (s.hostname, s.namespace))
@@ -176,14 +182,16 @@ class DebugHandlers:
         out: dict[str, dict[str, Any]] = {}
         for hostname, namespace, shards in self.sources.index.services():
             out.setdefault(hostname, {})[namespace] = {
-                "Shards": {str(key): [endpoint_json(ep) for ep in eps] for key, eps in sorted(shards.shards.items())},
+                "Shards": {
+                    str(key): [endpoint_json(ep) for ep in eps] for key, eps in sorted(shards.shards.items())
+                },
                 "ServiceAccounts": {sa: {} for sa in sorted(shards.service_accounts)},
             }
         return _json(out)
 
     async def configz(self, request: web.Request) -> web.Response:
         store = self.sources.store
-        configs = [c for kind in store.kinds() for c in store.list(kind)]
+        configs = [c for kind in store.kinds() for c in store.configs(kind)]
         return _json([config_json(c) for c in configs])
 
     async def adsz(self, request: web.Request) -> web.Response:
@@ -203,9 +211,16 @@ class DebugHandlers:
                     "address": conn.peer,
                     "labels": proxy.labels or None,
                     "metadata": proxy.metadata.raw,
-                    "locality": {k: v for k, v in zip(("region", "zone", "subZone"),
-                                                      (proxy.locality.region, proxy.locality.zone,
-                                                       proxy.locality.subzone), strict=True) if v} or None,
+                    "locality": {
+                        k: v
+                        for k, v in zip(
+                            ("region", "zone", "subZone"),
+                            (proxy.locality.region, proxy.locality.zone, proxy.locality.subzone),
+                            strict=True,
+                        )
+                        if v
+                    }
+                    or None,
                     "watches": {w.type_url: sorted(w.names) for w in conn.watched.values()},
                 }
             )
@@ -225,7 +240,10 @@ class DebugHandlers:
             )
         include_eds = "include_eds" in request.query
         ctx = GenerationContext(
-            conn.proxy, push, server.env.index, PushRequest(full=True, forced=True, reasons=Counter(), push=push)
+            conn.proxy,
+            push,
+            server.env.index,
+            PushRequest(full=True, forced=True, reasons=Counter(), push=push),
         )
         dump = cd.ConfigDump()
 
@@ -256,6 +274,4 @@ class DebugHandlers:
             for cla in generate(TypeUrl.ENDPOINT):
                 endpoints.dynamic_endpoint_configs.add(version_info=version, endpoint_config=pack(cla))
             dump.configs.append(pack(endpoints))
-        return web.Response(
-            text=json_format.MessageToJson(dump, indent=2), content_type="application/json"
-        )
+        return web.Response(text=json_format.MessageToJson(dump, indent=2), content_type="application/json")

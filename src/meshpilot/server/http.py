@@ -32,7 +32,9 @@ def monitoring_app(metrics: Metrics, debug: DebugHandlers, version: str) -> web.
         return web.Response(text=version)
 
     app = web.Application()
-    app.add_routes([web.get("/metrics", metrics_handler), web.get("/version", version_handler), *debug.routes()])
+    app.add_routes(
+        [web.get("/metrics", metrics_handler), web.get("/version", version_handler), *debug.routes()]
+    )
     return app
 
 

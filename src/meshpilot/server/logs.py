@@ -6,14 +6,20 @@ import logging
 import sys
 import time
 
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "warning": logging.WARNING,
-          "error": logging.ERROR, "none": logging.CRITICAL + 1}
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "none": logging.CRITICAL + 1,
+}
 
 
 class OneLineFormatter(logging.Formatter):
     """``2026-01-02T03:04:05.123456Z  info  meshpilot.xds.server  message``; tracebacks folded in."""
 
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         return f"{base}.{int((record.created % 1) * 1_000_000):06d}Z"
 

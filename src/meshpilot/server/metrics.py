@@ -23,41 +23,90 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.xds_clients = Gauge("pilot_xds", "Number of endpoints connected to this pilot using XDS.",
-                                 ["version"], registry=r)
-        self.xds_pushes = Counter("pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds.",
-                                  ["type"], registry=r)
-        self.xds_rejects = Counter("pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected "
-                                   "by proxy.", ["type"], registry=r)
-        self.expired_nonce = Counter("pilot_xds_expired_nonce", "Total number of XDS requests with an expired "
-                                     "nonce.", ["type"], registry=r)
-        self.internal_errors = Counter("pilot_total_xds_internal_errors",
-                                       "Total number of internal XDS errors in pilot.", registry=r)
-        self.convergence_time = Histogram("pilot_proxy_convergence_time", "Delay in seconds between config "
-                                          "change and a proxy receiving all required configuration.",
-                                          buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("pilot_proxy_queue_time", "Time in seconds, a proxy is in the push queue "
-                                    "before being dequeued.", buckets=_LATENCY_BUCKETS, registry=r)
-        self.push_time = Histogram("pilot_xds_push_time", "Total time in seconds Pilot takes to push lds, rds, "
-                                   "cds and eds.", ["type"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.send_time = Histogram("pilot_xds_send_time", "Total time in seconds Pilot takes to send generated "
-                                   "configuration.", buckets=_LATENCY_BUCKETS, registry=r)
-        self.config_size = Histogram("pilot_xds_config_size_bytes", "Distribution of configuration sizes pushed "
-                                     "to clients", ["type"], buckets=_SIZE_BUCKETS, registry=r)
-        self.debounce_time = Histogram("pilot_debounce_time", "Delay in seconds between the first config enters "
-                                       "debouncing and the merged push request is pushed into the push queue.",
-                                       buckets=_LATENCY_BUCKETS, registry=r)
-        self.pushcontext_init = Histogram("pilot_pushcontext_init_seconds", "Total time in seconds Pilot takes "
-                                          "to init pushContext.", buckets=_LATENCY_BUCKETS, registry=r)
+        self.xds_clients = Gauge(
+            "pilot_xds", "Number of endpoints connected to this pilot using XDS.", ["version"], registry=r
+        )
+        self.xds_pushes = Counter(
+            "pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds.", ["type"], registry=r
+        )
+        self.xds_rejects = Counter(
+            "pilot_total_xds_rejects",
+            "Total number of XDS responses from pilot rejected by proxy.",
+            ["type"],
+            registry=r,
+        )
+        self.expired_nonce = Counter(
+            "pilot_xds_expired_nonce",
+            "Total number of XDS requests with an expired nonce.",
+            ["type"],
+            registry=r,
+        )
+        self.internal_errors = Counter(
+            "pilot_total_xds_internal_errors", "Total number of internal XDS errors in pilot.", registry=r
+        )
+        self.convergence_time = Histogram(
+            "pilot_proxy_convergence_time",
+            "Delay in seconds between config change and a proxy receiving all required configuration.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "pilot_proxy_queue_time",
+            "Time in seconds, a proxy is in the push queue before being dequeued.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.push_time = Histogram(
+            "pilot_xds_push_time",
+            "Total time in seconds Pilot takes to push lds, rds, cds and eds.",
+            ["type"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.send_time = Histogram(
+            "pilot_xds_send_time",
+            "Total time in seconds Pilot takes to send generated configuration.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.config_size = Histogram(
+            "pilot_xds_config_size_bytes",
+            "Distribution of configuration sizes pushed to clients",
+            ["type"],
+            buckets=_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.debounce_time = Histogram(
+            "pilot_debounce_time",
+            "Delay in seconds between the first config enters "
+            "debouncing and the merged push request is pushed into the push queue.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pushcontext_init = Histogram(
+            "pilot_pushcontext_init_seconds",
+            "Total time in seconds Pilot takes to init pushContext.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.services = Gauge("pilot_services", "Total services known to pilot.", registry=r)
-        self.virtual_services = Gauge("pilot_virt_services", "Total virtual services known to pilot.",
-                                      registry=r)
-        self.inbound_updates = Counter("pilot_inbound_updates", "Total number of updates received by pilot.",
-                                       ["type"], registry=r)
-        self.push_triggers = Counter("pilot_push_triggers", "Total number of times a push was triggered, "
-                                     "labeled by reason for the push.", ["type"], registry=r)
-        self.config_rejections = Gauge("meshpilot_config_rejected_objects", "Config objects currently rejected "
-                                       "by the config directory loader (meshpilot only).", registry=r)
+        self.virtual_services = Gauge(
+            "pilot_virt_services", "Total virtual services known to pilot.", registry=r
+        )
+        self.inbound_updates = Counter(
+            "pilot_inbound_updates", "Total number of updates received by pilot.", ["type"], registry=r
+        )
+        self.push_triggers = Counter(
+            "pilot_push_triggers",
+            "Total number of times a push was triggered, labeled by reason for the push.",
+            ["type"],
+            registry=r,
+        )
+        self.config_rejections = Gauge(
+            "meshpilot_config_rejected_objects",
+            "Config objects currently rejected by the config directory loader (meshpilot only).",
+            registry=r,
+        )
 
     def register(self, collector: Collector) -> None:
         self.registry.register(collector)
@@ -75,5 +124,9 @@ def _rename_counters(text: str, registry: CollectorRegistry) -> str:
     names = "|".join(re.escape(n) for n in counters)
     # "<name>_total" becomes "<name>"; the "<name>_created" series istiod does not have are dropped.
     text = re.sub(rf"^(# (?:HELP|TYPE) )?({names})_total\b", r"\1\2", text, flags=re.MULTILINE)
-    lines = [ln for ln in text.splitlines(keepends=True) if not re.match(rf"^(# (HELP|TYPE) )?({names})_created\b", ln)]
+    lines = [
+        ln
+        for ln in text.splitlines(keepends=True)
+        if not re.match(rf"^(# (HELP|TYPE) )?({names})_created\b", ln)
+    ]
     return "".join(lines)

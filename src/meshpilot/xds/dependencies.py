@@ -11,11 +11,11 @@ from meshpilot.model.push_request import PushRequest
 def _concerns(proxy: Proxy, key: ConfigKey, root_namespace: str) -> bool:
     if proxy.type is NodeType.SIDECAR and key.kind is Kind.GATEWAY:
         return False
-    if key.kind is Kind.SERVICE_ENTRY:
-        # The proxy's own services always matter (its inbound config).
-        if any(t.service.hostname == key.name and t.service.namespace == key.namespace
-               for t in proxy.service_targets):
-            return True
+    # The proxy's own services always matter (its inbound config).
+    if key.kind is Kind.SERVICE_ENTRY and any(
+        t.service.hostname == key.name and t.service.namespace == key.namespace for t in proxy.service_targets
+    ):
+        return True
     for scope in (proxy.sidecar_scope, proxy.previous_scope):
         if scope is not None and scope.depends_on(key, root_namespace):
             return True

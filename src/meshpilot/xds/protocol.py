@@ -48,7 +48,9 @@ def decide(conn: Connection, type_url: str, names: list[str], nonce: str, error:
         conn.watched.pop(type_url, None)
         return Decision(Verdict.UNSUBSCRIBE, False)
     if not nonce or watch is None:
-        conn.watched[type_url] = WatchedResource(type_url, names=requested, wildcard=wildcard_type and not requested)
+        conn.watched[type_url] = WatchedResource(
+            type_url, names=requested, wildcard=wildcard_type and not requested
+        )
         return Decision(Verdict.INITIAL, True)
     if nonce != watch.nonce_sent:
         return Decision(Verdict.STALE, False)

@@ -93,7 +93,13 @@ class DiscoveryServer:
         return self.push_context is not None
 
     def start_serving(self) -> None:
-        """Build the first snapshot; streams are accepted from now on."""
+        """Build the first snapshot; streams are accepted from now on.
+
+        Changes reported while the sources loaded are all in this snapshot, so
+        they are dropped instead of causing a push nobody needs.
+        """
+        while not self._events.empty():
+            self._events.get_nowait()
         self._rebuild_push_context()
 
     # -- XdsUpdater -------------------------------------------------------------
@@ -104,7 +110,9 @@ class DiscoveryServer:
                 self.metrics.inbound_updates.labels(type="config").inc()
         self._events.put_nowait(request)
 
-    def eds_update(self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]) -> None:
+    def eds_update(
+        self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]
+    ) -> None:
         self.metrics.inbound_updates.labels(type="eds").inc()
         push_type = self.env.index.update_service_endpoints(shard, hostname, namespace, endpoints)
         if push_type is PushType.NO_PUSH:
@@ -135,7 +143,9 @@ class DiscoveryServer:
             return
         for conn in self.connections.values():
             if conn.proxy.cluster_id == cluster_id and ip in conn.proxy.ip_addresses:
-                request = PushRequest(full=True, forced=True, reasons=Counter({TriggerReason.PROXY: 1}), push=push)
+                request = PushRequest(
+                    full=True, forced=True, reasons=Counter({TriggerReason.PROXY: 1}), push=push
+                )
                 self._queue.enqueue(conn.id, request)
 
     # -- pushing -----------------------------------------------------------------
@@ -200,7 +210,11 @@ class DiscoveryServer:
         def observe(delay: float, merged: int) -> None:
             self.metrics.debounce_time.observe(delay)
 
-        tasks = [asyncio.create_task(debounce(self._events, self.push, self.options.debounce, on_debounced=observe))]
+        tasks = [
+            asyncio.create_task(
+                debounce(self._events, self.push, self.options.debounce, on_debounced=observe)
+            )
+        ]
         tasks.append(asyncio.create_task(self._push_worker(limit)))
         self._tasks = tasks
         try:
@@ -240,7 +254,9 @@ class DiscoveryServer:
         await AdsStream(self, context).run(requests)
 
     async def delta_aggregated_resources(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "delta xDS is not supported yet; use GRPC (SotW) ADS")
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "delta xDS is not supported yet; use GRPC (SotW) ADS"
+        )
 
     def grpc_handler(self) -> grpc.GenericRpcHandler:
         """ADS handlers; responses are written already serialized."""

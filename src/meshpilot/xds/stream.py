@@ -133,13 +133,21 @@ class AdsStream:
         if type_url == TypeUrl.HEALTH:
             return
         error = request.error_detail.message if request.HasField("error_detail") else None
-        decision = protocol.decide(conn, type_url, list(request.resource_names), request.response_nonce, error)
+        decision = protocol.decide(
+            conn, type_url, list(request.resource_names), request.response_nonce, error
+        )
         metrics = self.server.metrics
         short = TypeUrl(type_url).short if parse_type_url(type_url) else type_url
         if decision.verdict is protocol.Verdict.NACK:
             metrics.xds_rejects.labels(type=short).inc()
-            log.warning("ADS:%s: %s rejected by %s (nonce %s): %s", short.upper(), conn.id, conn.peer,
-                        request.response_nonce, error)
+            log.warning(
+                "ADS:%s: %s rejected by %s (nonce %s): %s",
+                short.upper(),
+                conn.id,
+                conn.peer,
+                request.response_nonce,
+                error,
+            )
             return
         if decision.verdict is protocol.Verdict.STALE:
             metrics.expired_nonce.labels(type=short).inc()
@@ -161,7 +169,7 @@ class AdsStream:
             env.refresh_proxy(conn.proxy, request.push)
         if not proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace):
             return
-        ordered = [t for t in PUSH_ORDER if t in conn.watched]
+        ordered: list[str] = [t for t in PUSH_ORDER if t in conn.watched]
         ordered += [t for t in conn.watched if t not in ordered]
         for type_url in ordered:
             generator = self.server.generators.get(TypeUrl(type_url)) if parse_type_url(type_url) else None
@@ -191,7 +199,9 @@ class AdsStream:
         version = request.push.version
         nonce = f"{version}{uuid.uuid4()}"
         response = discovery_pb2.DiscoveryResponse(
-            version_info=version, type_url=type_url, nonce=nonce,
+            version_info=version,
+            type_url=type_url,
+            nonce=nonce,
             resources=[pack(r.message) for r in resources],
         )
         payload = response.SerializeToString()
@@ -203,7 +213,9 @@ class AdsStream:
         metrics.send_time.observe(time.monotonic() - sent_at)
         metrics.xds_pushes.labels(type=known.short).inc()
         metrics.config_size.labels(type=known.short).observe(len(payload))
-        _record_sent(watch, version, nonce, {r.name for r in resources}, partial=names is not None or not request.full)
+        _record_sent(
+            watch, version, nonce, {r.name for r in resources}, partial=names is not None or not request.full
+        )
         if known is TypeUrl.CLUSTER:
             eds = conn.watched.get(TypeUrl.ENDPOINT)
             if eds is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import string
 from typing import Any
 
@@ -105,6 +106,20 @@ def jwks_uri_error(uri: str) -> str | None:
     return None
 
 
+# Python's decoder skips characters outside the alphabet, so they are checked first.
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")
+
+
+def _is_base64url(value: str) -> bool:
+    if _BASE64URL.fullmatch(value) is None:
+        return False
+    try:
+        base64.urlsafe_b64decode(value.rstrip("=") + "=" * (-len(value.rstrip("=")) % 4))
+    except (binascii.Error, ValueError):
+        return False
+    return True
+
+
 # The members each key type needs, base64url-encoded.
 _KEY_MEMBERS = {"RSA": ("n", "e"), "EC": ("crv", "x", "y"), "OKP": ("crv", "x"), "oct": ("k",)}
 _NOT_ENCODED = frozenset({"crv"})
@@ -122,9 +137,7 @@ def _key_error(key: Any) -> str | None:
             return f"required field {member} is missing"
         if member in _NOT_ENCODED:
             continue
-        try:
-            base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-        except (binascii.Error, ValueError):
+        if not _is_base64url(value):
             return f"failed to decode field {member}: illegal base64 data"
     return None
 

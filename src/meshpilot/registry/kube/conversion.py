@@ -139,7 +139,9 @@ def slice_endpoints(
         node = nodes.get(node_name)
         locality = pod_locality(pod, node)
         pod_labels = pod.meta.labels if pod is not None else {}
-        endpoint_labels = wk.with_topology(pod_labels, locality=locality, cluster_id=cluster_id, network=network)
+        endpoint_labels = wk.with_topology(
+            pod_labels, locality=locality, cluster_id=cluster_id, network=network
+        )
         sa = spiffe_identity(trust_domain, pod.meta.namespace, pod.service_account) if pod is not None else ""
         health = health_of(e.ready, e.terminating)
         for port in es.ports:

@@ -45,7 +45,7 @@ class ServiceEntryRegistry:
         return list(self._services.values())
 
     def _on_service_entry(self, event: ConfigEvent) -> None:
-        keys = set()
+        keys: set[tuple[str, str]] = set()
         for config in (event.old, event.new):
             if config is not None:
                 keys.update((host, config.namespace) for host in config.spec.hosts)
@@ -53,8 +53,8 @@ class ServiceEntryRegistry:
 
     def _on_workload_entry(self, event: ConfigEvent) -> None:
         namespace = event.config.namespace
-        keys = set()
-        for se in self._store.list(Kind.SERVICE_ENTRY, namespace):
+        keys: set[tuple[str, str]] = set()
+        for se in self._store.configs(Kind.SERVICE_ENTRY, namespace):
             selector = se.spec.workload_selector.labels if se.spec.HasField("workload_selector") else None
             if selector is None:
                 continue
@@ -66,7 +66,7 @@ class ServiceEntryRegistry:
     def _refresh(self, keys: set[tuple[str, str]]) -> None:
         for hostname, namespace in sorted(keys):
             entries = [
-                se for se in self._store.list(Kind.SERVICE_ENTRY, namespace) if hostname in se.spec.hosts
+                se for se in self._store.configs(Kind.SERVICE_ENTRY, namespace) if hostname in se.spec.hosts
             ]
             old = self._services.get((hostname, namespace))
             if not entries:
@@ -88,7 +88,7 @@ class ServiceEntryRegistry:
         spec: Any = se.spec
         if spec.HasField("workload_selector"):
             selector = dict(spec.workload_selector.labels)
-            for we in self._store.list(Kind.WORKLOAD_ENTRY, se.namespace):
+            for we in self._store.configs(Kind.WORKLOAD_ENTRY, se.namespace):
                 if wk.selector_matches(selector, we.spec.labels):
                     out.extend(
                         workload_endpoints(

@@ -113,13 +113,20 @@ def workload_endpoints(
     return out
 
 
-def inline_endpoints(config: Config, service: Service, *, cluster_id: str, trust_domain: str) -> list[Endpoint]:
+def inline_endpoints(
+    config: Config, service: Service, *, cluster_id: str, trust_domain: str
+) -> list[Endpoint]:
     """Endpoints a ServiceEntry defines itself, or its host when it resolves by DNS alone."""
     se: Any = config.spec
     ports = list(se.ports)
-    if not se.endpoints and not se.HasField("workload_selector") and service.resolution in (
-        Resolution.DNS_LB,
-        Resolution.DNS_ROUND_ROBIN_LB,
+    if (
+        not se.endpoints
+        and not se.HasField("workload_selector")
+        and service.resolution
+        in (
+            Resolution.DNS_LB,
+            Resolution.DNS_ROUND_ROBIN_LB,
+        )
     ):
         return [
             Endpoint(

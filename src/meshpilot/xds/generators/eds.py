@@ -36,7 +36,9 @@ class EndpointGenerator:
         request = ctx.request
         if names is None and not request.full:
             hosts = {key.name for key in request.configs_updated if key.kind is Kind.SERVICE_ENTRY}
-            wanted = frozenset(n for n in wanted if (parsed := parse_cluster(n)) is not None and parsed[3] in hosts)
+            wanted = frozenset(
+                n for n in wanted if (parsed := parse_cluster(n)) is not None and parsed[3] in hosts
+            )
             if not wanted:
                 return None
         return [

@@ -1,0 +1,1 @@
+"""Benchmarks: the fleet simulator, scenarios and the runner (see docs/benchmarks.md)."""

@@ -1,0 +1,8 @@
+"""Shared test setup: the support helpers are importable as ``support``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,96 @@
+"""A minimal ADS client over real gRPC, for protocol tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import struct_pb2
+from google.rpc import status_pb2
+
+ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+
+
+def node(node_id: str, metadata: dict[str, Any] | None = None) -> base_pb2.Node:
+    meta = struct_pb2.Struct()
+    meta.update(metadata or {"NAMESPACE": "default", "ISTIO_VERSION": "1.28.0", "INTERCEPTION_MODE": "NONE"})
+    return base_pb2.Node(id=node_id, cluster="test", metadata=meta)
+
+
+class AdsClient:
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(target)
+        self._out: asyncio.Queue[discovery_pb2.DiscoveryRequest | None] = asyncio.Queue()
+        self.call = self.channel.stream_stream(
+            ADS_METHOD,
+            request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
+        )(self._requests())
+        self._in: asyncio.Queue[discovery_pb2.DiscoveryResponse | BaseException] = asyncio.Queue()
+        # Cancelling a pending read cancels the whole call, so one task reads everything.
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                response = await self.call.read()
+                if response is grpc.aio.EOF:
+                    self._in.put_nowait(EOFError("stream ended"))
+                    return
+                self._in.put_nowait(response)
+        except BaseException as err:
+            self._in.put_nowait(err)
+
+    async def _requests(self):  # type: ignore[no-untyped-def]
+        while True:
+            item = await self._out.get()
+            if item is None:
+                return
+            yield item
+
+    def send(
+        self,
+        type_url: str,
+        names: list[str] | None = None,
+        *,
+        nonce: str = "",
+        version: str = "",
+        error: str | None = None,
+        node_id: str | None = None,
+        node_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        request = discovery_pb2.DiscoveryRequest(
+            type_url=type_url, resource_names=names or [], response_nonce=nonce, version_info=version
+        )
+        if node_id is not None:
+            request.node.CopyFrom(node(node_id, node_metadata))
+        if error is not None:
+            request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
+        self._out.put_nowait(request)
+
+    def ack(self, response: discovery_pb2.DiscoveryResponse, names: list[str] | None = None) -> None:
+        self.send(response.type_url, names, nonce=response.nonce, version=response.version_info)
+
+    async def recv(self, timeout: float = 5.0) -> discovery_pb2.DiscoveryResponse:
+        item = await asyncio.wait_for(self._in.get(), timeout)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def no_response(self, within: float = 0.5) -> bool:
+        try:
+            item = await asyncio.wait_for(self._in.get(), within)
+        except TimeoutError:
+            return True
+        if isinstance(item, BaseException):
+            raise item
+        return False
+
+    async def close(self) -> None:
+        self._out.put_nowait(None)
+        self.call.cancel()
+        self._reader.cancel()
+        await self.channel.close()

@@ -1,0 +1,260 @@
+"""The SotW ADS protocol as istiod speaks it, driven by a real gRPC client against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.route.v3 import route_pb2
+from support.ads_client import AdsClient
+from support.kube import istio, workload, write
+from support.processes import free_port
+
+from meshpilot.server.app import DiscoveryApp
+from meshpilot.server.settings import Address, DiscoverySettings
+
+CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
+RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+NODE = "sidecar~127.0.0.11~productpage-v1.default~default.svc.cluster.local"
+REVIEWS = "outbound|9080||reviews.default.svc.cluster.local"
+RATINGS = "outbound|9080||ratings.default.svc.cluster.local"
+
+
+class Server:
+    def __init__(self, app: DiscoveryApp, config_dir: Path) -> None:
+        self.app = app
+        self.config_dir = config_dir
+        self.target = str(app.settings.grpc_addr)
+
+    def client(self) -> AdsClient:
+        return AdsClient(self.target)
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.app.metrics.registry.get_sample_value(name, labels)
+        return value or 0.0
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[Server]:
+    config = tmp_path / "config"
+    write(
+        config / "apps.yaml",
+        [
+            *workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.11"}),
+            *workload("reviews", "default", "10.96.0.20", 9080, {"reviews-v1": "127.0.0.21"}),
+            *workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
+        ],
+    )
+    settings = DiscoverySettings(
+        config_dir=config,
+        grpc_addr=Address("127.0.0.1", free_port()),
+        http_addr=Address("127.0.0.1", free_port()),
+        monitoring_addr=Address("127.0.0.1", free_port()),
+        debounce_after=0.02,
+    )
+    app = DiscoveryApp(settings)
+    task = asyncio.create_task(app.run())
+    for _ in range(200):
+        if app.grpc_server is not None and app.server.ready:
+            break
+        await asyncio.sleep(0.02)
+    try:
+        yield Server(app, config)
+    finally:
+        app.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+
+
+async def test_initial_request_ack_and_no_reply_to_ack(server: Server) -> None:
+    client = server.client()
+    client.send(CDS, node_id=NODE)
+    first = await client.recv()
+    assert first.type_url == CDS and first.nonce and first.version_info
+    names = [cluster_pb2.Cluster.FromString(r.value).name for r in first.resources]
+    assert REVIEWS in names and "BlackHoleCluster" in names
+    assert len(names) == len(set(names)), "no duplicate names"
+    client.ack(first)
+    assert await client.no_response(), "an ACK of unchanged names gets no response"
+    await client.close()
+
+
+async def test_nack_keeps_config_counts_and_records_the_error(server: Server) -> None:
+    client = server.client()
+    client.send(CDS, node_id=NODE)
+    first = await client.recv()
+    client.send(CDS, nonce=first.nonce, version=first.version_info, error="bad cluster")
+    assert await client.no_response(), "a NACK is not answered"
+    assert server.metric("pilot_total_xds_rejects_total", type="cds") == 1
+    conn = next(iter(server.app.server.connections.values()))
+    assert conn.watched[CDS].last_error == "bad cluster"
+    await client.close()
+
+
+async def test_stale_nonce_is_ignored(server: Server) -> None:
+    client = server.client()
+    client.send(CDS, node_id=NODE)
+    first = await client.recv()
+    client.send(CDS, nonce="not-a-nonce-we-sent", version=first.version_info)
+    assert await client.no_response()
+    assert server.metric("pilot_xds_expired_nonce_total", type="cds") == 1
+    await client.close()
+
+
+async def test_eds_sends_added_names_only_and_empty_names_unsubscribe(server: Server) -> None:
+    client = server.client()
+    client.send(EDS, [REVIEWS], node_id=NODE)
+    first = await client.recv()
+    assert [endpoint_pb2.ClusterLoadAssignment.FromString(r.value).cluster_name for r in first.resources] == [
+        REVIEWS
+    ]
+    client.ack(first, [REVIEWS, RATINGS])
+    second = await client.recv()
+    assert [
+        endpoint_pb2.ClusterLoadAssignment.FromString(r.value).cluster_name for r in second.resources
+    ] == [RATINGS], "only the added name is sent"
+    client.ack(second, [RATINGS])
+    assert await client.no_response(), "removing names needs no response"
+    client.ack(second, [])
+    assert await client.no_response(), "empty names unsubscribe"
+    conn = next(iter(server.app.server.connections.values()))
+    assert EDS not in conn.watched
+    await client.close()
+
+
+async def test_missing_names_are_answered_when_they_appear(server: Server) -> None:
+    client = server.client()
+    missing = "outbound|7000||details.default.svc.cluster.local"
+    client.send(EDS, [missing], node_id=NODE)
+    first = await client.recv()
+    cla = endpoint_pb2.ClusterLoadAssignment.FromString(first.resources[0].value)
+    assert cla.cluster_name == missing and not cla.endpoints
+    client.ack(first, [missing])
+    client.send(RDS, ["7000"], nonce="")
+    routes = await client.recv()
+    vhosts = [
+        v.name for v in route_pb2.RouteConfiguration.FromString(routes.resources[0].value).virtual_hosts
+    ]
+    assert vhosts == ["allow_any"]
+    client.ack(routes, ["7000"])
+
+    write(
+        server.config_dir / "details.yaml",
+        workload("details", "default", "10.96.0.40", 7000, {"details-v1": "127.0.0.41"}),
+    )
+    pushed: dict[str, object] = {}
+    while EDS not in pushed or RDS not in pushed:
+        response = await client.recv(10)
+        pushed[response.type_url] = response
+        client.ack(response, [missing] if response.type_url == EDS else ["7000"])
+    cla = endpoint_pb2.ClusterLoadAssignment.FromString(pushed[EDS].resources[0].value)  # type: ignore[attr-defined]
+    addresses = [e.endpoint.address.socket_address.address for g in cla.endpoints for e in g.lb_endpoints]
+    assert addresses == ["127.0.0.41"]
+    rc = route_pb2.RouteConfiguration.FromString(pushed[RDS].resources[0].value)  # type: ignore[attr-defined]
+    assert [v.name for v in rc.virtual_hosts] == ["details.default.svc.cluster.local:7000", "allow_any"]
+    await client.close()
+
+
+async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> None:
+    client = server.client()
+    client.send(CDS, node_id=NODE)
+    client.ack(await client.recv())
+    client.send(EDS, [REVIEWS])
+    client.ack(await client.recv(), [REVIEWS])
+    client.send(LDS)
+    client.ack(await client.recv())
+    client.send(RDS, ["9080"])
+    client.ack(await client.recv(), ["9080"])
+    assert await client.no_response(0.3)
+
+    write(
+        server.config_dir / "details.yaml",
+        workload("details", "default", "10.96.0.40", 7000, {"details-v1": "127.0.0.41"}),
+    )
+    order = []
+    while RDS not in order:
+        response = await client.recv(10)
+        order.append(response.type_url)
+        names = {EDS: [REVIEWS], RDS: ["9080"]}.get(response.type_url)
+        client.ack(response, names)
+    assert order == [CDS, EDS, LDS, RDS]
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    ("node_id", "message"),
+    [
+        ("sidecar~127.0.0.1~pod.ns", "missing parts in the service node"),
+        ("gateway~127.0.0.1~pod.ns~ns.svc.cluster.local", "invalid node type"),
+        ("sidecar~not-an-ip~pod.ns~ns.svc.cluster.local", "no valid IP address"),
+    ],
+)
+async def test_malformed_node_id_is_invalid_argument(server: Server, node_id: str, message: str) -> None:
+    client = server.client()
+    client.send(CDS, node_id=node_id)
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await client.recv()
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (failure.value.details() or "")
+    await client.close()
+
+
+async def test_first_request_without_node_is_invalid_argument(server: Server) -> None:
+    client = server.client()
+    client.send(CDS)
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await client.recv()
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert failure.value.details() == "missing node information"
+    await client.close()
+
+
+async def test_streams_are_refused_until_ready(tmp_path: Path) -> None:
+    settings = DiscoverySettings(config_dir=None, grpc_addr=Address("127.0.0.1", free_port()))
+    app = DiscoveryApp(settings)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([app.server.grpc_handler()])
+    server.add_insecure_port(str(settings.grpc_addr))
+    await server.start()
+    try:
+        client = AdsClient(str(settings.grpc_addr))
+        client.send(CDS, node_id=NODE)
+        with pytest.raises(grpc.aio.AioRpcError) as failure:
+            await client.recv()
+        assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert failure.value.details() == "server is not ready to serve discovery information"
+        await client.close()
+    finally:
+        await server.stop(0)
+
+
+async def test_vs_change_does_not_push_eds(server: Server) -> None:
+    client = server.client()
+    client.send(CDS, node_id=NODE)
+    client.ack(await client.recv())
+    client.send(EDS, [REVIEWS])
+    client.ack(await client.recv(), [REVIEWS])
+    write(
+        server.config_dir / "vs.yaml",
+        [
+            istio(
+                "VirtualService",
+                "reviews",
+                "default",
+                {"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "ratings"}}]}]},
+            )
+        ],
+    )
+    response = await client.recv(10)
+    assert response.type_url == CDS
+    client.ack(response)
+    assert await client.no_response(0.5), "a VirtualService change sends no EDS"
+    await client.close()
