@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
-from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.cluster.v3 import cluster_pb2, filter_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
 from xds.type.v3 import typed_struct_pb2
 
@@ -82,7 +82,7 @@ def _metadata_exchange_filter() -> Any:
         type_url="type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange"
     )
     config.value.update({"protocol": "istio-peer-exchange", "enable_discovery": True})
-    return cluster_pb2.Filter(name=extensions.METADATA_EXCHANGE, typed_config=pack(config))
+    return filter_pb2.Filter(name=extensions.METADATA_EXCHANGE, typed_config=pack(config))
 
 
 def _set_protocol_options(cluster: Any, options: Any) -> None:

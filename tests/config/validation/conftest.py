@@ -84,6 +84,12 @@ def run(kind: str, spec: str | dict[str, Any], **meta: Any) -> Outcome:
     return Outcome([], list(result.warnings))
 
 
+@pytest.fixture(autouse=True)
+def _default_feature_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expected outcomes assume istiod's default flags, whatever the environment says."""
+    monkeypatch.delenv("PILOT_ENABLE_IP_AUTOALLOCATE", raising=False)
+
+
 @pytest.fixture
 def validate() -> Callable[..., Outcome]:
     """``validate(kind, spec, name=..., annotations=...)`` -> Outcome."""

@@ -28,14 +28,16 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "port-level-settings",
-        "{host: r, trafficPolicy: {portLevelSettings: [{loadBalancer: {simple: ROUND_ROBIN}}, {port: {number: 0}}]}}",
+        "{host: r, trafficPolicy: {portLevelSettings: [{loadBalancer: {simple: ROUND_ROBIN}}, "
+        "{port: {number: 0}}]}}",
         {"portTrafficPolicy must have valid port", "port traffic policy must have at least one field"},
         set(),
     ),
     (
         "port-level-warnings-are-dropped",
         "{host: r, trafficPolicy: {portLevelSettings: [{port: {number: 80}, "
-        "outlierDetection: {consecutiveErrors: 1}, loadBalancer: {localityLbSetting: {failoverPriority: [a]}}}]}}",
+        "outlierDetection: {consecutiveErrors: 1}, loadBalancer: {localityLbSetting: "
+        "{failoverPriority: [a]}}}]}}",
         set(),
         set(),
     ),
@@ -50,20 +52,26 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
         "tunnel-target",
         "{host: r, trafficPolicy: {tunnel: {targetHost: 'a_b', targetPort: 0}}}",
         {
-            'tunnel target host must be valid FQDN or IP address: domain name "a_b" invalid (label "a_b" invalid); '
+            'tunnel target host must be valid FQDN or IP address: domain name "a_b" invalid (label "a_b" '
+            "invalid); "
             "a_b is not a valid IP",
             "tunnel target port is invalid: port number 0 must be in the range 1..65535",
         },
         set(),
     ),
-    ("tunnel-ip-target", "{host: r, trafficPolicy: {tunnel: {protocol: POST, targetHost: 10.0.0.1, targetPort: 80}}}",
-     set(), set()),
+    (
+        "tunnel-ip-target",
+        "{host: r, trafficPolicy: {tunnel: {protocol: POST, targetHost: 10.0.0.1, targetPort: 80}}}",
+        set(),
+        set(),
+    ),
     (
         "outlier-detection",
         "{host: r, trafficPolicy: {outlierDetection: {consecutiveLocalOriginFailures: 3, interval: 0s, "
         "baseEjectionTime: 1.0001s, minHealthPercent: -1}}}",
         {
-            "outlier detection consecutive local origin failures is specified, but split external local origin "
+            "outlier detection consecutive local origin failures is specified, but split external local "
+            "origin "
             "errors is set to false",
             "duration must be greater than 1ms",
             "only durations to ms precision are supported",
@@ -73,7 +81,8 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "connection-pool",
-        "{host: r, trafficPolicy: {connectionPool: {http: {http1MaxPendingRequests: -1, http2MaxRequests: -1, "
+        "{host: r, trafficPolicy: {connectionPool: {http: {http1MaxPendingRequests: -1, "
+        "http2MaxRequests: -1, "
         "maxRequestsPerConnection: -1, maxRetries: -1, maxConcurrentStreams: -1, h2UpgradePolicy: UPGRADE, "
         "useClientProtocol: true, idleTimeout: 0.5ms}, tcp: {maxConnections: -1, connectTimeout: 0s, "
         "maxConnectionDuration: 1.5ms, idleTimeout: 0s, tcpKeepalive: {time: 0s, interval: 0s}}}}}",
@@ -109,41 +118,50 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
             "tableSize must be set for maglev",
             "tableSize must be a prime number for maglev",
         },
-        {"consistent hash MinimumRingSize is deprecated, use ConsistentHashLB's RingHash configuration instead"},
+        {
+            "consistent hash MinimumRingSize is deprecated, use ConsistentHashLB's RingHash configuration "
+            "instead"
+        },
     ),
     (
         "maglev-too-large",
-        "{host: r, trafficPolicy: {loadBalancer: {consistentHash: {useSourceIp: true, maglev: {tableSize: 5000011}}}}}",
+        "{host: r, trafficPolicy: {loadBalancer: {consistentHash: {useSourceIp: true, maglev: "
+        "{tableSize: 5000011}}}}}",
         {"tableSize must be less than 5000011 for maglev"},
         set(),
     ),
     (
         "maglev-one-counts-as-prime",
-        "{host: r, trafficPolicy: {loadBalancer: {consistentHash: {useSourceIp: true, maglev: {tableSize: 1}}}}}",
+        "{host: r, trafficPolicy: {loadBalancer: {consistentHash: {useSourceIp: true, maglev: "
+        "{tableSize: 1}}}}}",
         set(),
         set(),
     ),
     (
         "locality-weights-range",
-        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a, to: {b: 0, c: 100}}]}}}}",
+        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a, to: {b: 0, "
+        "c: 100}}]}}}}",
         {"locality weight must be in range [1, 100]"},
         set(),
     ),
     (
         "locality-weights-total",
-        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a, to: {b: 50, c: 40}}]}}}}",
+        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a, to: {b: 50, "
+        "c: 40}}]}}}}",
         {"total locality weight 90 != 100"},
         set(),
     ),
     (
         "locality-wildcard-position",
-        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: 'a/*/c', to: {b: 100}}]}}}}",
+        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: 'a/*/c', to: "
+        "{b: 100}}]}}}}",
         {"locality a/*/c wildcard '*' number can not exceed 1 and must be in the end"},
         set(),
     ),
     (
         "locality-empty-part",
-        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: 'a//c', to: {b: 100}}]}}}}",
+        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: 'a//c', to: "
+        "{b: 100}}]}}}}",
         {"locality a//c must not contain empty region/zone/subzone info"},
         set(),
     ),
@@ -176,7 +194,10 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
         "locality-failover-and-topology-priority",
         "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {failover: [{from: a, to: b}], "
         "failoverPriority: [topology.kubernetes.io/zone]}}}}",
-        {"can not simultaneously set 'failover' and topology label 'topology.kubernetes.io/zone' in 'failover_priority'"},
+        {
+            "can not simultaneously set 'failover' and topology label 'topology.kubernetes.io/zone' in "
+            "'failover_priority'"
+        },
         set(),
     ),
     (
@@ -203,7 +224,8 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
         "portLevelSettings: [{port: {number: 80}, tls: {mode: MUTUAL, insecureSkipVerify: true, "
         "subjectAltNames: [a], clientCertificate: /c, privateKey: /k}}]}}",
         {
-            "cannot specify CaCertificates or CredentialName or SubjectAltNames when InsecureSkipVerify is set true",
+            "cannot specify CaCertificates or CredentialName or SubjectAltNames when InsecureSkipVerify is "
+            "set true",
             "cannot specify CaCertificates or SubjectAltNames when InsecureSkipVerify is set true",
         },
         set(),
@@ -223,18 +245,30 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
     (
         "client-tls-configmap-malformed",
         "{host: r, trafficPolicy: {tls: {mode: SIMPLE, credentialName: 'configmap://ca'}}}",
-        {'invalid configmap:// credentialName: invalid resource name "configmap://ca". Expected namespace and name'},
+        {
+            'invalid configmap:// credentialName: invalid resource name "configmap://ca". Expected '
+            "namespace and name"
+        },
         set(),
     ),
-    ("client-tls-configmap-same-namespace",
-     "{host: r, trafficPolicy: {tls: {mode: SIMPLE, credentialName: 'configmap://default/ca'}}}", set(), set()),
+    (
+        "client-tls-configmap-same-namespace",
+        "{host: r, trafficPolicy: {tls: {mode: SIMPLE, credentialName: 'configmap://default/ca'}}}",
+        set(),
+        set(),
+    ),
     (
         "proxy-protocol-version",
         {"host": "r", "trafficPolicy": {"proxyProtocol": {"version": 7}}},
         {"proxy protocol version is invalid: 7"},
         set(),
     ),
-    ("retry-budget-is-a-field", "{host: r, trafficPolicy: {retryBudget: {minRetryConcurrency: 2}}}", set(), set()),
+    (
+        "retry-budget-is-a-field",
+        "{host: r, trafficPolicy: {retryBudget: {minRetryConcurrency: 2}}}",
+        set(),
+        set(),
+    ),
     (
         "selector-without-labels",
         "{host: r, workloadSelector: {}, exportTo: [default]}",
@@ -255,7 +289,9 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
 
 
 @pytest.mark.parametrize(("spec", "errors", "warnings"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_destination_rule_rules(spec: Any, errors: set[str], warnings: set[str], validate: Callable[..., Any]) -> None:
+def test_destination_rule_rules(
+    spec: Any, errors: set[str], warnings: set[str], validate: Callable[..., Any]
+) -> None:
     outcome = validate(DR, spec)
     assert set(outcome.errors) == errors
     assert set(outcome.warnings) == warnings
@@ -268,7 +304,13 @@ def test_top_level_failover_warning_surfaces(validate: Callable[..., Any]) -> No
 
 def test_overlapping_target_localities(validate: Callable[..., Any]) -> None:
     # Which of the two is named depends on map order, in istiod as here.
-    spec = "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a, to: {b: 50, b/z: 50}}]}}}}"
+    spec = (
+        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: "
+        "{distribute: [{from: a, to: {b: 50, b/z: 50}}]}}}}"
+    )
     errors = validate(DR, spec).errors
     assert len(errors) == 1
-    assert errors[0] in {"locality b/z overlap with previous specified ones", "locality b overlap with previous specified ones"}
+    assert errors[0] in {
+        "locality b/z overlap with previous specified ones",
+        "locality b overlap with previous specified ones",
+    }

@@ -14,7 +14,8 @@ GATEWAY_CASES: list[tuple[str, str, set[str], set[str]]] = [
     (
         "hosts",
         "{servers: [{port: {number: 80, name: http, protocol: HTTP}, "
-        "hosts: [10.0.0.1, 'ns/*', '*/foo.com', 'Bad_ns/foo.com', 'ns/foo', '~/foo.com', 'ns/', 'fo_o.com']}]}",
+        "hosts: [10.0.0.1, 'ns/*', '*/foo.com', 'Bad_ns/foo.com', 'ns/foo', '~/foo.com', 'ns/', "
+        "'fo_o.com']}]}",
         {
             'invalid namespace value "Bad_ns" in gateway',
             "short names (non FQDN) are not allowed",
@@ -25,7 +26,12 @@ GATEWAY_CASES: list[tuple[str, str, set[str], set[str]]] = [
         },
         set(),
     ),
-    ("no-hosts-no-port", "{servers: [{}]}", {"server config must contain at least one host", "port is required"}, set()),
+    (
+        "no-hosts-no-port",
+        "{servers: [{}]}",
+        {"server config must contain at least one host", "port is required"},
+        set(),
+    ),
     (
         "port-name-missing",
         "{servers: [{port: {number: 80, protocol: HTTP}, hosts: ['*']}]}",
@@ -57,7 +63,8 @@ GATEWAY_CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "passthrough-with-certificates",
-        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: PASSTHROUGH, serverCertificate: /c, privateKey: /k}}}}]}}",
+        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: PASSTHROUGH, serverCertificate: "
+        f"/c, privateKey: /k}}}}]}}",
         set(),
         {"PASSTHROUGH mode does not use certificates, they will be ignored"},
     ),
@@ -88,7 +95,8 @@ GATEWAY_CASES: list[tuple[str, str, set[str], set[str]]] = [
     (
         "tls-certificates",
         f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: OPTIONAL_MUTUAL, caCertificates: /ca, "
-        "tlsCertificates: [{serverCertificate: /c1, privateKey: /k1}, {serverCertificate: /c2}, {privateKey: /k3}]}}]}",
+        "tlsCertificates: [{serverCertificate: /c1, privateKey: /k1}, {serverCertificate: /c2}, "
+        "{privateKey: /k3}]}}]}",
         {"MUTUAL TLS requires a private key", "MUTUAL TLS requires a server certificate"},
         {"MUTUAL TLS can support up to 2 server certificates"},
     ),
@@ -105,27 +113,31 @@ GATEWAY_CASES: list[tuple[str, str, set[str], set[str]]] = [
         "minProtocolVersion: TLSV1_0}}]}",
         set(),
         {
-            "TLS version below TLSV1_2 require setting compatible ciphers as by default they no longer include "
+            "TLS version below TLSV1_2 require setting compatible ciphers as by default they no longer "
+            "include "
             "compatible ciphers."
         },
     ),
     (
         # With a credential, SIMPLE/MUTUAL settings are not looked at further (CRL included).
         "crl-ignored-with-credential",
-        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: SIMPLE, credentialName: c, caCrl: /crl}}}}]}}",
+        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: SIMPLE, credentialName: c, "
+        f"caCrl: /crl}}}}]}}",
         set(),
         set(),
     ),
     (
         "crl-with-simple",
-        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: SIMPLE, serverCertificate: /c, privateKey: /k, "
+        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: SIMPLE, serverCertificate: "
+        "/c, privateKey: /k, "
         "caCrl: /crl}}]}",
         {"CRL is not supported with SIMPLE TLS"},
         set(),
     ),
     (
         "crl-with-credential-passthrough",
-        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: PASSTHROUGH, credentialName: c, caCrl: /crl}}}}]}}",
+        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: PASSTHROUGH, credentialName: c, "
+        f"caCrl: /crl}}}}]}}",
         {"CRL is not supported with credentialName. CRL has to be specified in the credential"},
         {"PASSTHROUGH mode does not use certificates, they will be ignored"},
     ),
@@ -137,12 +149,17 @@ GATEWAY_CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "https-redirect-on-https",
-        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: SIMPLE, credentialName: c, httpsRedirect: true}}}}]}}",
+        f"{{servers: [{{port: {HTTPS}, hosts: ['*'], tls: {{mode: SIMPLE, credentialName: c, "
+        f"httpsRedirect: true}}}}]}}",
         set(),
         {"tls.httpsRedirect should only be used with http servers"},
     ),
-    ("dns-name-with-uppercase", "{servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ['*']}]}",
-     set(), set()),
+    (
+        "dns-name-with-uppercase",
+        "{servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ['*']}]}",
+        set(),
+        set(),
+    ),
 ]
 
 
@@ -200,8 +217,10 @@ SIDECAR_CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "egress-ports",
-        "{egress: [{port: {number: 80, protocol: HTTP, name: Bad_Name, targetPort: 8080}, bind: 1.2.3, hosts: ['*/*']}, "
-        "{port: {number: 80, protocol: FOO}, hosts: ['*/*']}, {port: {number: 0, protocol: HTTP}, hosts: ['*/*']}, "
+        "{egress: [{port: {number: 80, protocol: HTTP, name: Bad_Name, targetPort: 8080}, bind: "
+        "1.2.3, hosts: ['*/*']}, "
+        "{port: {number: 80, protocol: FOO}, hosts: ['*/*']}, {port: {number: 0, protocol: HTTP}, "
+        "hosts: ['*/*']}, "
         "{port: {number: 0}, bind: 'unix:///a.sock', captureMode: IPTABLES, hosts: ['*/*']}, "
         "{port: {number: 0}, bind: 'unix:///a.sock', hosts: ['*/*']}, {port: {number: 81}, hosts: []}]}",
         {
@@ -219,7 +238,8 @@ SIDECAR_CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "ingress-listeners",
-        "{ingress: [{defaultEndpoint: '127.0.0.1:80'}, {port: {number: 80, protocol: HTTP, name: a}, bind: bad}, "
+        "{ingress: [{defaultEndpoint: '127.0.0.1:80'}, {port: {number: 80, protocol: HTTP, name: a}, "
+        "bind: bad}, "
         "{port: {number: 80, protocol: HTTP, name: b, targetPort: 1}, defaultEndpoint: foo}, "
         "{port: {number: 81, protocol: TCP, name: c}, defaultEndpoint: ':abc'}, "
         "{port: {number: 82, protocol: TCP, name: d}, defaultEndpoint: '0.0.0.0:70000'}, "
@@ -231,7 +251,8 @@ SIDECAR_CASES: list[tuple[str, str, set[str], set[str]]] = [
             "sidecar: ports on IP bound listeners must be unique",
             "address foo: missing port in address",
             'sidecar: defaultEndpoint port () is not a number: strconv.Atoi: parsing "": invalid syntax',
-            'sidecar: defaultEndpoint port (abc) is not a number: strconv.Atoi: parsing "abc": invalid syntax',
+            'sidecar: defaultEndpoint port (abc) is not a number: strconv.Atoi: parsing "abc": invalid '
+            "syntax",
             "port number 70000 must be in the range 1..65535",
             "relative is not an absolute path to a file",
         },
@@ -239,8 +260,10 @@ SIDECAR_CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "ingress-tls",
-        "{ingress: [{port: {number: 80, protocol: HTTP, name: h}, tls: {mode: ISTIO_MUTUAL, httpsRedirect: true, "
-        "subjectAltNames: [a], credentialName: c, credentialNames: [c], tlsCertificates: [{privateKey: k}]}}]}",
+        "{ingress: [{port: {number: 80, protocol: HTTP, name: h}, tls: {mode: ISTIO_MUTUAL, "
+        "httpsRedirect: true, "
+        "subjectAltNames: [a], credentialName: c, credentialNames: [c], tlsCertificates: "
+        "[{privateKey: k}]}}]}",
         {
             "sidecar: subjectAltNames is not supported in ingress tls",
             "sidecar: httpsRedirect is not supported",
@@ -257,23 +280,30 @@ SIDECAR_CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "ingress-connection-pools",
-        "{ingress: [{port: {number: 9000, protocol: TCP, name: raw}, connectionPool: {http: {maxRetries: 3}}}, "
+        "{ingress: [{port: {number: 9000, protocol: TCP, name: raw}, connectionPool: {http: "
+        "{maxRetries: 3}}}, "
         "{port: {number: 9001, protocol: TCP, name: other}, connectionPool: {}}], inboundConnectionPool: {}}",
         {"connection pool must have at least one field"},
         {
-            'sidecar: HTTP connection pool settings are configured for port 9000 ("raw") but its protocol is not '
+            'sidecar: HTTP connection pool settings are configured for port 9000 ("raw") but its protocol '
+            "is not "
             "HTTP (TCP); only TCP settings will apply"
         },
     ),
     (
         "egress-proxy",
-        "{outboundTrafficPolicy: {mode: ALLOW_ANY, egressProxy: {host: '*.proxy.com', subset: 'bad.subset'}}}",
-        {'domain name "*.proxy.com" invalid (label "*" invalid)', "sidecar: egress_proxy port must be non-nil"},
+        "{outboundTrafficPolicy: {mode: ALLOW_ANY, egressProxy: {host: '*.proxy.com', "
+        "subset: 'bad.subset'}}}",
+        {
+            'domain name "*.proxy.com" invalid (label "*" invalid)',
+            "sidecar: egress_proxy port must be non-nil",
+        },
         set(),
     ),
     (
         "egress-proxy-destination",
-        "{outboundTrafficPolicy: {mode: ALLOW_ANY, egressProxy: {host: proxy.com, subset: 'bad.subset', port: {}}}}",
+        "{outboundTrafficPolicy: {mode: ALLOW_ANY, egressProxy: {host: proxy.com, subset: "
+        "'bad.subset', port: {}}}}",
         {"subset name is invalid: bad.subset", "port number 0 must be in the range 1..65535"},
         set(),
     ),

@@ -139,7 +139,9 @@ def test_atoi_follows_go() -> None:
         goparse.atoi("99999999999999999999")
 
 
-@pytest.mark.parametrize("value", ["1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"])
+@pytest.mark.parametrize(
+    "value", ["1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"]
+)
 def test_parse_bool_accepts_go_values(value: str) -> None:
     goparse.parse_bool(value)
 
@@ -152,14 +154,23 @@ def test_parse_bool_rejects_others(value: str) -> None:
 
 @pytest.mark.parametrize(
     ("label", "ok"),
-    [("foo", True), ("Foo-1", True), ("a" * 63, True), ("a" * 64, False), ("-a", False), ("a.b", False), ("", False)],
+    [
+        ("foo", True),
+        ("Foo-1", True),
+        ("a" * 63, True),
+        ("a" * 64, False),
+        ("-a", False),
+        ("a.b", False),
+        ("", False),
+    ],
 )
 def test_dns1123_label(label: str, ok: bool) -> None:
     assert hosts.is_dns1123_label(label) is ok
 
 
 @pytest.mark.parametrize(
-    ("label", "ok"), [("*", True), ("foo", True), ("*foo", True), ("*-foo", True), ("foo*", False), ("**", False)]
+    ("label", "ok"),
+    [("*", True), ("foo", True), ("*foo", True), ("*-foo", True), ("foo*", False), ("**", False)],
 )
 def test_wildcard_dns1123_label(label: str, ok: bool) -> None:
     assert hosts.is_wildcard_dns1123_label(label) is ok
@@ -188,14 +199,20 @@ def test_wildcard_domain(name: str, error: str | None) -> None:
 def test_fqdn_rejects_wildcards_and_ips() -> None:
     assert hosts.validate_fqdn("mesh") is None
     assert hosts.validate_fqdn("*.foo.com") == 'domain name "*.foo.com" invalid (label "*" invalid)'
-    assert hosts.validate_fqdn("10.0.0.1") == 'domain name "10.0.0.1" invalid (top level domain "1" cannot be all-numeric)'
+    assert (
+        hosts.validate_fqdn("10.0.0.1")
+        == 'domain name "10.0.0.1" invalid (top level domain "1" cannot be all-numeric)'
+    )
 
 
 @pytest.mark.parametrize(
     ("name", "error"),
     [
         ("outbound_.80_._.e2e.foobar.mesh", None),
-        ("outbound_.80_.e2e", "domain name outbound_.80_.e2e invalid, should follow 'outbound_.<PORT>_._.<HOSTNAME>' format"),
+        (
+            "outbound_.80_.e2e",
+            "domain name outbound_.80_.e2e invalid, should follow 'outbound_.<PORT>_._.<HOSTNAME>' format",
+        ),
         (
             "outbound_.x_._.foo",
             'domain name "outbound_.x_._.foo" invalid (label "x" invalid). '
@@ -277,13 +294,23 @@ def test_unix_address(path: str, error: str | None) -> None:
         ("%START_TIME%%", "header value configuration: invalid header configuration. Un-escaped %"),
         (
             "abc%123",
-            "header value configuration: invalid header configuration. Un-terminated variable expression 'abc%123'",
+            "header value configuration: invalid header configuration. Un-terminated variable expression "
+            "'abc%123'",
         ),
-        ('%REQ(["a" x])%', "header value configuration: invalid header configuration. Expecting ',', ']', or whitespace"),
+        (
+            '%REQ(["a" x])%',
+            "header value configuration: invalid header configuration. Expecting ',', ']', or whitespace",
+        ),
         ("%REQ([x])%", "header value configuration: invalid header configuration. Expecting '\"'"),
-        ('%REQ(["a"] x)%', "header value configuration: invalid header configuration. "
-         "Expecting ')' or whitespace after '{}', but found '{}'"),
-        ("%REQ(a) x", "header value configuration: invalid header configuration. Expecting '%' or whitespace after"),
+        (
+            '%REQ(["a"] x)%',
+            "header value configuration: invalid header configuration. "
+            "Expecting ')' or whitespace after '{}', but found '{}'",
+        ),
+        (
+            "%REQ(a) x",
+            "header value configuration: invalid header configuration. Expecting '%' or whitespace after",
+        ),
         ("bad\nvalue", "header value configuration bad\nvalue is invalid"),
     ],
 )
@@ -301,7 +328,10 @@ def test_header_names() -> None:
     assert matches.validate_cors_header_name("*") is None
     assert matches.validate_header_with_authority_operation_name("Host") is None
     assert matches.validate_header_with_authority_operation_name(":authority") is None
-    assert matches.validate_header_operation_name(":authority") == 'invalid header ":authority": header cannot have ":" prefix'
+    assert (
+        matches.validate_header_operation_name(":authority")
+        == 'invalid header ":authority": header cannot have ":" prefix'
+    )
     assert matches.validate_header_operation_name("a b") is None
 
 
@@ -343,7 +373,10 @@ def test_re2_rejects(pattern: str, reason: str) -> None:
 
 def test_regex_length_limit_counts_bytes() -> None:
     assert matches.validate_string_regexp("a" * 1024, "uri") is None
-    assert matches.validate_string_regexp("é" * 513, "uri") == '"uri": regex is too large, max length allowed is 1024'
+    assert (
+        matches.validate_string_regexp("é" * 513, "uri")
+        == '"uri": regex is too large, max length allowed is 1024'
+    )
 
 
 def test_label_maps() -> None:
@@ -359,8 +392,12 @@ def test_export_to() -> None:
     assert export_to_errors("ns", [".", "*"]) == [
         "cannot have both public (*) and non-public exportTo values for a resource"
     ]
-    assert export_to_errors("ns", ["ns", "."]) == ["duplicate entries in exportTo: . and current namespace ns"]
-    assert export_to_errors("ns", ["Bad_NS"]) == ["only .,*, or a valid DNS 1123 label is allowed as exportTo entry"]
+    assert export_to_errors("ns", ["ns", "."]) == [
+        "duplicate entries in exportTo: . and current namespace ns"
+    ]
+    assert export_to_errors("ns", ["Bad_NS"]) == [
+        "only .,*, or a valid DNS 1123 label is allowed as exportTo entry"
+    ]
     assert export_to_errors("ns", ["~"], is_service_entry=True) == []
     assert export_to_errors("ns", ["~", "a"], is_service_entry=True) == [
         "cannot export service entry to no one (~) and someone"

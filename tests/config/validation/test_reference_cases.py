@@ -26,7 +26,9 @@ class Case:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def case(row: int, kind: str, spec: str, *, e: tuple[str, ...] = (), w: tuple[str, ...] = (), **meta: Any) -> Case:
+def case(
+    row: int, kind: str, spec: str, *, e: tuple[str, ...] = (), w: tuple[str, ...] = (), **meta: Any
+) -> Case:
     return Case(row, kind, spec, frozenset(e), frozenset(w), meta)
 
 
@@ -56,10 +58,20 @@ CASES = [
         "{hosts: ['*.foo.bar', '*.bar'], http: [{$R}]}",
         e=("duplicate hosts in virtual service: *.foo.bar & *.bar",),
     ),
-    case(4, VS, "{hosts: ['foo.ba!r'], http: [{$R}]}", e=('domain name "ba!r" invalid (label "ba!r" invalid)',)),
-    case(5, VS, "{gateways: [ns1/gw], http: [{$R}]}", e=("delegate virtual service must have no gateways specified",)),
     case(
-        6, VS, "{hosts: [foo.bar], gateways: ['ns1/*'], http: [{$R}]}", e=('invalid value for gateway name: "*"',)
+        4, VS, "{hosts: ['foo.ba!r'], http: [{$R}]}", e=('domain name "ba!r" invalid (label "ba!r" invalid)',)
+    ),
+    case(
+        5,
+        VS,
+        "{gateways: [ns1/gw], http: [{$R}]}",
+        e=("delegate virtual service must have no gateways specified",),
+    ),
+    case(
+        6,
+        VS,
+        "{hosts: [foo.bar], gateways: ['ns1/*'], http: [{$R}]}",
+        e=('invalid value for gateway name: "*"',),
     ),
     case(
         7,
@@ -83,7 +95,10 @@ CASES = [
         e=("invalid destination host *",),
     ),
     case(
-        10, VS, "{hosts: [foo.bar], http: [{route: [{destination: {host: a}, weight: -1}]}]}", e=("weight -1 < 0",)
+        10,
+        VS,
+        "{hosts: [foo.bar], http: [{route: [{destination: {host: a}, weight: -1}]}]}",
+        e=("weight -1 < 0",),
     ),
     case(
         11,
@@ -91,7 +106,9 @@ CASES = [
         "{hosts: [foo.bar], http: [{route: [{destination: {host: a}}, {destination: {host: b}}]}]}",
         e=("total destination weight = 0",),
     ),
-    case(12, VS, "{hosts: [foo.bar], http: [{$R, timeout: 0.0005s}]}", e=("duration must be greater than 1ms",)),
+    case(
+        12, VS, "{hosts: [foo.bar], http: [{$R, timeout: 0.0005s}]}", e=("duration must be greater than 1ms",)
+    ),
     case(
         13,
         VS,
@@ -127,7 +144,8 @@ CASES = [
         VS,
         "{hosts: [foo.bar], http: [{$R, fault: {abort: {grpcStatus: NOPE}}}]}",
         e=(
-            'gRPC status "NOPE" is not supported. See https://github.com/grpc/grpc/blob/master/doc/statuscodes.md '
+            'gRPC status "NOPE" is not supported. See '
+            "https://github.com/grpc/grpc/blob/master/doc/statuscodes.md "
             "for a list of supported codes, for example 'NOT_FOUND'",
         ),
     ),
@@ -187,7 +205,10 @@ CASES = [
         28,
         VS,
         "{hosts: [foo.bar], http: [{$R, headers: {request: {set: {x-a: 'abc%123'}}}}]}",
-        e=("header value configuration: invalid header configuration. Un-terminated variable expression 'abc%123'",),
+        e=(
+            "header value configuration: invalid header configuration. Un-terminated variable expression "
+            "'abc%123'",
+        ),
     ),
     case(
         29,
@@ -263,7 +284,12 @@ CASES = [
     case(42, DR, "{host: r, subsets: [{name: v1.0}]}", e=("subset name is invalid: v1.0",)),
     case(43, DR, "{host: r, subsets: [{name: v1, labels: {'a b': x}}]}", e=('invalid tag key: "a b"',)),
     case(44, DR, "{host: r, trafficPolicy: {}}", e=("traffic policy must have at least one field",)),
-    case(45, DR, "{host: r, trafficPolicy: {connectionPool: {}}}", e=("connection pool must have at least one field",)),
+    case(
+        45,
+        DR,
+        "{host: r, trafficPolicy: {connectionPool: {}}}",
+        e=("connection pool must have at least one field",),
+    ),
     case(
         46,
         DR,
@@ -279,7 +305,8 @@ CASES = [
     case(
         48,
         DR,
-        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a/*, to: {b/*: 100}}], "
+        "{host: r, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a/*, to: "
+        "{b/*: 100}}], "
         "failover: [{from: a, to: b}]}}}}",
         e=("can not simultaneously specify 'distribute' and 'failover'",),
     ),
@@ -295,7 +322,9 @@ CASES = [
         "{host: r, exportTo: ['.', '*']}",
         e=("cannot have both public (*) and non-public exportTo values for a resource",),
     ),
-    case(51, DR, "{host: r, exportTo: ['.', default]}", e=("duplicate entries in exportTo for entry default",)),
+    case(
+        51, DR, "{host: r, exportTo: ['.', default]}", e=("duplicate entries in exportTo for entry default",)
+    ),
     case(
         52,
         DR,
@@ -335,11 +364,22 @@ CASES = [
         58,
         GW,
         "{servers: [{port: {number: 80, name: p, protocol: FOO}, hosts: ['*']}]}",
-        e=('invalid protocol "FOO", supported protocols are HTTP, HTTP2, GRPC, GRPC-WEB, MONGO, REDIS, MYSQL, TCP',),
+        e=(
+            'invalid protocol "FOO", supported protocols are HTTP, HTTP2, GRPC, GRPC-WEB, MONGO, REDIS, '
+            "MYSQL, TCP",
+        ),
     ),
-    case(59, GW, f"{{servers: [{{port: {HTTP80}, hosts: [foo]}}]}}", e=("short names (non FQDN) are not allowed",)),
     case(
-        60, GW, f"{{servers: [{{port: {HTTP80}, hosts: ['*foo.com']}}]}}", e=('partial wildcard "*foo.com" not allowed',)
+        59,
+        GW,
+        f"{{servers: [{{port: {HTTP80}, hosts: [foo]}}]}}",
+        e=("short names (non FQDN) are not allowed",),
+    ),
+    case(
+        60,
+        GW,
+        f"{{servers: [{{port: {HTTP80}, hosts: ['*foo.com']}}]}}",
+        e=('partial wildcard "*foo.com" not allowed',),
     ),
     case(
         61,
@@ -376,7 +416,8 @@ CASES = [
     case(
         66,
         GW,
-        "{servers: [{port: {number: 9000, name: tcp, protocol: TCP}, hosts: ['*'], tls: {httpsRedirect: true}}]}",
+        "{servers: [{port: {number: 9000, name: tcp, protocol: TCP}, hosts: ['*'], tls: "
+        "{httpsRedirect: true}}]}",
         e=("server cannot have TLS settings for non HTTPS/TLS ports",),
         w=("tls.httpsRedirect should only be used with http servers",),
     ),
@@ -398,7 +439,8 @@ CASES = [
     case(
         71,
         SE,
-        "{hosts: [a.com], ports: [{number: 80, name: a, protocol: HTTP}, {number: 80, name: b, protocol: HTTP}]}",
+        "{hosts: [a.com], ports: [{number: 80, name: a, protocol: HTTP}, {number: 80, name: b, "
+        "protocol: HTTP}]}",
         e=("service entry port 80 already defined",),
     ),
     case(
@@ -449,7 +491,9 @@ CASES = [
         "{address: 'unix://@foo', ports: {http: 80}}",
         e=("unix endpoint unix://@foo must not include ports",),
     ),
-    case(81, WE, "{address: foo_bar}", e=('endpoint address "foo_bar" is not a valid FQDN or an IP address',)),
+    case(
+        81, WE, "{address: foo_bar}", e=('endpoint address "foo_bar" is not a valid FQDN or an IP address',)
+    ),
     case(
         82,
         WE,
@@ -485,7 +529,10 @@ CASES = [
         90,
         SC,
         "{workloadSelector: {}, egress: [{hosts: ['*/*']}]}",
-        w=("sidecar: workload selector specified without labels, will be applied to all services in namespace",),
+        w=(
+            "sidecar: workload selector specified without labels, will be applied to all services in "
+            "namespace",
+        ),
     ),
     case(
         91,
@@ -505,11 +552,17 @@ CASES = [
         AP,
         "{action: DENY}",
         e=(
-            "invalid policy x.default: DENY action without `rules` is meaningless as it will never be triggered, "
+            "invalid policy x.default: DENY action without `rules` is meaningless as it will never be "
+            "triggered, "
             "add an empty rule `{}` if you want it be triggered for every request",
         ),
     ),
-    case(95, AP, "{action: CUSTOM, rules: [{}]}", e=("invalid policy x.default: `provider.name` must not be empty",)),
+    case(
+        95,
+        AP,
+        "{action: CUSTOM, rules: [{}]}",
+        e=("invalid policy x.default: `provider.name` must not be empty",),
+    ),
     case(
         96,
         AP,
@@ -526,7 +579,10 @@ CASES = [
         98,
         AP,
         "{rules: [{from: [{source: {serviceAccounts: [ns/sa], namespaces: [ns]}}]}]}",
-        e=("invalid policy x.default: cannot set serviceAccounts with namespaces or principals, found at rule 0",),
+        e=(
+            "invalid policy x.default: cannot set serviceAccounts with namespaces or principals, found at "
+            "rule 0",
+        ),
     ),
     case(
         99,
@@ -535,7 +591,10 @@ CASES = [
         e=("invalid policy x.default: bad port (99999): <nil>",),
     ),
     case(
-        100, AP, "{rules: [{from: [{source: {ipBlocks: [foo]}}]}]}", e=("invalid policy x.default: bad IP address (foo)",)
+        100,
+        AP,
+        "{rules: [{from: [{source: {ipBlocks: [foo]}}]}]}",
+        e=("invalid policy x.default: bad IP address (foo)",),
     ),
     case(
         101,
@@ -576,7 +635,8 @@ CASES = [
         AP,
         "{action: DENY, rules: [{to: [{operation: {methods: [GET]}}]}]}",
         w=(
-            "configured AuthorizationPolicy will deny all traffic to TCP ports under its scope due to the use "
+            "configured AuthorizationPolicy will deny all traffic to TCP ports under its scope due to the "
+            "use "
             "of only HTTP attributes in a DENY rule; it is recommended to explicitly specify the port",
         ),
     ),
@@ -644,7 +704,9 @@ ANY_KIND = {
 
 
 @pytest.mark.parametrize("kind", sorted(ANY_KIND))
-def test_any_kind_objects_are_valid_without_internal_annotations(kind: str, validate: Callable[..., Any]) -> None:
+def test_any_kind_objects_are_valid_without_internal_annotations(
+    kind: str, validate: Callable[..., Any]
+) -> None:
     assert validate(kind, ANY_KIND[kind]).errors == []
 
 

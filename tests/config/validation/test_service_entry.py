@@ -53,7 +53,8 @@ SERVICE_ENTRY_CASES: list[tuple[str, str, set[str], set[str]]] = [
         "dns-first-bad-host-only",
         f"{{hosts: ['*.a.com', '*.b.com'], resolution: DNS, ports: [{HTTP}]}}",
         {
-            "hosts must be FQDN or contain only prefix wildcards if no endpoints are provided for resolution mode "
+            "hosts must be FQDN or contain only prefix wildcards if no endpoints are provided for "
+            "resolution mode "
             'DNS, domain name "*.a.com" invalid (label "*" invalid)'
         },
         set(),
@@ -67,7 +68,8 @@ SERVICE_ENTRY_CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "static-endpoints",
-        f"{{hosts: [a.com], resolution: STATIC, ports: [{HTTP}, {{number: 81, name: admin, protocol: HTTP}}], "
+        f"{{hosts: [a.com], resolution: STATIC, ports: [{HTTP}, {{number: 81, name: admin, "
+        f"protocol: HTTP}}], "
         "endpoints: [{address: 'unix:///a.sock'}, {address: 1.2.3.4, ports: {other: 9090}}, {network: n1}]}",
         {
             "exactly 1 service port required for unix endpoints",
@@ -84,7 +86,8 @@ SERVICE_ENTRY_CASES: list[tuple[str, str, set[str], set[str]]] = [
     (
         # istiod 1.28's DYNAMIC_DNS: HTTP only, and only MESH_EXTERNAL.
         "dynamic-dns-1.28",
-        "{hosts: [a.com, '*.b.com'], addresses: [10.0.0.1], resolution: DYNAMIC_DNS, location: MESH_INTERNAL, "
+        "{hosts: [a.com, '*.b.com'], addresses: [10.0.0.1], resolution: DYNAMIC_DNS, "
+        "location: MESH_INTERNAL, "
         "ports: [{number: 443, name: tls, protocol: TLS}], endpoints: [{address: 1.2.3.4}]}",
         {
             "host must be wildcarded for resolution mode DYNAMIC_DNS",
@@ -112,16 +115,19 @@ SERVICE_ENTRY_CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "selector-without-labels",
-        f"{{hosts: [a.com], resolution: NONE, addresses: [10.0.0.0/8], ports: [{HTTP}], workloadSelector: {{}}}}",
+        f"{{hosts: [a.com], resolution: NONE, addresses: [10.0.0.0/8], ports: [{HTTP}], "
+        f"workloadSelector: {{}}}}",
         set(),
         {
-            "service entry: workload selector specified without labels, will be applied to all services in namespace",
+            "service entry: workload selector specified without labels, will be applied to all services in "
+            "namespace",
             "workloadSelector should not be set when resolution mode is NONE",
         },
     ),
     (
         "ports",
-        "{hosts: [a.com], resolution: DNS, ports: [{number: 80, name: http, protocol: HTTP, targetPort: 70000}, "
+        "{hosts: [a.com], resolution: DNS, ports: [{number: 80, name: http, protocol: HTTP, "
+        "targetPort: 70000}, "
         "{number: 81, name: http, protocol: HTTP}, {number: 0, name: zero, protocol: HTTP}]}",
         {
             "port number 70000 must be in the range 1..65535",
@@ -132,7 +138,8 @@ SERVICE_ENTRY_CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "addresses",
-        "{hosts: [a.com], resolution: STATIC, addresses: [10.0.0.0/8, 'bad', '1.2.3.4/99'], ports: [{number: 80, "
+        "{hosts: [a.com], resolution: STATIC, addresses: [10.0.0.0/8, 'bad', '1.2.3.4/99'], "
+        "ports: [{number: 80, "
         "name: http, protocol: HTTP}]}",
         {"bad is not a valid IP", "1.2.3.4/99 is not a valid CIDR block"},
         set(),
@@ -160,9 +167,13 @@ SERVICE_ENTRY_CASES: list[tuple[str, str, set[str], set[str]]] = [
 
 
 @pytest.mark.parametrize(
-    ("spec", "errors", "warnings"), [c[1:] for c in SERVICE_ENTRY_CASES], ids=[c[0] for c in SERVICE_ENTRY_CASES]
+    ("spec", "errors", "warnings"),
+    [c[1:] for c in SERVICE_ENTRY_CASES],
+    ids=[c[0] for c in SERVICE_ENTRY_CASES],
 )
-def test_service_entry_rules(spec: Any, errors: set[str], warnings: set[str], validate: Callable[..., Any]) -> None:
+def test_service_entry_rules(
+    spec: Any, errors: set[str], warnings: set[str], validate: Callable[..., Any]
+) -> None:
     outcome = validate(SE, spec)
     assert set(outcome.errors) == errors
     assert set(outcome.warnings) == warnings
@@ -191,7 +202,11 @@ WORKLOAD_ENTRY_CASES: list[tuple[str, str, set[str], set[str]]] = [
     (
         "ports-and-labels",
         "{address: a.example.com, ports: {Bad_Name: 80, ok: 0}, labels: {app: 'x y'}}",
-        {"invalid port name: Bad_Name", "port number 0 must be in the range 1..65535", 'invalid tag value: "x y"'},
+        {
+            "invalid port name: Bad_Name",
+            "port number 0 must be in the range 1..65535",
+            'invalid tag value: "x y"',
+        },
         set(),
     ),
     ("single-label-host", "{address: vm1}", set(), set()),
@@ -201,14 +216,23 @@ WORKLOAD_ENTRY_CASES: list[tuple[str, str, set[str], set[str]]] = [
         {'endpoint address "1.2.3.400" is not a valid FQDN or an IP address'},
         set(),
     ),
-    ("network-only-with-ports", "{network: n1, ports: {http: 80}}", set(), {'address is unset with network "n1"'}),
+    (
+        "network-only-with-ports",
+        "{network: n1, ports: {http: 80}}",
+        set(),
+        {'address is unset with network "n1"'},
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("spec", "errors", "warnings"), [c[1:] for c in WORKLOAD_ENTRY_CASES], ids=[c[0] for c in WORKLOAD_ENTRY_CASES]
+    ("spec", "errors", "warnings"),
+    [c[1:] for c in WORKLOAD_ENTRY_CASES],
+    ids=[c[0] for c in WORKLOAD_ENTRY_CASES],
 )
-def test_workload_entry_rules(spec: Any, errors: set[str], warnings: set[str], validate: Callable[..., Any]) -> None:
+def test_workload_entry_rules(
+    spec: Any, errors: set[str], warnings: set[str], validate: Callable[..., Any]
+) -> None:
     outcome = validate(WE, spec)
     assert set(outcome.errors) == errors
     assert set(outcome.warnings) == warnings

@@ -144,7 +144,9 @@ servers:
     mode: SIMPLE
     credentialName: reviews-cert
     minProtocolVersion: TLSV1_2
-    cipherSuites: [ECDHE-RSA-AES128-GCM-SHA256, "[ECDHE-ECDSA-AES128-GCM-SHA256|ECDHE-ECDSA-CHACHA20-POLY1305]"]
+    cipherSuites:
+    - ECDHE-RSA-AES128-GCM-SHA256
+    - "[ECDHE-ECDSA-AES128-GCM-SHA256|ECDHE-ECDSA-CHACHA20-POLY1305]"
 - port: {number: 8443, name: mtls, protocol: HTTPS}
   hosts: [secure.example.com]
   tls:
@@ -278,7 +280,11 @@ rules:
   - source: {namespaces: [test], notIpBlocks: [10.0.0.0/8, "2001:db8::/32"], remoteIpBlocks: [1.2.3.4]}
   - source: {serviceAccounts: [default/sleep, curl]}
   to:
-  - operation: {methods: [GET, HEAD], paths: ["/info*", "/api/{*}/items/{**}"], ports: ["8000"], hosts: [x.com]}
+  - operation:
+      methods: [GET, HEAD]
+      paths: ["/info*", "/api/{*}/items/{**}"]
+      ports: ["8000"]
+      hosts: [x.com]
   when:
   - key: request.auth.claims[iss]
     values: ["https://accounts.google.com"]
@@ -313,8 +319,9 @@ rules:
 JWKS = (
     '{"keys": [{"kty": "RSA", "e": "AQAB", "kid": "DHFbpoIUqrY8t2zpA2qXfCmr5VO5ZEr4RzHU_-envvQ", '
     '"n": "xAE7eB6qugXyCAG3yhh7pkDkT65pHymX-P7KfIupjf59vsdo91bSP9C8H07pSAGQO1MV_xFj9VswgsCg4R6otmg5PV2He95lZ'
-    'dHtOcU5DXIg_pbhLdKXbi66GlVeK6ABZOUW3WYtnNHD-91gVuoeJT_DwtGGcp4ignkgXfkiEm4sw-4sfb4qdt5oLbyVpmW6x9cfa7vs2'
-    'WTfURiCrBoUqgBo_-4WTiULmmHSGZHOjzwa8WtrtOQGsAFjIbno85jp6MnGGGZPYZbDAa_b3y5u-YpW7ypZrvD8BgtKVjgtQgZhLAGezM'
+    "dHtOcU5DXIg_pbhLdKXbi66GlVeK6ABZOUW3WYtnNHD-91gVuoeJT_DwtGGcp4ignkgXfkiEm4sw-4sfb4qdt5oLbyVpmW6x9cfa7vs2"
+    "WTfURiCrBoUqgBo_-4WTiULmmHSGZHOjzwa8WtrtOQGsAFjIbno85jp6MnGGGZPYZbDAa_b3y5u-YpW7ypZrvD8BgtKVjgtQgZhLAGe"
+    "zM"
     't0ua3DRrWnKqTZ0BJ_EyxOGuHJrLsn00fnMQ"}]}'
 )
 
@@ -332,8 +339,10 @@ jwtRules:
   forwardOriginalToken: true
   timeout: 5s
 """,
-    "inline-jwks": {"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "gw"}],
-                    "jwtRules": [{"issuer": "testing@secure.istio.io", "jwks": JWKS}]},
+    "inline-jwks": {
+        "targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "gw"}],
+        "jwtRules": [{"issuer": "testing@secure.istio.io", "jwks": JWKS}],
+    },
 }
 
 

@@ -81,7 +81,8 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "jwt-claim-without-gateways",
-        "{hosts: [a.com], http: [{$R, match: [{withoutHeaders: {'@request.auth.claims[group]': {exact: x}}}]}]}",
+        "{hosts: [a.com], http: [{$R, match: [{withoutHeaders: {'@request.auth.claims[group]': "
+        "{exact: x}}}]}]}",
         {
             "JWT claim based routing (key: @request.auth.claims[group]) is only supported for gateway, "
             "found no gateways: []"
@@ -125,10 +126,14 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "legacy-gateway-warning-kept-in-tls-match",
-        "{hosts: [a.com], gateways: [ns/gw], tls: [{match: [{sniHosts: [a.com], gateways: [gw.example.com]}], "
+        "{hosts: [a.com], gateways: [ns/gw], tls: [{match: [{sniHosts: [a.com], "
+        "gateways: [gw.example.com]}], "
         "route: [{destination: {host: a}}]}]}",
         set(),
-        {'using legacy gatewayName format "gw.example.com"; prefer the <namespace>/<name> format: "example/gw"'},
+        {
+            'using legacy gatewayName format "gw.example.com"; prefer the <namespace>/<name> format: '
+            '"example/gw"'
+        },
     ),
     ("ip-host-is-accepted", "{hosts: [10.0.0.1], http: [{$R}]}", set(), set()),
     ("wildcard-host-on-gateway-only", "{hosts: ['*'], gateways: [ns/gw], http: [{$R}]}", set(), set()),
@@ -146,7 +151,8 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "match-checks",
-        "{hosts: [a.com], http: [{$R, match: [{port: 70000, sourceLabels: {'a b': x}, sourceNamespace: Bad_NS, "
+        "{hosts: [a.com], http: [{$R, match: [{port: 70000, sourceLabels: {'a b': x}, "
+        "sourceNamespace: Bad_NS, "
         "scheme: {regex: ''}, method: {prefix: ''}, authority: {regex: 'a(?=b)'}, "
         "withoutHeaders: {x-a: {regex: '*'}, x-b: {prefix: ''}}, queryParams: {q: {prefix: ''}}}]}]}",
         {
@@ -162,7 +168,12 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
         },
         set(),
     ),
-    ("empty-uri-prefix-is-fine", "{hosts: [a.com], http: [{$R, match: [{uri: {prefix: ''}}]}]}", set(), set()),
+    (
+        "empty-uri-prefix-is-fine",
+        "{hosts: [a.com], http: [{$R, match: [{uri: {prefix: ''}}]}]}",
+        set(),
+        set(),
+    ),
     (
         "redirect-port-out-of-range",
         "{hosts: [a.com], http: [{redirect: {port: 70000}}]}",
@@ -176,10 +187,18 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
         {"redirect must specify URI, authority, scheme, or port"},
         set(),
     ),
-    ("redirect-derive-port", "{hosts: [a.com], http: [{redirect: {derivePort: FROM_REQUEST_PORT}}]}", set(), set()),
+    (
+        "redirect-derive-port",
+        "{hosts: [a.com], http: [{redirect: {derivePort: FROM_REQUEST_PORT}}]}",
+        set(),
+        set(),
+    ),
     (
         "direct-response-too-large",
-        {"hosts": ["a.com"], "http": [{"directResponse": {"status": 200, "body": {"string": "x" * 1048577}}}]},
+        {
+            "hosts": ["a.com"],
+            "http": [{"directResponse": {"status": 200, "body": {"string": "x" * 1048577}}}],
+        },
         {"large direct_responses may impact control plane performance, must be less than 1MB"},
         set(),
     ),
@@ -214,7 +233,10 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
     (
         "rewrite-regex-incomplete",
         "{hosts: [a.com], http: [{$R, rewrite: {uriRegexRewrite: {match: a}}}]}",
-        {"UriRegexRewrite has errors\nUriRegexRewrite requires both Rewrite and Match fields to be specified"},
+        {
+            "UriRegexRewrite has errors\nUriRegexRewrite requires both Rewrite and Match fields to be "
+            "specified"
+        },
         set(),
     ),
     (
@@ -222,7 +244,8 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
         "{hosts: [a.com], http: [{$R, rewrite: {uriRegexRewrite: {match: '(', rewrite: b}}}]}",
         {
             'UriRegexRewrite has errors\n"HTTPRewrite.UriRegexRewrite.Match": error parsing regexp: '
-            "missing closing ): `(`; Istio uses RE2 style regex-based match (https://github.com/google/re2/wiki/Syntax)"
+            "missing closing ): `(`; Istio uses RE2 style regex-based match "
+            "(https://github.com/google/re2/wiki/Syntax)"
         },
         set(),
     ),
@@ -249,7 +272,12 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
         },
         set(),
     ),
-    ("fault-status-600-passes", "{hosts: [a.com], http: [{$R, fault: {abort: {httpStatus: 600}}}]}", set(), set()),
+    (
+        "fault-status-600-passes",
+        "{hosts: [a.com], http: [{$R, fault: {abort: {httpStatus: 600}}}]}",
+        set(),
+        set(),
+    ),
     (
         "cors",
         "{hosts: [a.com], http: [{$R, corsPolicy: {allowOrigins: [{exact: ''}, {}, {regex: '['}], "
@@ -285,7 +313,10 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
         "route-destination-headers",
         "{hosts: [a.com], http: [{route: [{destination: {host: a}, headers: {request: {remove: [':path']}, "
         "response: {set: {host: x}}}}]}]}",
-        {'invalid header ":path": header cannot have ":" prefix', 'invalid header "host": cannot set Host header'},
+        {
+            'invalid header ":path": header cannot have ":" prefix',
+            'invalid header "host": cannot set Host header',
+        },
         set(),
     ),
     (
@@ -296,7 +327,8 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
     ),
     (
         "tls-route-checks",
-        "{hosts: [a.com], gateways: [mesh], tls: [{match: [{sniHosts: ['*.b.com'], destinationSubnets: [1.2.3.4/40], "
+        "{hosts: [a.com], gateways: [mesh], tls: [{match: [{sniHosts: ['*.b.com'], "
+        "destinationSubnets: [1.2.3.4/40], "
         "port: 70000, sourceLabels: {'a b': x}}, {}]}]}",
         {
             'SNI host "*.b.com" is not a compatible subset of any of the virtual service hosts: [a.com]',
@@ -337,7 +369,8 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
     (
         "analysis-duplicate-matches",
         "{hosts: [a.com], http: [{name: first, match: [{name: m, uri: {exact: /a}}], $R}, "
-        "{match: [{name: other, uri: {exact: /a}}], $R}, {match: [{uri: {exact: /b}}, {uri: {exact: /a}}], $R}]}",
+        "{match: [{name: other, uri: {exact: /a}}], $R}, {match: [{uri: {exact: /b}}, {uri: {exact: "
+        "/a}}], $R}]}",
         set(),
         {
             'virtualService rule #1 match "other" is not used (duplicate/overlapping match in rule "first")',
@@ -349,7 +382,7 @@ CASES: list[tuple[str, str, set[str], set[str]]] = [
         "analysis-after-catch-all",
         "{hosts: [a.com], http: [{$R}, {name: late, match: [{uri: {exact: /a}}, {uri: {exact: /b}}], $R}]}",
         set(),
-        {"virtualService rule \"late\" not used (route without matches defined before)"},
+        {'virtualService rule "late" not used (route without matches defined before)'},
     ),
     (
         "analysis-tcp-duplicates",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -25,10 +24,6 @@ class Report:
         """Record the result of a check that returns an error message or None."""
         if message is not None:
             self.errors.append(message)
-
-    def check_all(self, messages: Iterable[str | None]) -> None:
-        """Record every error among the results of several checks."""
-        self.errors.extend(m for m in messages if m is not None)
 
     def extend(self, other: Report) -> None:
         """Take over another report's errors and warnings."""

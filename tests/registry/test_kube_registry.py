@@ -1,0 +1,110 @@
+"""The Kubernetes registry: services and endpoints from core objects, whatever order they arrive in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshpilot.config.decode import decode_object
+from meshpilot.model.kind import Kind
+from meshpilot.model.protocol import Protocol
+from meshpilot.model.proxy import NodeMetadata, parse_proxy
+from meshpilot.model.service import Resolution
+from meshpilot.registry.kube.controller import KubeRegistry
+from support.kube import endpoint_slice, pod, service
+from support.updater import Updater
+
+HOST = "reviews.default.svc.cluster.local"
+
+
+def apply(registry: KubeRegistry, *docs: dict[str, Any]) -> None:
+    for doc in docs:
+        registry.upsert(decode_object(doc).obj)  # type: ignore[arg-type]
+
+
+def node(name: str, region: str, zone: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
+        "topology.kubernetes.io/region": region, "topology.kubernetes.io/zone": zone}}}
+
+
+def test_service_conversion() -> None:
+    updater = Updater()
+    registry = KubeRegistry(updater)
+    apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9080), ("grpc-api", 9090), ("mysql", 3306),
+                                                                ("", 53), ("weird", 8000)], {"app": "reviews"}))
+    svc = registry.get_service(HOST)
+    assert svc is not None
+    assert svc.default_address == "10.0.0.1"
+    assert [p.protocol for p in svc.ports] == [Protocol.HTTP, Protocol.GRPC, Protocol.MYSQL, Protocol.TCP,
+                                                Protocol.UNSUPPORTED]
+    assert svc.resolution is Resolution.CLIENT_SIDE_LB
+    assert updater.services == [(HOST, False)]
+    apply(registry, service("db", "default", "None", [("tcp", 5432)]))
+    headless = registry.get_service("db.default.svc.cluster.local")
+    assert headless is not None and headless.resolution is Resolution.PASSTHROUGH and headless.is_headless
+    apply(registry, service("ext", "default", "", [("http", 80)], type="ExternalName", externalName="example.com"))
+    alias = registry.get_service("ext.default.svc.cluster.local")
+    assert alias is not None and alias.resolution is Resolution.ALIAS and alias.mesh_external
+
+
+def test_endpoints_carry_pod_identity_tls_mode_and_node_locality() -> None:
+    updater = Updater()
+    registry = KubeRegistry(updater)
+    labeled = pod("reviews-1", "default", "10.1.0.1", {"app": "reviews", "security.istio.io/tlsMode": "istio"},
+                  service_account="bookinfo-reviews", node="n1")
+    apply(registry, node("n1", "us-east", "us-east-1a"), service("reviews", "default", "10.0.0.1", [("http", 9080)]),
+          labeled, endpoint_slice("reviews-x", "default", "reviews", [("http", 9080)], [("reviews-1", "10.1.0.1")]))
+    [ep] = updater.endpoints[HOST]
+    assert (ep.address, ep.port, ep.service_port_name) == ("10.1.0.1", 9080, "http")
+    assert ep.service_account == "spiffe://cluster.local/ns/default/sa/bookinfo-reviews"
+    assert ep.tls_mode == "istio"
+    assert ep.locality.label == "us-east/us-east-1a/"
+    assert ep.labels["topology.kubernetes.io/zone"] == "us-east-1a"
+    assert ep.labels["topology.istio.io/cluster"] == "Kubernetes"
+
+
+def test_slice_before_service_and_pod_after_slice() -> None:
+    updater = Updater()
+    registry = KubeRegistry(updater)
+    apply(registry, endpoint_slice("reviews-x", "default", "reviews", [("http", 9080)], [("reviews-1", "10.1.0.1")]))
+    assert updater.endpoints[HOST] == [], "the endpoint waits for its pod"
+    apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9080)]))
+    assert updater.endpoints[HOST] == []
+    apply(registry, pod("reviews-1", "default", "10.1.0.1", {"app": "reviews"}, service_account="r"))
+    [ep] = updater.endpoints[HOST]
+    assert ep.service_account == "spiffe://cluster.local/ns/default/sa/r"
+    registry.remove(Kind.POD, "default", "reviews-1")
+    assert updater.endpoints[HOST] == []
+
+
+def test_several_slices_make_one_endpoint_list_and_readiness_is_kept() -> None:
+    updater = Updater()
+    registry = KubeRegistry(updater)
+    apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9080)]),
+          pod("a", "default", "10.1.0.1", {}), pod("b", "default", "10.1.0.2", {}))
+    apply(registry, endpoint_slice("s1", "default", "reviews", [("http", 9080)], [("a", "10.1.0.1")]))
+    second = endpoint_slice("s2", "default", "reviews", [("http", 9080)], [("b", "10.1.0.2")])
+    second["endpoints"][0]["conditions"] = {"ready": False, "terminating": True}
+    apply(registry, second)
+    addresses = {(e.address, e.health.name) for e in updater.endpoints[HOST]}
+    assert addresses == {("10.1.0.1", "HEALTHY"), ("10.1.0.2", "TERMINATING")}
+    registry.remove(Kind.ENDPOINT_SLICE, "default", "s1")
+    assert [e.address for e in updater.endpoints[HOST]] == ["10.1.0.2"]
+
+
+def test_proxy_lookup_labels_and_service_targets() -> None:
+    updater = Updater()
+    registry = KubeRegistry(updater)
+    apply(registry, node("n1", "eu", "eu-1"),
+          service("reviews", "default", "10.0.0.1", [("http", 9080)], {"app": "reviews"}),
+          pod("reviews-1", "default", "10.1.0.1", {"app": "reviews", "version": "v1"}, node="n1"))
+    by_name = parse_proxy("sidecar~10.9.9.9~reviews-1.default~default.svc.cluster.local",
+                          NodeMetadata.parse({"NAMESPACE": "default"}))
+    assert registry.workload_labels(by_name) == {"app": "reviews", "version": "v1"}
+    by_ip = parse_proxy("sidecar~10.1.0.1~unknown.default~default.svc.cluster.local",
+                        NodeMetadata.parse({"NAMESPACE": "default"}))
+    assert registry.workload_labels(by_ip) == {"app": "reviews", "version": "v1"}
+    assert registry.proxy_locality(by_ip) == "eu/eu-1/"
+    [target] = registry.service_targets(by_ip)
+    assert (target.service.hostname, target.port.port, target.target_port) == (HOST, 9080, 9080)
+    apply(registry, pod("reviews-1", "default", "10.1.0.1", {"app": "reviews", "version": "v2"}, node="n1"))
+    assert updater.proxies == ["10.1.0.1"], "a label change of a proxy's pod is a proxy update"
