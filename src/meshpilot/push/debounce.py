@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,14 +32,20 @@ async def debounce(
     options: DebounceOptions,
     *,
     clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     on_debounced: Callable[[float, int], None] | None = None,
 ) -> None:
-    """Run until cancelled; ``on_debounced(seconds_since_first_event, merged_count)`` observes each push."""
+    """Run until cancelled; ``on_debounced(seconds_since_first_event, merged_count)`` observes each push.
+
+    ``clock`` and ``sleep`` measure and wait in the same time, so a test can
+    pass a fake pair.
+    """
     pending: PushRequest | None = None
     merged = 0
     first_at = last_at = 0.0
     running: asyncio.Task[None] | None = None
     getter: asyncio.Task[PushRequest] | None = None
+    timer: asyncio.Future[None] | None = None
     try:
         while True:
             timeout: float | None = None
@@ -55,10 +61,16 @@ async def debounce(
                 timeout = due - now
             if getter is None:
                 getter = asyncio.create_task(events.get())
-            waiters: set[asyncio.Task[Any]] = {getter}
+            waiters: set[asyncio.Future[Any]] = {getter}
             if running is not None:
                 waiters.add(running)
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if timeout is not None:
+                timer = asyncio.ensure_future(sleep(timeout))
+                waiters.add(timer)
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if timer is not None:
+                timer.cancel()
+                timer = None
             if running is not None and running.done():
                 if not running.cancelled():
                     running.exception()  # retrieved here; push() logs its own failures
@@ -73,6 +85,6 @@ async def debounce(
                     pending = pending.merge(request)
                     merged += 1
     finally:
-        for task in (running, getter):
+        for task in (running, getter, timer):
             if task is not None:
                 task.cancel()

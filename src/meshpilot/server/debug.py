@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from envoy.admin.v3 import config_dump_pb2 as cd
+from envoy.admin.v3 import config_dump_pb2, config_dump_shared_pb2
 from google.protobuf import json_format
 
 from meshpilot.config.schemas import SCHEMAS
@@ -245,7 +245,7 @@ class DebugHandlers:
             server.env.index,
             PushRequest(full=True, forced=True, reasons=Counter(), push=push),
         )
-        dump = cd.ConfigDump()
+        dump = config_dump_pb2.ConfigDump()
 
         def generate(type_url: TypeUrl) -> list[Any]:
             watch = conn.watched.get(type_url)
@@ -255,23 +255,25 @@ class DebugHandlers:
             return [r.message for r in generator.generate(ctx, watch, None) or []]
 
         version = push.version
-        clusters = cd.ClustersConfigDump(version_info=version)
+        clusters = config_dump_shared_pb2.ClustersConfigDump(version_info=version)
         for cluster in generate(TypeUrl.CLUSTER):
             clusters.dynamic_active_clusters.add(version_info=version, cluster=pack(cluster))
         dump.configs.append(pack(clusters))
-        listeners = cd.ListenersConfigDump(version_info=version)
+        listeners = config_dump_shared_pb2.ListenersConfigDump(version_info=version)
         for listener in generate(TypeUrl.LISTENER):
             entry = listeners.dynamic_listeners.add(name=listener.name)
             entry.active_state.version_info = version
             entry.active_state.listener.CopyFrom(pack(listener))
         dump.configs.append(pack(listeners))
-        routes = cd.RoutesConfigDump()
+        routes = config_dump_shared_pb2.RoutesConfigDump()
         for route in generate(TypeUrl.ROUTE):
             routes.dynamic_route_configs.add(version_info=version, route_config=pack(route))
         dump.configs.append(pack(routes))
         if include_eds:
-            endpoints = cd.EndpointsConfigDump()
+            endpoints = config_dump_shared_pb2.EndpointsConfigDump()
             for cla in generate(TypeUrl.ENDPOINT):
                 endpoints.dynamic_endpoint_configs.add(version_info=version, endpoint_config=pack(cla))
             dump.configs.append(pack(endpoints))
-        return web.Response(text=json_format.MessageToJson(dump, indent=2), content_type="application/json")
+        # Field names as Envoy's own /config_dump writes them, so the two can be diffed.
+        text = json_format.MessageToJson(dump, indent=2, preserving_proto_field_name=True)
+        return web.Response(text=text, content_type="application/json")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.listener import build_outbound_listeners
@@ -9,6 +11,8 @@ from meshpilot.networking.listener_inbound import build_inbound_listeners
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
 from meshpilot.xds.types import TypeUrl
+
+log = logging.getLogger(__name__)
 
 _SKIPPED = (Kind.GATEWAY, Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP)
 
@@ -22,6 +26,16 @@ class ListenerGenerator:
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
-        listeners = build_outbound_listeners(ctx.proxy, ctx.push, ctx.index)
-        listeners += build_inbound_listeners(ctx.proxy, ctx.push)
-        return [Resource(listener.name, listener) for listener in listeners]
+        inbound = build_inbound_listeners(ctx.proxy, ctx.push)
+        taken = {listener.name for listener in inbound}
+        outbound = []
+        for listener in build_outbound_listeners(ctx.proxy, ctx.push, ctx.index):
+            # Envoy rejects a whole update with two listeners of one name; an
+            # explicit Sidecar ingress port wins over an outbound service port.
+            if listener.name in taken:
+                log.warning("%s: outbound listener %s conflicts with an inbound listener; skipped",
+                            ctx.proxy.id, listener.name)
+                continue
+            taken.add(listener.name)
+            outbound.append(listener)
+        return [Resource(listener.name, listener) for listener in [*outbound, *inbound]]
