@@ -34,7 +34,7 @@ run: install
 lint: install-test
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	$(BIN)/cython-lint ext
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/cython-lint --max-line-length 110 ext
 
 typecheck: install-test
 	$(BIN)/mypy

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.kube import istio, service, write
 
 from meshpilot.config.decode import Decoded
 from meshpilot.config.file_source import FileSource
 from meshpilot.model.kind import Kind
-from support.kube import istio, service, write
 
 
 class RecordingSink:
@@ -56,7 +56,10 @@ def test_add_change_and_delete_files(source: tuple[FileSource, RecordingSink, Pa
     assert not src.sync(), "nothing changed, nothing is re-read"
 
     sink.events.clear()
-    write(root / "a.yaml", [service("reviews", "default", "10.0.0.1", [("http", 9080)]), vs("r", "reviews.other")])
+    write(
+        root / "a.yaml",
+        [service("reviews", "default", "10.0.0.1", [("http", 9080)]), vs("r", "reviews.other")],
+    )
     assert src.sync()
     assert sink.events == [("upsert", Kind.VIRTUAL_SERVICE, "default", "r")], "only the changed object"
 
@@ -71,18 +74,22 @@ def test_a_bad_document_is_logged_with_file_index_and_reason_and_others_apply(
     source: tuple[FileSource, RecordingSink, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     src, sink, root = source
-    path = write(root / "mixed.yaml", [
-        vs("good", "reviews"),
-        istio("VirtualService", "bad", "default", {"hosts": ["x"], "http": [{"timeout": "soon"}]}),
-        {"apiVersion": "v1", "kind": "Gizmo", "metadata": {"name": "g"}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {}},
-    ])
+    path = write(
+        root / "mixed.yaml",
+        [
+            vs("good", "reviews"),
+            istio("VirtualService", "bad", "default", {"hosts": ["x"], "http": [{"timeout": "soon"}]}),
+            {"apiVersion": "v1", "kind": "Gizmo", "metadata": {"name": "g"}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {}},
+        ],
+    )
     with caplog.at_level(logging.ERROR):
         src.sync()
     assert set(sink.objects) == {(Kind.VIRTUAL_SERVICE, "default", "good")}
     messages = "\n".join(r.getMessage() for r in caplog.records)
-    assert f"{path}[doc 1]: VirtualService default/bad rejected: spec.http[0].timeout: invalid duration 'soon'" in (
-        messages
+    assert (
+        f"{path}[doc 1]: VirtualService default/bad rejected: spec.http[0].timeout: invalid duration 'soon'"
+        in (messages)
     )
     assert f"{path}[doc 2]: Gizmo g rejected: kind: unknown kind Gizmo" in messages
     assert f"{path}[doc 3]: Service rejected: metadata.name: name is required" in messages
@@ -93,8 +100,10 @@ def test_an_object_that_turns_invalid_keeps_its_last_valid_version(
     source: tuple[FileSource, RecordingSink, Path],
 ) -> None:
     src, sink, root = source
-    write(root / "a.yaml", [vs("r", "reviews", http=[{"timeout": "1s", "route": [
-        {"destination": {"host": "reviews"}}]}])])
+    write(
+        root / "a.yaml",
+        [vs("r", "reviews", http=[{"timeout": "1s", "route": [{"destination": {"host": "reviews"}}]}])],
+    )
     src.sync()
     before = sink.objects[(Kind.VIRTUAL_SERVICE, "default", "r")]
     write(root / "a.yaml", [vs("r", "reviews", http=[{"timeout": "never"}])])
@@ -102,8 +111,10 @@ def test_an_object_that_turns_invalid_keeps_its_last_valid_version(
     assert sink.objects[(Kind.VIRTUAL_SERVICE, "default", "r")] is before
     assert len(src.rejections) == 1
 
-    write(root / "a.yaml", [vs("r", "reviews", http=[{"timeout": "2s", "route": [
-        {"destination": {"host": "reviews"}}]}])])
+    write(
+        root / "a.yaml",
+        [vs("r", "reviews", http=[{"timeout": "2s", "route": [{"destination": {"host": "reviews"}}]}])],
+    )
     src.sync()
     fixed = sink.objects[(Kind.VIRTUAL_SERVICE, "default", "r")]
     assert fixed.spec.http[0].timeout.seconds == 2  # type: ignore[union-attr]
@@ -141,11 +152,18 @@ def test_objects_without_namespace_land_in_default_and_cluster_scoped_have_none(
     source: tuple[FileSource, RecordingSink, Path],
 ) -> None:
     src, sink, root = source
-    write(root / "a.yaml", [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "prod", "namespace": "ignored"}},
-        {"apiVersion": "networking.istio.io/v1alpha3", "kind": "VirtualService", "metadata": {"name": "r"},
-         "spec": {"hosts": ["a"], "tcp": [{"route": [{"destination": {"host": "a"}}]}]}},
-    ])
+    write(
+        root / "a.yaml",
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "prod", "namespace": "ignored"}},
+            {
+                "apiVersion": "networking.istio.io/v1alpha3",
+                "kind": "VirtualService",
+                "metadata": {"name": "r"},
+                "spec": {"hosts": ["a"], "tcp": [{"route": [{"destination": {"host": "a"}}]}]},
+            },
+        ],
+    )
     src.sync()
     assert set(sink.objects) == {(Kind.NAMESPACE, "", "prod"), (Kind.VIRTUAL_SERVICE, "default", "r")}
 

@@ -44,8 +44,12 @@ def test_fields_override_proxy_config_merges_providers_merge_by_name() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("notAField: 1", "unknown field 'notAField'"), ("connectTimeout: forever", "invalid duration"),
-     ("- a list", "must be a YAML object"), ("a: [", "invalid YAML")],
+    [
+        ("notAField: 1", "unknown field 'notAField'"),
+        ("connectTimeout: forever", "invalid duration"),
+        ("- a list", "must be a YAML object"),
+        ("a: [", "invalid YAML"),
+    ],
 )
 def test_bad_mesh_config(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

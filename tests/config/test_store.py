@@ -12,8 +12,14 @@ def vs(name: str, host: str, labels: dict[str, str] | None = None, created: str 
     meta = {"name": name, "namespace": "default", "labels": labels or {}}
     if created:
         meta["creationTimestamp"] = created
-    obj = decode_object({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": meta,
-                         "spec": {"hosts": [host], "http": [{"route": [{"destination": {"host": host}}]}]}}).obj
+    obj = decode_object(
+        {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "VirtualService",
+            "metadata": meta,
+            "spec": {"hosts": [host], "http": [{"route": [{"destination": {"host": host}}]}]},
+        }
+    ).obj
     assert isinstance(obj, Config)
     return obj
 
@@ -42,4 +48,6 @@ def test_snapshots_are_immutable_and_lists_are_ordered_oldest_first() -> None:
     assert set(snapshot[Kind.VIRTUAL_SERVICE]) == {("default", "a"), ("default", "b"), ("default", "c")}
     assert [c.name for c in store.configs(Kind.VIRTUAL_SERVICE)] == ["b", "a", "c", "d"]
     again = store.snapshot()
-    assert again[Kind.VIRTUAL_SERVICE] is store.snapshot()[Kind.VIRTUAL_SERVICE], "unchanged kinds are not copied"
+    assert again[Kind.VIRTUAL_SERVICE] is store.snapshot()[Kind.VIRTUAL_SERVICE], (
+        "unchanged kinds are not copied"
+    )

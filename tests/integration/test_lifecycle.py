@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support.processes import Envoy, Meshpilot, free_port, http_get
 from support.wait import eventually
 
@@ -52,7 +51,6 @@ def test_bad_flags_and_mesh_config_fail_with_a_clear_message(tmp_path):
 def test_the_shipped_example_routes_traffic(tmp_path):
     """What `make run` serves, with the example Envoy bootstrap, on its documented addresses."""
     import yaml
-
     from support.backends import Backend
 
     config = tmp_path / "config"
@@ -64,7 +62,10 @@ def test_the_shipped_example_routes_traffic(tmp_path):
     xds = bootstrap["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
     xds["endpoint"]["address"]["socket_address"]["port_value"] = mp.grpc_port
     envoy = Envoy(tmp_path, "productpage", bootstrap, admin)
-    backends = [Backend("reviews-v1", "127.0.0.21", 9080).start(), Backend("reviews-v2", "127.0.0.22", 9080).start()]
+    backends = [
+        Backend("reviews-v1", "127.0.0.21", 9080).start(),
+        Backend("reviews-v2", "127.0.0.22", 9080).start(),
+    ]
     try:
         mp.start()
         mp.wait_ready()
@@ -72,12 +73,12 @@ def test_the_shipped_example_routes_traffic(tmp_path):
         envoy.wait_live()
         assert envoy.rejected_updates() == {}
 
-        def reviews() -> int:
+        def reviews() -> bool:
             status, _, _ = http_get("127.0.0.11", 9080, "/", {"Host": "reviews"})
             return status == 200
 
         eventually(reviews, what="the example routes reviews")
-        status, body, _ = http_get("127.0.0.11", 9080, "/", {"Host": "reviews", "end-user": "jason"})
+        _status, body, _ = http_get("127.0.0.11", 9080, "/", {"Host": "reviews", "end-user": "jason"})
         assert b"reviews-v2" in body
     finally:
         envoy.stop()

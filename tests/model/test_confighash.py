@@ -74,10 +74,12 @@ _scalars = (
 )
 _values = st.recursive(
     _scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    | st.frozensets(st.integers() | st.text(max_size=5), max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        | st.frozensets(st.integers() | st.text(max_size=5), max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -100,8 +102,28 @@ def test_dicts_and_sets_hash_the_same_in_any_order(impl: ModuleType) -> None:
 
 
 def test_different_values_hash_differently(impl: ModuleType) -> None:
-    values = [None, True, False, 0, 1, -1, 1.0, "", "1", b"1", [], [1], (1,), {}, {"a": 1}, {"a": 2}, [1, 2], [2, 1],
-              2**70, frozenset()]
+    values = [
+        None,
+        True,
+        False,
+        0,
+        1,
+        -1,
+        1.0,
+        "",
+        "1",
+        b"1",
+        [],
+        [1],
+        (1,),
+        {},
+        {"a": 1},
+        {"a": 2},
+        [1, 2],
+        [2, 1],
+        2**70,
+        frozenset(),
+    ]
     hashes = [impl.hash_value(v) for v in values]
     # Lists and tuples share an encoding on purpose; nothing else collides.
     assert len(set(hashes)) == len(values) - 1

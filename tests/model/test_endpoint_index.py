@@ -26,7 +26,9 @@ def test_new_service_needs_a_full_push_then_changes_are_incremental() -> None:
 def test_a_changed_set_of_service_accounts_needs_a_full_push() -> None:
     index = EndpointIndex()
     index.update_service_endpoints(KUBE, HOST, "default", [ep("10.0.0.1")])
-    result = index.update_service_endpoints(KUBE, HOST, "default", [ep("10.0.0.1"), ep("10.0.0.2", sa="spiffe://x")])
+    result = index.update_service_endpoints(
+        KUBE, HOST, "default", [ep("10.0.0.1"), ep("10.0.0.2", sa="spiffe://x")]
+    )
     assert result is PushType.FULL
     shards = index.shards(HOST, "default")
     assert shards is not None
@@ -51,7 +53,8 @@ def test_endpoints_iterate_in_sorted_shard_order() -> None:
     shards = index.shards(HOST, "default")
     assert shards is not None
     assert [(str(k), e.address) for k, e in shards.endpoints()] == [
-        ("Kubernetes/Kubernetes", "10.0.0.1"), ("Kubernetes/west", "10.1.0.1"),
+        ("Kubernetes/Kubernetes", "10.0.0.1"),
+        ("Kubernetes/west", "10.1.0.1"),
     ]
 
 

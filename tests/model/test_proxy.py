@@ -8,12 +8,21 @@ from meshpilot.model.proxy import InterceptionMode, InvalidNode, NodeMetadata, N
 
 
 def test_sidecar_node_id_and_metadata() -> None:
-    meta = NodeMetadata.parse({
-        "NAMESPACE": "bookinfo", "CLUSTER_ID": "east", "ISTIO_VERSION": "1.28.0",
-        "LABELS": {"app": "reviews"}, "INTERCEPTION_MODE": "NONE", "INSTANCE_IPS": "10.1.1.1,fd00::1",
-    })
-    proxy = parse_proxy("sidecar~10.1.1.9~reviews-v1-abc.bookinfo~bookinfo.svc.cluster.local", meta,
-                        extensions=frozenset({"istio.stats"}))
+    meta = NodeMetadata.parse(
+        {
+            "NAMESPACE": "bookinfo",
+            "CLUSTER_ID": "east",
+            "ISTIO_VERSION": "1.28.0",
+            "LABELS": {"app": "reviews"},
+            "INTERCEPTION_MODE": "NONE",
+            "INSTANCE_IPS": "10.1.1.1,fd00::1",
+        }
+    )
+    proxy = parse_proxy(
+        "sidecar~10.1.1.9~reviews-v1-abc.bookinfo~bookinfo.svc.cluster.local",
+        meta,
+        extensions=frozenset({"istio.stats"}),
+    )
     assert proxy.type is NodeType.SIDECAR
     assert proxy.ip_addresses == ("10.1.1.1", "fd00::1"), "INSTANCE_IPS wins over the node ID's IP"
     assert proxy.id == "reviews-v1-abc.bookinfo"
@@ -26,8 +35,11 @@ def test_sidecar_node_id_and_metadata() -> None:
 
 
 def test_namespace_falls_back_to_the_dns_domain_and_cluster_to_the_default() -> None:
-    proxy = parse_proxy("router~10.0.0.1~gw.istio-system~istio-system.svc.cluster.local", NodeMetadata.parse({}),
-                        default_cluster_id="Kubernetes")
+    proxy = parse_proxy(
+        "router~10.0.0.1~gw.istio-system~istio-system.svc.cluster.local",
+        NodeMetadata.parse({}),
+        default_cluster_id="Kubernetes",
+    )
     assert proxy.type is NodeType.ROUTER
     assert proxy.config_namespace == "istio-system"
     assert proxy.cluster_id == "Kubernetes"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from support.mesh_objects import mesh_objects
 from support.model import Model, build
 

@@ -8,11 +8,11 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as hpo
 from google.protobuf import json_format
+from support.kube import istio, workload
+from support.mesh_objects import CLIENT, mesh_objects
+from support.model import Model, build
 
 from meshpilot.networking.cluster import ClusterInputs, build_clusters
-from support.kube import istio, workload
-from support.model import Model, build
-from support.mesh_objects import CLIENT, mesh_objects
 
 
 def clusters(model: Model, extensions: tuple[str, ...] = (), **meta: Any) -> dict[str, Any]:
@@ -22,14 +22,27 @@ def clusters(model: Model, extensions: tuple[str, ...] = (), **meta: Any) -> dic
 
 def test_cluster_names_and_order(model: Model) -> None:
     names = list(clusters(model))
-    assert names[-4:] == ["BlackHoleCluster", "PassthroughCluster", "inbound|9080||", "InboundPassthroughCluster"]
-    for required in ("BlackHoleCluster", "PassthroughCluster", "outbound|9080|v2|reviews.default.svc.cluster.local",
-                     "outbound|9080||ratings.other.svc.cluster.local", "outbound|3306||db.default.svc.cluster.local",
-                     "outbound|5000||headless.default.svc.cluster.local", "outbound|443||api.example.com"):
+    assert names[-4:] == [
+        "BlackHoleCluster",
+        "PassthroughCluster",
+        "inbound|9080||",
+        "InboundPassthroughCluster",
+    ]
+    for required in (
+        "BlackHoleCluster",
+        "PassthroughCluster",
+        "outbound|9080|v2|reviews.default.svc.cluster.local",
+        "outbound|9080||ratings.other.svc.cluster.local",
+        "outbound|3306||db.default.svc.cluster.local",
+        "outbound|5000||headless.default.svc.cluster.local",
+        "outbound|443||api.example.com",
+    ):
         assert required in names
     index = names.index("outbound|9080||reviews.default.svc.cluster.local")
-    assert names[index + 1 : index + 3] == ["outbound|9080|v1|reviews.default.svc.cluster.local",
-                                            "outbound|9080|v2|reviews.default.svc.cluster.local"]
+    assert names[index + 1 : index + 3] == [
+        "outbound|9080|v1|reviews.default.svc.cluster.local",
+        "outbound|9080|v2|reviews.default.svc.cluster.local",
+    ]
 
 
 def test_eds_cluster_shape(model: Model) -> None:
@@ -45,7 +58,8 @@ def test_eds_cluster_shape(model: Model) -> None:
     assert c.HasField("common_lb_config")
     meta = json_format.MessageToDict(c.metadata)
     assert meta["filterMetadata"]["istio"]["services"] == [
-        {"host": "ratings.other.svc.cluster.local", "name": "ratings", "namespace": "other"}]
+        {"host": "ratings.other.svc.cluster.local", "name": "ratings", "namespace": "other"}
+    ]
     assert not c.typed_extension_protocol_options, "plain HTTP ports get Envoy's defaults"
 
 
@@ -58,7 +72,8 @@ def test_auto_mtls_matches(model: Model) -> None:
     assert list(tls.common_tls_context.alpn_protocols) == ["istio"], "no peer exchange without Istio's filter"
     sans = tls.common_tls_context.combined_validation_context.default_validation_context
     assert [m.matcher.exact for m in sans.match_typed_subject_alt_names] == [
-        "spiffe://cluster.local/ns/default/sa/reviews"]
+        "spiffe://cluster.local/ns/default/sa/reviews"
+    ]
     assert [s.name for s in tls.common_tls_context.tls_certificate_sds_secret_configs] == ["default"]
     external = clusters(model)["outbound|443||api.example.com"]
     assert not external.transport_socket_matches, "MESH_EXTERNAL gets no auto mTLS"
@@ -77,15 +92,21 @@ def test_destination_rule_policy_and_subsets(model: Model) -> None:
 
 
 def test_protocols_choose_upstream_options() -> None:
-    docs = [*mesh_objects(), *workload("grpc", "default", "10.96.0.60", 7070, {"grpc-0": "10.1.0.61"},
-                                        port_name="grpc")]
+    docs = [
+        *mesh_objects(),
+        *workload("grpc", "default", "10.96.0.60", 7070, {"grpc-0": "10.1.0.61"}, port_name="grpc"),
+    ]
     all_clusters = clusters(build(docs))
     options = hpo.HttpProtocolOptions()
     grpc = all_clusters["outbound|7070||grpc.default.svc.cluster.local"]
-    grpc.typed_extension_protocol_options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(options)
+    grpc.typed_extension_protocol_options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(
+        options
+    )
     assert options.explicit_http_config.HasField("http2_protocol_options")
     sniffed = all_clusters["outbound|6000||cache.default.svc.cluster.local"]
-    sniffed.typed_extension_protocol_options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(options)
+    sniffed.typed_extension_protocol_options["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(
+        options
+    )
     assert options.HasField("use_downstream_protocol_config")
 
 
@@ -118,10 +139,23 @@ def test_inbound_clusters_follow_service_targets_in_redirect_mode(model: Model) 
 
 
 def test_sidecar_ingress_makes_a_static_inbound_cluster() -> None:
-    docs = [*mesh_objects(), istio("Sidecar", "pp", "default", {
-        "workloadSelector": {"labels": {"app": "productpage"}},
-        "ingress": [{"port": {"number": 9080, "protocol": "HTTP", "name": "http"}, "defaultEndpoint": "127.0.0.1:8080"}],
-    })]
+    docs = [
+        *mesh_objects(),
+        istio(
+            "Sidecar",
+            "pp",
+            "default",
+            {
+                "workloadSelector": {"labels": {"app": "productpage"}},
+                "ingress": [
+                    {
+                        "port": {"number": 9080, "protocol": "HTTP", "name": "http"},
+                        "defaultEndpoint": "127.0.0.1:8080",
+                    }
+                ],
+            },
+        ),
+    ]
     inbound = clusters(build(docs), INTERCEPTION_MODE="NONE")["inbound|9080||"]
     assert inbound.type == cluster_pb2.Cluster.STATIC
     address = inbound.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address
@@ -132,7 +166,9 @@ def test_sidecar_ingress_makes_a_static_inbound_cluster() -> None:
 def test_istio_only_filters_only_for_proxies_that_report_them(model: Model) -> None:
     plain = clusters(model)["outbound|9080||reviews.default.svc.cluster.local"]
     assert not plain.filters
-    istio_proxy = clusters(model, ("istio.metadata_exchange",))["outbound|9080||reviews.default.svc.cluster.local"]
+    istio_proxy = clusters(model, ("istio.metadata_exchange",))[
+        "outbound|9080||reviews.default.svc.cluster.local"
+    ]
     assert [f.name for f in istio_proxy.filters] == ["istio.metadata_exchange"]
     tls = tls_pb2.UpstreamTlsContext()
     istio_proxy.transport_socket_matches[0].transport_socket.typed_config.Unpack(tls)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshpilot.networking.route import alt_hosts, build_route_configuration
 from support.kube import istio
 from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
+
+from meshpilot.networking.route import alt_hosts, build_route_configuration
 
 
 def routes(model: Model, name: str, node: str = CLIENT) -> Any:
@@ -22,25 +23,43 @@ def test_route_configuration_for_a_port(model: Model) -> None:
     config = routes(model, "9080")
     assert config.name == "9080"
     assert [v.name for v in config.virtual_hosts] == [
-        "productpage.default.svc.cluster.local:9080", "ratings.other.svc.cluster.local:9080",
-        "reviews.default.svc.cluster.local:9080", "allow_any"]
+        "productpage.default.svc.cluster.local:9080",
+        "ratings.other.svc.cluster.local:9080",
+        "reviews.default.svc.cluster.local:9080",
+        "allow_any",
+    ]
     assert config.validate_clusters.value is False
     assert config.ignore_port_in_host_matching is True
     assert config.max_direct_response_body_size_bytes.value == 1048576
     reviews = vhosts(config)["reviews.default.svc.cluster.local:9080"]
-    assert list(reviews.domains) == ["reviews.default.svc.cluster.local", "reviews.default.svc.cluster.local.",
-                                     "reviews", "reviews.default.svc", "reviews.default", "10.96.0.20"]
+    assert list(reviews.domains) == [
+        "reviews.default.svc.cluster.local",
+        "reviews.default.svc.cluster.local.",
+        "reviews",
+        "reviews.default.svc",
+        "reviews.default",
+        "10.96.0.20",
+    ]
     ratings = vhosts(config)["ratings.other.svc.cluster.local:9080"]
-    assert list(ratings.domains) == ["ratings.other.svc.cluster.local", "ratings.other.svc.cluster.local.",
-                                     "ratings.other", "ratings.other.svc", "10.96.0.30"]
+    assert list(ratings.domains) == [
+        "ratings.other.svc.cluster.local",
+        "ratings.other.svc.cluster.local.",
+        "ratings.other",
+        "ratings.other.svc",
+        "10.96.0.30",
+    ]
     [route] = reviews.routes
     assert route.name == "default"
     assert route.route.cluster == "outbound|9080||reviews.default.svc.cluster.local"
     assert route.route.timeout.ToSeconds() == 0
     assert route.route.retry_policy.num_retries.value == 2
-    assert route.route.retry_policy.retry_on == "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+    assert (
+        route.route.retry_policy.retry_on
+        == "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+    )
     assert [p.name for p in route.route.retry_policy.retry_host_predicate] == [
-        "envoy.retry_host_predicates.previous_hosts"]
+        "envoy.retry_host_predicates.previous_hosts"
+    ]
     assert route.decorator.operation == "reviews.default.svc.cluster.local:9080/*"
     catch_all = config.virtual_hosts[-1]
     assert list(catch_all.domains) == ["*"] and catch_all.routes[0].route.cluster == "PassthroughCluster"
@@ -65,17 +84,30 @@ def test_unknown_route_names_get_an_empty_configuration(model: Model) -> None:
 
 
 def test_virtual_service_routes() -> None:
-    vs = istio("VirtualService", "reviews", "default", {
-        "hosts": ["reviews"],
-        "http": [
-            {"name": "jason", "match": [{"headers": {"end-user": {"exact": "jason"}}, "uri": {"prefix": "/api"}}],
-             "route": [{"destination": {"host": "reviews", "subset": "v2"}}], "timeout": "3s",
-             "retries": {"attempts": 4, "perTryTimeout": "1s", "retryOn": "5xx,503"}},
-            {"route": [{"destination": {"host": "reviews", "subset": "v1"}, "weight": 80},
-                       {"destination": {"host": "ratings.other.svc.cluster.local"}, "weight": 20}]},
-            {"route": [{"destination": {"host": "never"}}]},
-        ],
-    })
+    vs = istio(
+        "VirtualService",
+        "reviews",
+        "default",
+        {
+            "hosts": ["reviews"],
+            "http": [
+                {
+                    "name": "jason",
+                    "match": [{"headers": {"end-user": {"exact": "jason"}}, "uri": {"prefix": "/api"}}],
+                    "route": [{"destination": {"host": "reviews", "subset": "v2"}}],
+                    "timeout": "3s",
+                    "retries": {"attempts": 4, "perTryTimeout": "1s", "retryOn": "5xx,503"},
+                },
+                {
+                    "route": [
+                        {"destination": {"host": "reviews", "subset": "v1"}, "weight": 80},
+                        {"destination": {"host": "ratings.other.svc.cluster.local"}, "weight": 20},
+                    ]
+                },
+                {"route": [{"destination": {"host": "never"}}]},
+            ],
+        },
+    )
     config = routes(build([*mesh_objects(), vs]), "9080")
     reviews = vhosts(config)["reviews.default.svc.cluster.local:9080"]
     assert [r.name for r in reviews.routes] == ["jason", ""], "routes after the catch-all are dropped"
@@ -91,8 +123,10 @@ def test_virtual_service_routes() -> None:
     assert first.route.retry_policy.per_try_timeout.seconds == 1
     assert first.decorator.operation == "reviews.default.svc.cluster.local:9080/api*"
     weights = [(c.name, c.weight.value) for c in second.route.weighted_clusters.clusters]
-    assert weights == [("outbound|9080|v1|reviews.default.svc.cluster.local", 80),
-                       ("outbound|9080||ratings.other.svc.cluster.local", 20)]
+    assert weights == [
+        ("outbound|9080|v1|reviews.default.svc.cluster.local", 80),
+        ("outbound|9080||ratings.other.svc.cluster.local", 20),
+    ]
     assert second.decorator.operation == "reviews:9080/*"
     metadata = first.metadata.filter_metadata["istio"]["config"]
     assert metadata == "/apis/networking.istio.io/v1/namespaces/default/virtual-service/reviews"
@@ -100,9 +134,16 @@ def test_virtual_service_routes() -> None:
 
 def test_alt_hosts() -> None:
     assert alt_hosts("a.ns.svc.cluster.local", "ns.svc.cluster.local") == [
-        "a.ns.svc.cluster.local.", "a", "a.ns.svc", "a.ns"]
+        "a.ns.svc.cluster.local.",
+        "a",
+        "a.ns.svc",
+        "a.ns",
+    ]
     assert alt_hosts("a.other.svc.cluster.local", "ns.svc.cluster.local") == [
-        "a.other.svc.cluster.local.", "a.other", "a.other.svc"]
+        "a.other.svc.cluster.local.",
+        "a.other",
+        "a.other.svc",
+    ]
     assert alt_hosts("api.example.com", "ns.svc.cluster.local") == ["api.example.com."]
     assert alt_hosts("10.0.0.1", "ns.svc.cluster.local") == []
     assert alt_hosts("foo.local.campus.net", "local.campus.net") == ["foo.local.campus.net.", "foo"]

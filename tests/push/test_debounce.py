@@ -54,7 +54,9 @@ async def test_a_burst_becomes_one_push_after_the_quiet_period() -> None:
     async def push(request: PushRequest) -> None:
         pushed.append(request)
 
-    task = asyncio.create_task(debounce(events, push, DebounceOptions(quiet=1.0, max_delay=10.0), clock=clock, sleep=clock.sleep))
+    task = asyncio.create_task(
+        debounce(events, push, DebounceOptions(quiet=1.0, max_delay=10.0), clock=clock, sleep=clock.sleep)
+    )
     for name in ("a", "b", "c"):
         events.put_nowait(req(name))
         await settle()
@@ -76,7 +78,9 @@ async def test_continuous_changes_push_at_the_maximum_delay() -> None:
     async def push(request: PushRequest) -> None:
         pushed.append(request)
 
-    task = asyncio.create_task(debounce(events, push, DebounceOptions(quiet=1.0, max_delay=3.0), clock=clock, sleep=clock.sleep))
+    task = asyncio.create_task(
+        debounce(events, push, DebounceOptions(quiet=1.0, max_delay=3.0), clock=clock, sleep=clock.sleep)
+    )
     for i in range(8):
         events.put_nowait(req(f"v{i}"))
         await settle()
@@ -97,7 +101,9 @@ async def test_only_one_push_runs_at_a_time() -> None:
         started.append(request)
         await release.wait()
 
-    task = asyncio.create_task(debounce(events, push, DebounceOptions(quiet=0.1, max_delay=1.0), clock=clock, sleep=clock.sleep))
+    task = asyncio.create_task(
+        debounce(events, push, DebounceOptions(quiet=0.1, max_delay=1.0), clock=clock, sleep=clock.sleep)
+    )
     events.put_nowait(req("a"))
     await settle()
     clock.now += 0.2

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.kube import endpoint_slice, pod, service
+from support.updater import Updater
+
 from meshpilot.config.decode import decode_object
 from meshpilot.model.kind import Kind
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import NodeMetadata, parse_proxy
 from meshpilot.model.service import Resolution
 from meshpilot.registry.kube.controller import KubeRegistry
-from support.kube import endpoint_slice, pod, service
-from support.updater import Updater
 
 HOST = "reviews.default.svc.cluster.local"
 
@@ -22,26 +23,48 @@ def apply(registry: KubeRegistry, *docs: dict[str, Any]) -> None:
 
 
 def node(name: str, region: str, zone: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
-        "topology.kubernetes.io/region": region, "topology.kubernetes.io/zone": zone}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"topology.kubernetes.io/region": region, "topology.kubernetes.io/zone": zone},
+        },
+    }
 
 
 def test_service_conversion() -> None:
     updater = Updater()
     registry = KubeRegistry(updater)
-    apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9080), ("grpc-api", 9090), ("mysql", 3306),
-                                                                ("", 53), ("weird", 8000)], {"app": "reviews"}))
+    apply(
+        registry,
+        service(
+            "reviews",
+            "default",
+            "10.0.0.1",
+            [("http", 9080), ("grpc-api", 9090), ("mysql", 3306), ("", 53), ("weird", 8000)],
+            {"app": "reviews"},
+        ),
+    )
     svc = registry.get_service(HOST)
     assert svc is not None
     assert svc.default_address == "10.0.0.1"
-    assert [p.protocol for p in svc.ports] == [Protocol.HTTP, Protocol.GRPC, Protocol.MYSQL, Protocol.TCP,
-                                                Protocol.UNSUPPORTED]
+    assert [p.protocol for p in svc.ports] == [
+        Protocol.HTTP,
+        Protocol.GRPC,
+        Protocol.MYSQL,
+        Protocol.TCP,
+        Protocol.UNSUPPORTED,
+    ]
     assert svc.resolution is Resolution.CLIENT_SIDE_LB
     assert updater.services == [(HOST, False)]
     apply(registry, service("db", "default", "None", [("tcp", 5432)]))
     headless = registry.get_service("db.default.svc.cluster.local")
     assert headless is not None and headless.resolution is Resolution.PASSTHROUGH and headless.is_headless
-    apply(registry, service("ext", "default", "", [("http", 80)], type="ExternalName", externalName="example.com"))
+    apply(
+        registry,
+        service("ext", "default", "", [("http", 80)], type="ExternalName", externalName="example.com"),
+    )
     alias = registry.get_service("ext.default.svc.cluster.local")
     assert alias is not None and alias.resolution is Resolution.ALIAS and alias.mesh_external
 
@@ -49,10 +72,21 @@ def test_service_conversion() -> None:
 def test_endpoints_carry_pod_identity_tls_mode_and_node_locality() -> None:
     updater = Updater()
     registry = KubeRegistry(updater)
-    labeled = pod("reviews-1", "default", "10.1.0.1", {"app": "reviews", "security.istio.io/tlsMode": "istio"},
-                  service_account="bookinfo-reviews", node="n1")
-    apply(registry, node("n1", "us-east", "us-east-1a"), service("reviews", "default", "10.0.0.1", [("http", 9080)]),
-          labeled, endpoint_slice("reviews-x", "default", "reviews", [("http", 9080)], [("reviews-1", "10.1.0.1")]))
+    labeled = pod(
+        "reviews-1",
+        "default",
+        "10.1.0.1",
+        {"app": "reviews", "security.istio.io/tlsMode": "istio"},
+        service_account="bookinfo-reviews",
+        node="n1",
+    )
+    apply(
+        registry,
+        node("n1", "us-east", "us-east-1a"),
+        service("reviews", "default", "10.0.0.1", [("http", 9080)]),
+        labeled,
+        endpoint_slice("reviews-x", "default", "reviews", [("http", 9080)], [("reviews-1", "10.1.0.1")]),
+    )
     [ep] = updater.endpoints[HOST]
     assert (ep.address, ep.port, ep.service_port_name) == ("10.1.0.1", 9080, "http")
     assert ep.service_account == "spiffe://cluster.local/ns/default/sa/bookinfo-reviews"
@@ -65,7 +99,10 @@ def test_endpoints_carry_pod_identity_tls_mode_and_node_locality() -> None:
 def test_slice_before_service_and_pod_after_slice() -> None:
     updater = Updater()
     registry = KubeRegistry(updater)
-    apply(registry, endpoint_slice("reviews-x", "default", "reviews", [("http", 9080)], [("reviews-1", "10.1.0.1")]))
+    apply(
+        registry,
+        endpoint_slice("reviews-x", "default", "reviews", [("http", 9080)], [("reviews-1", "10.1.0.1")]),
+    )
     assert updater.endpoints[HOST] == [], "the endpoint waits for its pod"
     apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9080)]))
     assert updater.endpoints[HOST] == []
@@ -79,8 +116,12 @@ def test_slice_before_service_and_pod_after_slice() -> None:
 def test_several_slices_make_one_endpoint_list_and_readiness_is_kept() -> None:
     updater = Updater()
     registry = KubeRegistry(updater)
-    apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9080)]),
-          pod("a", "default", "10.1.0.1", {}), pod("b", "default", "10.1.0.2", {}))
+    apply(
+        registry,
+        service("reviews", "default", "10.0.0.1", [("http", 9080)]),
+        pod("a", "default", "10.1.0.1", {}),
+        pod("b", "default", "10.1.0.2", {}),
+    )
     apply(registry, endpoint_slice("s1", "default", "reviews", [("http", 9080)], [("a", "10.1.0.1")]))
     second = endpoint_slice("s2", "default", "reviews", [("http", 9080)], [("b", "10.1.0.2")])
     second["endpoints"][0]["conditions"] = {"ready": False, "terminating": True}
@@ -94,14 +135,21 @@ def test_several_slices_make_one_endpoint_list_and_readiness_is_kept() -> None:
 def test_proxy_lookup_labels_and_service_targets() -> None:
     updater = Updater()
     registry = KubeRegistry(updater)
-    apply(registry, node("n1", "eu", "eu-1"),
-          service("reviews", "default", "10.0.0.1", [("http", 9080)], {"app": "reviews"}),
-          pod("reviews-1", "default", "10.1.0.1", {"app": "reviews", "version": "v1"}, node="n1"))
-    by_name = parse_proxy("sidecar~10.9.9.9~reviews-1.default~default.svc.cluster.local",
-                          NodeMetadata.parse({"NAMESPACE": "default"}))
+    apply(
+        registry,
+        node("n1", "eu", "eu-1"),
+        service("reviews", "default", "10.0.0.1", [("http", 9080)], {"app": "reviews"}),
+        pod("reviews-1", "default", "10.1.0.1", {"app": "reviews", "version": "v1"}, node="n1"),
+    )
+    by_name = parse_proxy(
+        "sidecar~10.9.9.9~reviews-1.default~default.svc.cluster.local",
+        NodeMetadata.parse({"NAMESPACE": "default"}),
+    )
     assert registry.workload_labels(by_name) == {"app": "reviews", "version": "v1"}
-    by_ip = parse_proxy("sidecar~10.1.0.1~unknown.default~default.svc.cluster.local",
-                        NodeMetadata.parse({"NAMESPACE": "default"}))
+    by_ip = parse_proxy(
+        "sidecar~10.1.0.1~unknown.default~default.svc.cluster.local",
+        NodeMetadata.parse({"NAMESPACE": "default"}),
+    )
     assert registry.workload_labels(by_ip) == {"app": "reviews", "version": "v1"}
     assert registry.proxy_locality(by_ip) == "eu/eu-1/"
     [target] = registry.service_targets(by_ip)

@@ -48,9 +48,14 @@ class Model:
     def index(self) -> EndpointIndex:
         return self.env.index
 
-    def proxy(self, node_id: str, metadata: Mapping[str, Any] | None = None,
-              extensions: Iterable[str] = ()) -> Proxy:
-        meta = {"NAMESPACE": node_id.split("~")[3].split(".")[0], "ISTIO_VERSION": "1.28.0", **(metadata or {})}
+    def proxy(
+        self, node_id: str, metadata: Mapping[str, Any] | None = None, extensions: Iterable[str] = ()
+    ) -> Proxy:
+        meta = {
+            "NAMESPACE": node_id.split("~")[3].split(".")[0],
+            "ISTIO_VERSION": "1.28.0",
+            **(metadata or {}),
+        }
         proxy = parse_proxy(node_id, NodeMetadata.parse(meta), extensions=frozenset(extensions))
         self.env.refresh_proxy(proxy, self.push)
         return proxy

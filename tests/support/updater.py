@@ -18,7 +18,9 @@ class Updater:
     def config_update(self, request: PushRequest) -> None:
         pass
 
-    def eds_update(self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]) -> None:
+    def eds_update(
+        self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]
+    ) -> None:
         self.endpoints[hostname] = list(endpoints)
 
     def service_update(self, shard: ShardKey, hostname: str, namespace: str, deleted: bool) -> None:

@@ -33,8 +33,11 @@ class ListenerGenerator:
             # Envoy rejects a whole update with two listeners of one name; an
             # explicit Sidecar ingress port wins over an outbound service port.
             if listener.name in taken:
-                log.warning("%s: outbound listener %s conflicts with an inbound listener; skipped",
-                            ctx.proxy.id, listener.name)
+                log.warning(
+                    "%s: outbound listener %s conflicts with an inbound listener; skipped",
+                    ctx.proxy.id,
+                    listener.name,
+                )
                 continue
             taken.add(listener.name)
             outbound.append(listener)
