@@ -29,6 +29,9 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 run: install
+	@echo "meshpilot serves examples/config: xDS on 127.0.0.1:15010, /ready and /debug on 127.0.0.1:8080,"
+	@echo "/metrics on 127.0.0.1:15014. To attach an Envoy, run it with examples/envoy/productpage.yaml"
+	@echo "(README.md, 'Attaching an Envoy'). Ctrl-C stops it."
 	$(BIN)/meshpilot discovery $(RUN_FLAGS)
 
 lint: install-test
