@@ -23,23 +23,56 @@ def config(mesh, *, server_in_mesh: bool) -> None:
     if server_in_mesh:
         # What injection adds: peers may use mutual TLS with this pod.
         server_labels["security.istio.io/tlsMode"] = "istio"
-    mesh.write("apps.yaml", [
-        service("productpage", "default", "10.96.0.10", [("http", 9080)], {"app": "productpage"}),
-        pod("productpage-v1", "default", CLIENT_POD_IP, {"app": "productpage"}, service_account="productpage"),
-        endpoint_slice("productpage-s", "default", "productpage", [("http", 9080)],
-                       [("productpage-v1", CLIENT_POD_IP)]),
-        service("reviews", "default", "10.96.0.20", [("http", 9080)], {"app": "reviews"}),
-        pod("reviews-v1", "default", SERVER_POD_IP, server_labels, service_account="reviews"),
-        endpoint_slice("reviews-s", "default", "reviews", [("http", 9080)], [("reviews-v1", SERVER_POD_IP)]),
-        istio("Sidecar", "productpage", "default", {
-            "workloadSelector": {"labels": {"app": "productpage"}},
-            "egress": [{"bind": CLIENT_EGRESS, "hosts": ["./*"]}]}),
-        istio("Sidecar", "reviews", "default", {
-            "workloadSelector": {"labels": {"app": "reviews"}},
-            "ingress": [{"port": {"number": 9080, "protocol": "HTTP", "name": "http"}, "bind": SERVER_POD_IP,
-                         "defaultEndpoint": f"{APP[0]}:{APP[1]}"}],
-            "egress": [{"bind": "127.0.1.21", "hosts": ["./*"]}]}),
-    ])
+    mesh.write(
+        "apps.yaml",
+        [
+            service("productpage", "default", "10.96.0.10", [("http", 9080)], {"app": "productpage"}),
+            pod(
+                "productpage-v1",
+                "default",
+                CLIENT_POD_IP,
+                {"app": "productpage"},
+                service_account="productpage",
+            ),
+            endpoint_slice(
+                "productpage-s",
+                "default",
+                "productpage",
+                [("http", 9080)],
+                [("productpage-v1", CLIENT_POD_IP)],
+            ),
+            service("reviews", "default", "10.96.0.20", [("http", 9080)], {"app": "reviews"}),
+            pod("reviews-v1", "default", SERVER_POD_IP, server_labels, service_account="reviews"),
+            endpoint_slice(
+                "reviews-s", "default", "reviews", [("http", 9080)], [("reviews-v1", SERVER_POD_IP)]
+            ),
+            istio(
+                "Sidecar",
+                "productpage",
+                "default",
+                {
+                    "workloadSelector": {"labels": {"app": "productpage"}},
+                    "egress": [{"bind": CLIENT_EGRESS, "hosts": ["./*"]}],
+                },
+            ),
+            istio(
+                "Sidecar",
+                "reviews",
+                "default",
+                {
+                    "workloadSelector": {"labels": {"app": "reviews"}},
+                    "ingress": [
+                        {
+                            "port": {"number": 9080, "protocol": "HTTP", "name": "http"},
+                            "bind": SERVER_POD_IP,
+                            "defaultEndpoint": f"{APP[0]}:{APP[1]}",
+                        }
+                    ],
+                    "egress": [{"bind": "127.0.1.21", "hosts": ["./*"]}],
+                },
+            ),
+        ],
+    )
 
 
 def call() -> dict:  # type: ignore[type-arg]
@@ -54,8 +87,9 @@ def test_request_crosses_both_sidecars(mesh, server_in_mesh):
     app = mesh.backend("reviews-app", *APP)
     mesh.start_meshpilot()
     server = mesh.sidecar("reviews-v1", SERVER_POD_IP, labels={"app": "reviews"}, service_account="reviews")
-    client = mesh.sidecar("productpage-v1", CLIENT_POD_IP, labels={"app": "productpage"},
-                          service_account="productpage")
+    client = mesh.sidecar(
+        "productpage-v1", CLIENT_POD_IP, labels={"app": "productpage"}, service_account="productpage"
+    )
     seen = eventually(call, timeout=15, what="a request through both sidecars")
     assert seen["name"] == "reviews-app"
     assert seen["path"] == "/hello"

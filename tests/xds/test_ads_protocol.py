@@ -258,3 +258,59 @@ async def test_vs_change_does_not_push_eds(server: Server) -> None:
     client.ack(response)
     assert await client.no_response(0.5), "a VirtualService change sends no EDS"
     await client.close()
+
+
+async def test_clients_vanishing_during_pushes_do_not_stall_the_others(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    write(
+        config / "apps.yaml", workload("reviews", "default", "10.96.0.20", 9080, {"reviews-v1": "127.0.0.21"})
+    )
+    settings = DiscoverySettings(
+        config_dir=config,
+        grpc_addr=Address("127.0.0.1", free_port()),
+        http_addr=Address("127.0.0.1", free_port()),
+        monitoring_addr=Address("127.0.0.1", free_port()),
+        debounce_after=0.01,
+        push_throttle=1,  # one push at a time: a leaked slot would stall everything after it
+    )
+    app = DiscoveryApp(settings)
+    task = asyncio.create_task(app.run())
+    for _ in range(200):
+        if app.grpc_server is not None and app.server.ready:
+            break
+        await asyncio.sleep(0.02)
+    try:
+        survivor = AdsClient(str(settings.grpc_addr))
+        survivor.send(CDS, node_id=NODE)
+        survivor.ack(await survivor.recv())
+        for round_ in range(5):
+            doomed = [AdsClient(str(settings.grpc_addr)) for _ in range(3)]
+            for i, client in enumerate(doomed):
+                client.send(
+                    CDS, node_id=f"sidecar~127.0.0.{50 + i}~gone-{i}.default~default.svc.cluster.local"
+                )
+                await client.recv()
+            write(
+                config / f"svc-{round_}.yaml",
+                workload(
+                    f"svc{round_}", "default", f"10.96.1.{round_}", 8000, {f"p{round_}": f"127.0.2.{round_}"}
+                ),
+            )
+            await asyncio.sleep(0.005)
+            for client in doomed:
+                await client.close()
+            response = await survivor.recv(10)
+            assert response.type_url == CDS
+            names = [cluster_pb2.Cluster.FromString(r.value).name for r in response.resources]
+            assert f"outbound|8000||svc{round_}.default.svc.cluster.local" in names
+            survivor.ack(response)
+        for _ in range(100):
+            if len(app.server.connections) == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert len(app.server.connections) == 1, "closed streams are forgotten"
+        await survivor.close()
+    finally:
+        app.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from meshpilot.model.proxy import Proxy
 
@@ -42,10 +41,6 @@ class Connection:
     id: str = ""
     connected_at: float = field(default_factory=time.time)
     watched: dict[str, WatchedResource] = field(default_factory=dict)
-    #: Why the stream ended, for logs.
-    close_reason: str = ""
-    #: Opaque slot for the server (its event queue and push bookkeeping).
-    state: Any = None
 
     def __post_init__(self) -> None:
         if not self.id:

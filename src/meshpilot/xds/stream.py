@@ -34,10 +34,6 @@ _REQUEST, _PUSH, _END = 0, 1, 0
 _seq = itertools.count()
 
 
-class StreamClosed(Exception):
-    pass
-
-
 class AdsStream:
     """Serves one SotW ADS stream for one proxy."""
 
@@ -46,6 +42,7 @@ class AdsStream:
         self.context = context
         self.events: asyncio.PriorityQueue[tuple[int, int, Any]] = asyncio.PriorityQueue()
         self.conn: Connection | None = None
+        self.closed = False
 
     # -- setup -------------------------------------------------------------------
 
@@ -61,7 +58,11 @@ class AdsStream:
         try:
             await self._handle_request(first)
             await self._loop()
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError) as err:
+            # The client went away while we were writing; nothing to answer.
+            log.debug("ADS: %s closed while sending: %s", conn.id, err)
         finally:
+            self.closed = True
             reader.cancel()
             self.server.remove_connection(conn)
             self._drain_pushes()
@@ -101,7 +102,10 @@ class AdsStream:
     # -- the loop ----------------------------------------------------------------
 
     def deliver(self, request: PushRequest, done: Callable[[], None]) -> None:
-        """Hand a push to this stream; ``done`` is called once it was handled."""
+        """Hand a push to this stream; ``done`` is called once it was handled (or dropped)."""
+        if self.closed:
+            done()
+            return
         self.events.put_nowait((_PUSH, next(_seq), (request, done)))
 
     async def _loop(self) -> None:
