@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from support.kube import endpoint_slice, istio, pod, service
 from support.processes import http_get
 from support.wait import eventually

@@ -42,6 +42,34 @@ class Server:
         return value or 0.0
 
 
+def settings_for(config: Path | None, **overrides: object) -> DiscoverySettings:
+    return DiscoverySettings(
+        config_dir=config,
+        grpc_addr=Address("127.0.0.1", free_port()),
+        http_addr=Address("127.0.0.1", free_port()),
+        monitoring_addr=Address("127.0.0.1", free_port()),
+        debounce_after=0.02,
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(settings: DiscoverySettings) -> AsyncIterator[DiscoveryApp]:
+    """A DiscoveryApp serving in this event loop until the block ends."""
+    app = DiscoveryApp(settings)
+    task = asyncio.create_task(app.run())
+    for _ in range(200):
+        if app.grpc_server is not None and app.server.ready:
+            break
+        await asyncio.sleep(0.02)
+    try:
+        yield app
+    finally:
+        app.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+
+
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[Server]:
     config = tmp_path / "config"
@@ -53,25 +81,8 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
             *workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
         ],
     )
-    settings = DiscoverySettings(
-        config_dir=config,
-        grpc_addr=Address("127.0.0.1", free_port()),
-        http_addr=Address("127.0.0.1", free_port()),
-        monitoring_addr=Address("127.0.0.1", free_port()),
-        debounce_after=0.02,
-    )
-    app = DiscoveryApp(settings)
-    task = asyncio.create_task(app.run())
-    for _ in range(200):
-        if app.grpc_server is not None and app.server.ready:
-            break
-        await asyncio.sleep(0.02)
-    try:
+    async with running(settings_for(config)) as app:
         yield Server(app, config)
-    finally:
-        app.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
 
 
 async def test_initial_request_ack_and_no_reply_to_ack(server: Server) -> None:
@@ -265,21 +276,9 @@ async def test_clients_vanishing_during_pushes_do_not_stall_the_others(tmp_path:
     write(
         config / "apps.yaml", workload("reviews", "default", "10.96.0.20", 9080, {"reviews-v1": "127.0.0.21"})
     )
-    settings = DiscoverySettings(
-        config_dir=config,
-        grpc_addr=Address("127.0.0.1", free_port()),
-        http_addr=Address("127.0.0.1", free_port()),
-        monitoring_addr=Address("127.0.0.1", free_port()),
-        debounce_after=0.01,
-        push_throttle=1,  # one push at a time: a leaked slot would stall everything after it
-    )
-    app = DiscoveryApp(settings)
-    task = asyncio.create_task(app.run())
-    for _ in range(200):
-        if app.grpc_server is not None and app.server.ready:
-            break
-        await asyncio.sleep(0.02)
-    try:
+    # One push at a time: a leaked push slot would stall every push after it.
+    settings = settings_for(config, push_throttle=1)
+    async with running(settings) as app:
         survivor = AdsClient(str(settings.grpc_addr))
         survivor.send(CDS, node_id=NODE)
         survivor.ack(await survivor.recv())
@@ -310,7 +309,3 @@ async def test_clients_vanishing_during_pushes_do_not_stall_the_others(tmp_path:
             await asyncio.sleep(0.02)
         assert len(app.server.connections) == 1, "closed streams are forgotten"
         await survivor.close()
-    finally:
-        app.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)

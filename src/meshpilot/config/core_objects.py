@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from meshpilot.config.errors import ConfigError
+from meshpilot.config.errors import ConfigError, type_name
 from meshpilot.model.kind import Kind
 
 
@@ -136,7 +136,7 @@ class _Reader:
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise ConfigError(f"must be an object, got {_type_name(data)}", path)
+            raise ConfigError(f"must be an object, got {type_name(data)}", path)
         self.data: dict[str, Any] = data
         self.path = path
 
@@ -148,7 +148,7 @@ class _Reader:
         if value is None:
             return default
         if not isinstance(value, str):
-            raise ConfigError(f"must be a string, got {_type_name(value)}", self._at(key))
+            raise ConfigError(f"must be a string, got {type_name(value)}", self._at(key))
         return value
 
     def opt_text(self, key: str) -> str | None:
@@ -159,7 +159,7 @@ class _Reader:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"must be an integer, got {_type_name(value)}", self._at(key))
+            raise ConfigError(f"must be an integer, got {type_name(value)}", self._at(key))
         return value
 
     def flag(self, key: str, default: bool | None = False) -> Any:
@@ -167,7 +167,7 @@ class _Reader:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise ConfigError(f"must be a boolean, got {_type_name(value)}", self._at(key))
+            raise ConfigError(f"must be a boolean, got {type_name(value)}", self._at(key))
         return value
 
     def int_or_text(self, key: str) -> int | str:
@@ -175,7 +175,7 @@ class _Reader:
         if value is None:
             return 0
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(f"must be an integer or a string, got {_type_name(value)}", self._at(key))
+            raise ConfigError(f"must be an integer or a string, got {type_name(value)}", self._at(key))
         return value
 
     def text_map(self, key: str) -> dict[str, str]:
@@ -183,7 +183,7 @@ class _Reader:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            raise ConfigError(f"must be a map of strings, got {_type_name(value)}", self._at(key))
+            raise ConfigError(f"must be a map of strings, got {type_name(value)}", self._at(key))
         for k, v in value.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise ConfigError("must be a map of strings", f"{self._at(key)}.{k}")
@@ -197,7 +197,7 @@ class _Reader:
         if value is None:
             return []
         if not isinstance(value, list):
-            raise ConfigError(f"must be a list, got {_type_name(value)}", self._at(key))
+            raise ConfigError(f"must be a list, got {type_name(value)}", self._at(key))
         return [_Reader(item, f"{self._at(key)}[{i}]") for i, item in enumerate(value)]
 
     def text_list(self, key: str) -> tuple[str, ...]:
@@ -207,18 +207,6 @@ class _Reader:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError("must be a list of strings", self._at(key))
         return tuple(value)
-
-
-def _type_name(value: Any) -> str:
-    return {
-        dict: "an object",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
 
 
 def parse_meta(raw: dict[str, Any], *, namespaced: bool, default_namespace: str = "default") -> ObjectMeta:

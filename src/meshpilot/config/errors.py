@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ConfigError(ValueError):
     """An object that cannot be applied: unparseable, unknown, or invalid.
@@ -22,3 +24,19 @@ class ValidationError(ConfigError):
     def __init__(self, errors: list[str]) -> None:
         super().__init__("; ".join(errors))
         self.errors = errors
+
+
+_TYPE_NAMES = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def type_name(value: Any) -> str:
+    """How an error message names the JSON type of a value ("a string", "an object")."""
+    return _TYPE_NAMES.get(type(value), type(value).__name__)

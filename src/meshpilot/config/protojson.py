@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from meshpilot.config.errors import ConfigError
+from meshpilot.config.errors import ConfigError, type_name
 
 _DURATION = "google.protobuf.Duration"
 _UNITS = {
@@ -59,7 +59,7 @@ def parse_go_duration(text: str) -> Decimal:
 
 def _canonical_duration(value: Any, path: str) -> Any:
     if not isinstance(value, str):
-        raise ConfigError(f'must be a duration such as "5s", got {_kind(value)}', path)
+        raise ConfigError(f'must be a duration such as "5s", got {type_name(value)}', path)
     try:
         seconds = parse_go_duration(value)
     except ValueError:
@@ -89,17 +89,6 @@ _FLOAT_TYPES = frozenset({FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOA
 _WELL_KNOWN = "google.protobuf."
 
 
-def _kind(value: Any) -> str:
-    return {
-        dict: "an object",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-    }.get(type(value), type(value).__name__)
-
-
 def _rewrite(data: Any, descriptor: Any, path: str) -> dict[str, Any]:
     """Check ``data`` against ``descriptor``; return a copy with canonical durations.
 
@@ -107,7 +96,7 @@ def _rewrite(data: Any, descriptor: Any, path: str) -> dict[str, Any]:
     parser (run afterwards) does only vaguely.
     """
     if not isinstance(data, dict):
-        raise ConfigError(f"must be an object, got {_kind(data)}", path)
+        raise ConfigError(f"must be an object, got {type_name(data)}", path)
     out: dict[str, Any] = {}
     for key, value in data.items():
         where = f"{path}.{key}"
@@ -119,7 +108,7 @@ def _rewrite(data: Any, descriptor: Any, path: str) -> dict[str, Any]:
         message_type = field.message_type
         if message_type is not None and message_type.GetOptions().map_entry:
             if not isinstance(value, dict):
-                raise ConfigError(f"must be a map, got {_kind(value)}", where)
+                raise ConfigError(f"must be a map, got {type_name(value)}", where)
             value_field = message_type.fields_by_name["value"]
             key_field = message_type.fields_by_name["key"]
             converted = {}
@@ -130,7 +119,7 @@ def _rewrite(data: Any, descriptor: Any, path: str) -> dict[str, Any]:
             out[key] = converted
         elif field.is_repeated:
             if not isinstance(value, list):
-                raise ConfigError(f"must be a list, got {_kind(value)}", where)
+                raise ConfigError(f"must be a list, got {type_name(value)}", where)
             out[key] = [_value(v, field, f"{where}[{i}]") for i, v in enumerate(value)]
         else:
             out[key] = _value(value, field, where)
@@ -148,20 +137,20 @@ def _value(value: Any, field: FieldDescriptor, path: str) -> Any:
     kind = field.type
     if kind == FieldDescriptor.TYPE_STRING:
         if not isinstance(value, str):
-            raise ConfigError(f"must be a string, got {_kind(value)}", path)
+            raise ConfigError(f"must be a string, got {type_name(value)}", path)
     elif kind == FieldDescriptor.TYPE_BOOL:
         if not isinstance(value, bool):
-            raise ConfigError(f"must be a boolean, got {_kind(value)}", path)
+            raise ConfigError(f"must be a boolean, got {type_name(value)}", path)
     elif kind in _INT_TYPES:
         # jsonpb also takes integers written as strings.
         ok = (isinstance(value, int) and not isinstance(value, bool)) or (
             isinstance(value, str) and value.lstrip("-").isdigit()
         )
         if not ok:
-            raise ConfigError(f"must be an integer, got {_kind(value)}", path)
+            raise ConfigError(f"must be an integer, got {type_name(value)}", path)
     elif kind in _FLOAT_TYPES:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"must be a number, got {_kind(value)}", path)
+            raise ConfigError(f"must be a number, got {type_name(value)}", path)
     elif kind == FieldDescriptor.TYPE_ENUM:
         assert field.enum_type is not None
         names = field.enum_type.values_by_name
@@ -170,7 +159,7 @@ def _value(value: Any, field: FieldDescriptor, path: str) -> Any:
                 allowed = ", ".join(names)
                 raise ConfigError(f"unknown value {value!r} (allowed: {allowed})", path)
         elif isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"must be one of {', '.join(names)}, got {_kind(value)}", path)
+            raise ConfigError(f"must be one of {', '.join(names)}, got {type_name(value)}", path)
     return value
 
 
