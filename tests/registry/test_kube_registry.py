@@ -156,3 +156,23 @@ def test_proxy_lookup_labels_and_service_targets() -> None:
     assert (target.service.hostname, target.port.port, target.target_port) == (HOST, 9080, 9080)
     apply(registry, pod("reviews-1", "default", "10.1.0.1", {"app": "reviews", "version": "v2"}, node="n1"))
     assert updater.proxies == ["10.1.0.1"], "a label change of a proxy's pod is a proxy update"
+
+
+def test_endpoints_found_by_ip_follow_their_pod_and_indexes_shrink_on_churn() -> None:
+    updater = Updater()
+    registry = KubeRegistry(updater)
+    apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9080)]))
+    for round_ in range(3):
+        slice_ = endpoint_slice("s", "default", "reviews", [("http", 9080)], [("p", "10.1.0.1")])
+        del slice_["endpoints"][0]["targetRef"]  # matched to its pod by IP
+        apply(registry, slice_)
+        assert updater.endpoints[HOST][0].service_account == ""
+        apply(registry, pod("p", "default", "10.1.0.1", {"round": str(round_)}, service_account="r"))
+        [ep] = updater.endpoints[HOST]
+        assert ep.service_account == "spiffe://cluster.local/ns/default/sa/r"
+        assert ep.labels["round"] == str(round_)
+        registry.remove(Kind.ENDPOINT_SLICE, "default", "s")
+        registry.remove(Kind.POD, "default", "p")
+        assert updater.endpoints[HOST] == []
+    # Nothing is remembered for objects that are gone.
+    assert not registry._by_pod and not registry._by_ip and not registry._by_node

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 from meshpilot.config.core_objects import (
     KubeEndpointSlice,
@@ -63,9 +64,12 @@ class KubeRegistry:
         self._slices_by_service: dict[tuple[str, str], set[str]] = defaultdict(set)
         self._pods: dict[tuple[str, str], KubePod] = {}
         self._pods_by_ip: dict[str, KubePod] = {}
-        # Services whose endpoints depend on a pod (by key) or a node (by name).
-        self._services_by_pod: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
-        self._services_by_node: dict[str, set[tuple[str, str]]] = defaultdict(set)
+        # What each service's endpoints were computed from, and the reverse:
+        # which services to recompute when a pod, an IP or a node changes.
+        self._inputs: dict[tuple[str, str], _Inputs] = {}
+        self._by_pod: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+        self._by_ip: dict[str, set[tuple[str, str]]] = defaultdict(set)
+        self._by_node: dict[str, set[tuple[str, str]]] = defaultdict(set)
 
     # -- ObjectSink ------------------------------------------------------------
 
@@ -78,7 +82,7 @@ class KubeRegistry:
             self._upsert_pod(obj)
         elif isinstance(obj, KubeNode):
             self._nodes[obj.meta.name] = obj
-            self._refresh_services(set(self._services_by_node.get(obj.meta.name, ())))
+            self._refresh_services(set(self._by_node.get(obj.meta.name, ())))
         elif isinstance(obj, KubeNamespace):
             self._namespaces[obj.meta.name] = obj
 
@@ -96,10 +100,10 @@ class KubeRegistry:
                 for ip in pod.pod_ips:
                     if self._pods_by_ip.get(ip) is pod:
                         del self._pods_by_ip[ip]
-                self._refresh_services(set(self._services_by_pod.get((namespace, name), ())))
+                self._refresh_services(self._services_of_pod(pod))
         elif kind is Kind.NODE:
             if self._nodes.pop(name, None) is not None:
-                self._refresh_services(set(self._services_by_node.get(name, ())))
+                self._refresh_services(set(self._by_node.get(name, ())))
         elif kind is Kind.NAMESPACE:
             self._namespaces.pop(name, None)
 
@@ -199,19 +203,16 @@ class KubeRegistry:
         if not pod.host_network:
             for ip in pod.pod_ips:
                 self._pods_by_ip[ip] = pod
-        self._refresh_services(set(self._services_by_pod.get(key, ())) | self._services_with_ips(pod.pod_ips))
+        self._refresh_services(self._services_of_pod(pod) | (self._services_of_pod(old) if old else set()))
         if old is not None and old.meta.labels != pod.meta.labels:
             for ip in pod.pod_ips:
                 self._updater.proxy_update(self.cluster_id, ip)
 
-    def _services_with_ips(self, ips: tuple[str, ...]) -> set[tuple[str, str]]:
-        """Services with a slice endpoint at one of ``ips`` and no target Pod named."""
-        wanted = set(ips)
-        found = set()
-        for (namespace, _), es in self._slices.items():
-            for e in es.endpoints:
-                if e.target_ref is None and e.addresses[0] in wanted:
-                    found.add((namespace, es.service_name))
+    def _services_of_pod(self, pod: KubePod) -> set[tuple[str, str]]:
+        """Services whose endpoints name this pod, or its IPs without naming a pod."""
+        found = set(self._by_pod.get((pod.meta.namespace, pod.meta.name), ()))
+        for ip in pod.pod_ips:
+            found |= self._by_ip.get(ip, set())
         return found
 
     def _refresh_services(self, keys: set[tuple[str, str]]) -> None:
@@ -221,8 +222,10 @@ class KubeRegistry:
 
     def _refresh_endpoints(self, namespace: str, name: str) -> None:
         """Recompute a service's endpoints from all its slices and report them."""
+        key = (namespace, name)
         endpoints: list[Endpoint] = []
-        for slice_name in sorted(self._slices_by_service.get((namespace, name), ())):
+        inputs = _Inputs()
+        for slice_name in sorted(self._slices_by_service.get(key, ())):
             es = self._slices[(namespace, slice_name)]
             found, pending = slice_endpoints(
                 es,
@@ -234,15 +237,39 @@ class KubeRegistry:
             )
             endpoints.extend(found)
             for pod_key in pending:
-                self._services_by_pod[pod_key].add((namespace, name))
                 log.debug("endpoint of %s/%s waits for pod %s/%s", namespace, name, *pod_key)
-            for ep in found:
-                if ep.node_name:
-                    self._services_by_node[ep.node_name].add((namespace, name))
             for e in es.endpoints:
                 if e.target_ref is not None and e.target_ref[0] == "Pod":
-                    self._services_by_pod[(e.target_ref[1], e.target_ref[2])].add((namespace, name))
+                    inputs.pods.add((e.target_ref[1], e.target_ref[2]))
+                else:
+                    inputs.ips.add(e.addresses[0])
+            inputs.nodes.update(ep.node_name for ep in found if ep.node_name)
+        self._index_inputs(key, inputs)
         self._updater.eds_update(self.shard, self._hostname(namespace, name), namespace, endpoints)
+
+    def _index_inputs(self, key: tuple[str, str], inputs: _Inputs) -> None:
+        old = self._inputs.pop(key, None) or _Inputs()
+        for index, before, after in (
+            (self._by_pod, old.pods, inputs.pods),
+            (self._by_ip, old.ips, inputs.ips),
+            (self._by_node, old.nodes, inputs.nodes),
+        ):
+            for gone in before - after:
+                services = index[gone]  # type: ignore[index]
+                services.discard(key)
+                if not services:
+                    del index[gone]  # type: ignore[arg-type]
+            for new in after - before:
+                index[new].add(key)  # type: ignore[index]
+        if inputs.pods or inputs.ips or inputs.nodes:
+            self._inputs[key] = inputs
+
+
+@dataclass(slots=True)
+class _Inputs:
+    pods: set[tuple[str, str]] = field(default_factory=set)
+    ips: set[str] = field(default_factory=set)
+    nodes: set[str] = field(default_factory=set)
 
 
 def _resolve_target_port(target: int | str, port: int, pod: KubePod) -> int:
