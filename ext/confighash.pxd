@@ -1,11 +1,7 @@
 # C-level API of the config hash (see confighash.pyx).
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint64_t
 
-
-cdef struct Buffer:
-    uint8_t *data
-    Py_ssize_t size
-    Py_ssize_t capacity
+from protowire cimport Buffer
 
 
 cdef uint64_t xxh64(const uint8_t *data, Py_ssize_t n, uint64_t seed) noexcept nogil

@@ -7,9 +7,10 @@ a C buffer and runs XXH64 in C, so a hash costs no Python object per byte.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+
+from protowire cimport Buffer, buf_free, buf_init, buf_reserve
 
 from google.protobuf.message import Message
 
@@ -84,25 +85,8 @@ cdef uint64_t xxh64(const uint8_t *data, Py_ssize_t n, uint64_t seed) noexcept n
     return h
 
 
-cdef int reserve(Buffer *buf, Py_ssize_t extra) except -1:
-    cdef Py_ssize_t need = buf.size + extra
-    cdef Py_ssize_t cap
-    cdef uint8_t *grown
-    if need <= buf.capacity:
-        return 0
-    cap = buf.capacity * 2 if buf.capacity else 256
-    while cap < need:
-        cap *= 2
-    grown = <uint8_t *>PyMem_Realloc(buf.data, cap)
-    if grown == NULL:
-        raise MemoryError()
-    buf.data = grown
-    buf.capacity = cap
-    return 0
-
-
 cdef inline int put_tag(Buffer *buf, char tag) except -1:
-    reserve(buf, 1)
+    buf_reserve(buf, 1)
     buf.data[buf.size] = <uint8_t>tag
     buf.size += 1
     return 0
@@ -112,7 +96,7 @@ cdef int put_u32(Buffer *buf, Py_ssize_t value) except -1:
     cdef int i
     if value > 0xFFFFFFFF:
         raise OverflowError("value too large to hash")
-    reserve(buf, 4)
+    buf_reserve(buf, 4)
     for i in range(4):
         buf.data[buf.size + i] = <uint8_t>((<uint64_t>value >> (8 * i)) & 0xFF)
     buf.size += 4
@@ -121,7 +105,7 @@ cdef int put_u32(Buffer *buf, Py_ssize_t value) except -1:
 
 cdef int put_u64(Buffer *buf, uint64_t value) except -1:
     cdef int i
-    reserve(buf, 8)
+    buf_reserve(buf, 8)
     for i in range(8):
         buf.data[buf.size + i] = <uint8_t>((value >> (8 * i)) & 0xFF)
     buf.size += 8
@@ -130,7 +114,7 @@ cdef int put_u64(Buffer *buf, uint64_t value) except -1:
 
 cdef int put_raw(Buffer *buf, const char *data, Py_ssize_t n) except -1:
     put_u32(buf, n)
-    reserve(buf, n)
+    buf_reserve(buf, n)
     memcpy(buf.data + buf.size, data, n)
     buf.size += n
     return 0
@@ -142,14 +126,12 @@ cdef int put_bytes_object(Buffer *buf, bytes raw) except -1:
 
 cdef bytes encoded(object value):
     cdef Buffer buf
-    buf.data = NULL
-    buf.size = 0
-    buf.capacity = 0
+    buf_init(&buf)
     try:
         encode_into(&buf, value)
         return PyBytes_FromStringAndSize(<char *>buf.data, buf.size)
     finally:
-        PyMem_Free(buf.data)
+        buf_free(&buf)
 
 
 cdef object first(object entry):
@@ -205,7 +187,7 @@ cdef int encode_into(Buffer *buf, object value) except -1:
         put_u32(buf, len(entries))
         for item in entries:
             raw = item[0]
-            reserve(buf, len(raw))
+            buf_reserve(buf, len(raw))
             memcpy(buf.data + buf.size, PyBytes_AS_STRING(raw), len(raw))
             buf.size += len(raw)
             encode_into(buf, item[1])
@@ -215,7 +197,7 @@ cdef int encode_into(Buffer *buf, object value) except -1:
         put_tag(buf, b'S')
         put_u32(buf, len(entries))
         for raw in entries:
-            reserve(buf, len(raw))
+            buf_reserve(buf, len(raw))
             memcpy(buf.data + buf.size, PyBytes_AS_STRING(raw), len(raw))
             buf.size += len(raw)
         return 0
@@ -249,13 +231,11 @@ def hash_value(value, seed=0):
     """XXH64 of the canonical encoding of ``value``."""
     cdef Buffer buf
     cdef uint64_t s = <uint64_t>(seed & 0xFFFFFFFFFFFFFFFF)
-    buf.data = NULL
-    buf.size = 0
-    buf.capacity = 0
+    buf_init(&buf)
     try:
         encode_into(&buf, value)
         if buf.size == 0:
             return xxh64(<const uint8_t *>b"", 0, s)
         return xxh64(buf.data, buf.size, s)
     finally:
-        PyMem_Free(buf.data)
+        buf_free(&buf)

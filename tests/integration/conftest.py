@@ -106,8 +106,8 @@ class MeshHarness:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if report.when == "call":
-        item.stash[_FAILED] = report.failed
+    if report.when in ("setup", "call") and report.failed:
+        item.stash[_FAILED] = True
 
 
 _FAILED = pytest.StashKey[bool]()
@@ -119,6 +119,6 @@ def mesh(tmp_path: Path, ca: TestCA, request: pytest.FixtureRequest) -> Iterator
     try:
         yield harness
     finally:
+        harness.close()
         if request.node.stash.get(_FAILED, False):
             print(harness.logs())
-        harness.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2 as core_base
+from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from support.kube import istio
@@ -22,7 +23,11 @@ LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
 def listeners(model: Model, **meta: Any) -> dict[str, Any]:
     proxy = model.proxy(CLIENT, meta)
     ctx = GenerationContext(proxy, model.push, model.index, PushRequest(push=model.push))
-    out = [r.message for r in ListenerGenerator().generate(ctx, WatchedResource(LDS), None) or []]
+    out = []
+    for resource in ListenerGenerator().generate(ctx, WatchedResource(LDS), None) or []:
+        listener = listener_pb2.Listener()
+        resource.message().Unpack(listener)
+        out.append(listener)
     names = [listener.name for listener in out]
     assert len(names) == len(set(names)), "listener names are unique"
     return {listener.name: listener for listener in out}

@@ -11,3 +11,6 @@ import os
 
 #: True when the pure-Python twins are selected for every hot path.
 NO_EXTENSIONS: bool = os.environ.get("MESHPILOT_NO_EXTENSIONS", "") not in ("", "0")
+
+#: Selector modules of the accelerated hot paths; each has ``IMPLEMENTATION`` ("c" or "py").
+SELECTORS = ("meshpilot.model.confighash", "meshpilot.networking.wire")

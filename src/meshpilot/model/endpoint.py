@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass, field
+
+from meshpilot.model import labels as wk
 
 
 class HealthStatus(enum.IntEnum):
@@ -68,7 +71,38 @@ class Endpoint:
     weight: int = 1
     #: Extra addresses of a dual-stack workload.
     extra_addresses: tuple[str, ...] = ()
+    #: ``workload;namespace;canonical-name;canonical-revision;cluster``, the telemetry
+    #: metadata EDS carries; computed once here rather than per push.
+    telemetry: str = field(default="", compare=False)
+    #: Whether ``address`` is an IP (else a DNS name or a Unix socket); computed once.
+    is_ip: bool = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_ip", _is_ip(self.address))
+        if not self.telemetry:
+            object.__setattr__(self, "telemetry", _telemetry(self))
 
     @property
     def key(self) -> tuple[str, int, str]:
         return (self.address, self.port, self.service_port_name)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _telemetry(ep: Endpoint) -> str:
+    revision = wk.canonical_revision(ep.labels)
+    return ";".join(
+        (
+            ep.workload_name,
+            ep.namespace,
+            wk.canonical_service(ep.labels, ep.workload_name),
+            "" if revision == "latest" else revision,
+            ep.locality.cluster_id,
+        )
+    )

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import struct_pb2
 
-from meshpilot.model import labels as wk
 from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.service import Service
+from meshpilot.networking import names, wire
 from meshpilot.networking.protobuf import uint32
 
 #: DestinationRule ClientTLSSettings.TLSmode numbers.
@@ -47,14 +47,6 @@ def destination_tls_mode(rule_spec: Any | None, subset: str, port: int) -> int |
     return mode
 
 
-def _is_address(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
 def socket_address(address: str, port: int) -> Any:
     if address.startswith("unix://"):
         return address_pb2.Address(pipe=address_pb2.Pipe(path=address[len("unix://") :]))
@@ -66,23 +58,13 @@ def lb_endpoint(ep: Endpoint, *, mtls: bool) -> Any:
     metadata = base_pb2.Metadata()
     if mtls:
         metadata.filter_metadata["envoy.transport_socket_match"].update({"tlsMode": TLS_MODE_ISTIO})
-    canonical_rev = wk.canonical_revision(ep.labels)
-    workload = ";".join(
-        (
-            ep.workload_name,
-            ep.namespace,
-            wk.canonical_service(ep.labels, ep.workload_name),
-            "" if canonical_rev == "latest" else canonical_rev,
-            ep.locality.cluster_id,
-        )
-    )
-    metadata.filter_metadata["istio"].update({"workload": workload})
+    metadata.filter_metadata["istio"].update({"workload": ep.telemetry})
     endpoint = endpoint_components_pb2.Endpoint(address=socket_address(ep.address, ep.port))
     for extra in ep.extra_addresses:
         endpoint.additional_addresses.add(address=socket_address(extra, ep.port))
     return endpoint_components_pb2.LbEndpoint(
         endpoint=endpoint,
-        health_status=int(ep.health) if ep.health is not HealthStatus.TERMINATING else base_pb2.UNHEALTHY,
+        health_status=int(ep.health) if ep.health is not HealthStatus.TERMINATING else int(HealthStatus.UNHEALTHY),
         load_balancing_weight=uint32(ep.weight or 1),
         metadata=metadata,
     )
@@ -106,18 +88,7 @@ def select_endpoints(
     shards = index.shards(svc.hostname, svc.namespace)
     if shards is None:
         return []
-    out = []
-    for _, ep in shards.endpoints():
-        if ep.service_port_name != port_name:
-            continue
-        if subset_labels and not wk.selector_matches(subset_labels, ep.labels):
-            continue
-        if ep.health is not HealthStatus.HEALTHY:
-            continue
-        if not (allow_hostnames or ep.address.startswith("unix://") or _is_address(ep.address)):
-            continue
-        out.append(ep)
-    return out
+    return wire.select([ep for _, ep in shards.endpoints()], port_name, subset_labels, allow_hostnames)
 
 
 def locality_groups(endpoints: Iterable[Endpoint], *, tls_mode: int | None) -> list[Any]:
@@ -148,14 +119,22 @@ def struct_value(data: dict[str, Any]) -> Any:
     return out
 
 
-def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> Any:
-    """The ClusterLoadAssignment of one outbound cluster; only its name when it has no endpoints."""
-    from meshpilot.networking import names
+@dataclass(frozen=True, slots=True)
+class ClaInputs:
+    """What the ClusterLoadAssignment of one cluster is built from."""
 
+    service: Service
+    port_name: str
+    subset_labels: dict[str, str] | None
+    #: The DestinationRule's TLS mode for this cluster, or wire.NO_TLS_MODE.
+    tls_mode: int
+
+
+def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
+    """Service, port and subset of an outbound cluster as the proxy sees it; None if unknown."""
     parsed = names.parse_cluster(cluster_name)
-    empty = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
     if parsed is None or parsed[0] != "outbound":
-        return empty
+        return None
     _, port_number, subset, hostname = parsed
     scope = proxy.sidecar_scope
     svc = scope.service(hostname) if scope is not None else None
@@ -165,19 +144,38 @@ def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, inde
             candidates[0] if candidates else None
         )
     if svc is None:
-        return empty
+        return None
     port = svc.port(port_number)
     if port is None:
-        return empty
+        return None
     rule = scope.destination_rule(hostname) if scope is not None else None
     subset_labels: dict[str, str] | None = None
     if subset:
         found = rule.subset(subset) if rule is not None else None
         if found is None:
-            return empty
+            return None
         subset_labels = dict(found.labels)
-    endpoints = select_endpoints(index, svc, port.name, subset_labels)
-    if not endpoints:
-        return empty
-    tls_mode = destination_tls_mode(rule.first.spec if rule else None, subset, port_number)
-    return load_assignment(cluster_name, locality_groups(endpoints, tls_mode=tls_mode))
+    mode = destination_tls_mode(rule.first.spec if rule else None, subset, port_number)
+    return ClaInputs(svc, port.name, subset_labels, wire.NO_TLS_MODE if mode is None else mode)
+
+
+def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> Any:
+    """The ClusterLoadAssignment as a protobuf object: the reference the wire encoder must equal."""
+    inputs = cla_inputs(cluster_name, proxy, push)
+    if inputs is None:
+        return endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
+    endpoints = select_endpoints(index, inputs.service, inputs.port_name, inputs.subset_labels)
+    mode = None if inputs.tls_mode == wire.NO_TLS_MODE else inputs.tls_mode
+    return load_assignment(cluster_name, locality_groups(endpoints, tls_mode=mode))
+
+
+def encode_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> bytes:
+    """The serialized ClusterLoadAssignment, encoded without protobuf objects."""
+    inputs = cla_inputs(cluster_name, proxy, push)
+    if inputs is None:
+        return wire.cluster_load_assignment(cluster_name, (), "", None, wire.NO_TLS_MODE)
+    shards = index.shards(inputs.service.hostname, inputs.service.namespace)
+    endpoints = [ep for _, ep in shards.endpoints()] if shards is not None else []
+    return wire.cluster_load_assignment(
+        cluster_name, endpoints, inputs.port_name, inputs.subset_labels, inputs.tls_mode
+    )

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 from envoy.admin.v3 import config_dump_pb2, config_dump_shared_pb2
+from envoy.config.listener.v3 import listener_pb2
 from google.protobuf import json_format
 
 from meshpilot.config.schemas import SCHEMAS
@@ -152,6 +153,12 @@ def config_json(config: Any) -> dict[str, Any]:
     }
 
 
+def _unpack_name(packed: Any, message_type: Any) -> str:
+    message = message_type()
+    packed.Unpack(message)
+    return str(message.name)
+
+
 class DebugHandlers:
     def __init__(self, sources: DebugSources) -> None:
         self.sources = sources
@@ -252,27 +259,27 @@ class DebugHandlers:
             generator = server.generators.get(type_url)
             if watch is None or generator is None:
                 return []
-            return [r.message for r in generator.generate(ctx, watch, None) or []]
+            return [r.message() for r in generator.generate(ctx, watch, None) or []]
 
         version = push.version
         clusters = config_dump_shared_pb2.ClustersConfigDump(version_info=version)
         for cluster in generate(TypeUrl.CLUSTER):
-            clusters.dynamic_active_clusters.add(version_info=version, cluster=pack(cluster))
+            clusters.dynamic_active_clusters.add(version_info=version, cluster=cluster)
         dump.configs.append(pack(clusters))
         listeners = config_dump_shared_pb2.ListenersConfigDump(version_info=version)
         for listener in generate(TypeUrl.LISTENER):
-            entry = listeners.dynamic_listeners.add(name=listener.name)
+            entry = listeners.dynamic_listeners.add(name=_unpack_name(listener, listener_pb2.Listener))
             entry.active_state.version_info = version
-            entry.active_state.listener.CopyFrom(pack(listener))
+            entry.active_state.listener.CopyFrom(listener)
         dump.configs.append(pack(listeners))
         routes = config_dump_shared_pb2.RoutesConfigDump()
         for route in generate(TypeUrl.ROUTE):
-            routes.dynamic_route_configs.add(version_info=version, route_config=pack(route))
+            routes.dynamic_route_configs.add(version_info=version, route_config=route)
         dump.configs.append(pack(routes))
         if include_eds:
             endpoints = config_dump_shared_pb2.EndpointsConfigDump()
             for cla in generate(TypeUrl.ENDPOINT):
-                endpoints.dynamic_endpoint_configs.add(version_info=version, endpoint_config=pack(cla))
+                endpoints.dynamic_endpoint_configs.add(version_info=version, endpoint_config=cla)
             dump.configs.append(pack(endpoints))
         # Field names as Envoy's own /config_dump writes them, so the two can be diffed.
         text = json_format.MessageToJson(dump, indent=2, preserving_proto_field_name=True)

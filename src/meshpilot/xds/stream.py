@@ -17,7 +17,7 @@ from google.protobuf import json_format
 
 from meshpilot.model.proxy import InvalidNode, NodeMetadata, parse_proxy
 from meshpilot.model.push_request import PushRequest, TriggerReason
-from meshpilot.networking.protobuf import pack
+from meshpilot.networking import wire
 from meshpilot.xds import protocol
 from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.dependencies import proxy_needs_push
@@ -202,13 +202,7 @@ class AdsStream:
             return
         version = request.push.version
         nonce = f"{version}{uuid.uuid4()}"
-        response = discovery_pb2.DiscoveryResponse(
-            version_info=version,
-            type_url=type_url,
-            nonce=nonce,
-            resources=[pack(r.message) for r in resources],
-        )
-        payload = response.SerializeToString()
+        payload = wire.discovery_response(version, type_url, nonce, [r.payload for r in resources])
         metrics = self.server.metrics
         assert known is not None
         metrics.push_time.labels(type=known.short).observe(time.monotonic() - started)

@@ -6,11 +6,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from google.protobuf import any_pb2
+
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
+from meshpilot.networking import wire
+from meshpilot.networking.protobuf import TYPE_PREFIX
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.types import TypeUrl
 
@@ -18,8 +22,19 @@ from meshpilot.xds.types import TypeUrl
 @dataclass(frozen=True, slots=True)
 class Resource:
     name: str
-    #: The Envoy protobuf message.
-    message: Any
+    #: The resource as a serialized ``google.protobuf.Any``, ready for a DiscoveryResponse.
+    payload: bytes
+
+    @classmethod
+    def of(cls, name: str, message: Any) -> Resource:
+        """A resource from a protobuf message (the builders' slow path)."""
+        return cls(
+            name, wire.any_bytes(TYPE_PREFIX + message.DESCRIPTOR.full_name, message.SerializeToString())
+        )
+
+    def message(self) -> Any:
+        """The resource parsed back into an ``Any`` (for debug output)."""
+        return any_pb2.Any.FromString(self.payload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,4 +28,4 @@ class ClusterGenerator:
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
         clusters = build_clusters(ClusterInputs(ctx.proxy, ctx.push, ctx.index))
-        return [Resource(c.name, c) for c in clusters]
+        return [Resource.of(c.name, c) for c in clusters]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
-from meshpilot.networking.endpoint import build_cluster_load_assignment
+from meshpilot.networking import wire
+from meshpilot.networking.endpoint import encode_cluster_load_assignment
 from meshpilot.networking.names import parse_cluster
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
@@ -42,6 +43,11 @@ class EndpointGenerator:
             if not wanted:
                 return None
         return [
-            Resource(name, build_cluster_load_assignment(name, ctx.proxy, ctx.push, ctx.index))
+            Resource(
+                name,
+                wire.any_bytes(
+                    self.type_url, encode_cluster_load_assignment(name, ctx.proxy, ctx.push, ctx.index)
+                ),
+            )
             for name in sorted(wanted)
         ]

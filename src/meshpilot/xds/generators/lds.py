@@ -41,4 +41,4 @@ class ListenerGenerator:
                 continue
             taken.add(listener.name)
             outbound.append(listener)
-        return [Resource(listener.name, listener) for listener in [*outbound, *inbound]]
+        return [Resource.of(listener.name, listener) for listener in [*outbound, *inbound]]

@@ -29,5 +29,5 @@ class RouteGenerator:
     ) -> list[Resource] | None:
         wanted = names if names is not None else watch.names
         return [
-            Resource(name, build_route_configuration(ctx.proxy, ctx.push, name)) for name in sorted(wanted)
+            Resource.of(name, build_route_configuration(ctx.proxy, ctx.push, name)) for name in sorted(wanted)
         ]

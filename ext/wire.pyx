@@ -1,0 +1,233 @@
+# cython: language_level=3
+"""Protobuf wire encoding of xDS responses and ClusterLoadAssignments (compiled twin).
+
+Same contract as ``meshpilot.networking.wire_py``, which documents the
+encodings and is the typed source of truth.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport uint64_t
+
+from protowire cimport (
+    Buffer, begin_message, buf_bytes, buf_free, buf_init, end_message, put_len_field, put_varint,
+    put_str_field, put_uint_field,
+)
+
+from meshpilot.model.endpoint import TLS_MODE_ISTIO, HealthStatus
+
+TLS_ISTIO_MUTUAL = 3
+NO_TLS_MODE = -1
+
+cdef int _HEALTHY = int(HealthStatus.HEALTHY)
+cdef int _UNHEALTHY = int(HealthStatus.UNHEALTHY)
+cdef object _TERMINATING = HealthStatus.TERMINATING
+cdef object _HEALTHY_STATUS = HealthStatus.HEALTHY
+cdef str _UNIX = "unix://"
+cdef str _ISTIO = TLS_MODE_ISTIO
+cdef uint64_t _MAX_UINT32 = 0xFFFFFFFF
+
+
+cdef inline str text(object value):
+    # Exact str for the UTF-8 fast path; str subclasses (enums) are converted.
+    return value if type(value) is str else str(value)
+
+
+cdef int put_bytes_field(Buffer *buf, int field, bytes data) except -1:
+    return put_len_field(buf, field, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+
+
+def any_bytes(type_url, bytes value):
+    """A serialized ``google.protobuf.Any``."""
+    cdef Buffer buf
+    buf_init(&buf)
+    try:
+        put_str_field(&buf, 1, text(type_url))
+        if PyBytes_GET_SIZE(value):
+            put_bytes_field(&buf, 2, value)
+        return buf_bytes(&buf)
+    finally:
+        buf_free(&buf)
+
+
+def discovery_response(version, type_url, nonce, resources):
+    """A serialized DiscoveryResponse around already-serialized ``Any`` resources."""
+    cdef Buffer buf
+    cdef bytes resource
+    buf_init(&buf)
+    try:
+        put_str_field(&buf, 1, text(version))
+        for resource in resources:
+            put_bytes_field(&buf, 2, resource)
+        put_str_field(&buf, 4, text(type_url))
+        put_str_field(&buf, 5, text(nonce))
+        return buf_bytes(&buf)
+    finally:
+        buf_free(&buf)
+
+
+cdef int put_address(Buffer *buf, int field, str address, uint64_t port) except -1:
+    cdef Py_ssize_t outer = begin_message(buf, field)
+    cdef Py_ssize_t inner
+    if address.startswith(_UNIX):
+        inner = begin_message(buf, 2)
+        put_str_field(buf, 1, address[7:])
+    else:
+        inner = begin_message(buf, 1)
+        put_str_field(buf, 2, address)
+        put_varint(buf, 3 << 3)  # port_value is a oneof member: zero is written too
+        put_varint(buf, port)
+    end_message(buf, inner)
+    return end_message(buf, outer)
+
+
+cdef int put_string_struct_entry(Buffer *buf, str filter_name, str key, str value) except -1:
+    # filter_metadata entry {key: filter_name, value: Struct{fields: {key: Value{string_value}}}}
+    cdef Py_ssize_t entry = begin_message(buf, 1)
+    cdef Py_ssize_t struct_, field_entry, value_
+    put_str_field(buf, 1, filter_name)
+    struct_ = begin_message(buf, 2)
+    field_entry = begin_message(buf, 1)
+    put_str_field(buf, 1, key)
+    value_ = begin_message(buf, 2)
+    put_str_field(buf, 3, value)
+    end_message(buf, value_)
+    end_message(buf, field_entry)
+    end_message(buf, struct_)
+    return end_message(buf, entry)
+
+
+cdef int put_lb_endpoint_body(Buffer *buf, object ep, bint mtls) except -1:
+    cdef Py_ssize_t inner, extra_at, meta, weight_at
+    cdef str address = ep.address
+    cdef uint64_t port = ep.port
+    cdef object health = ep.health
+    cdef object weight = ep.weight
+    inner = begin_message(buf, 1)
+    put_address(buf, 1, address, port)
+    for extra in ep.extra_addresses:
+        extra_at = begin_message(buf, 4)
+        put_address(buf, 1, extra, port)
+        end_message(buf, extra_at)
+    end_message(buf, inner)
+    put_uint_field(buf, 2, <uint64_t>(_UNHEALTHY if health is _TERMINATING else int(health)))
+    meta = begin_message(buf, 3)
+    if mtls:
+        put_string_struct_entry(buf, "envoy.transport_socket_match", "tlsMode", "istio")
+    put_string_struct_entry(buf, "istio", "workload", ep.telemetry)
+    end_message(buf, meta)
+    weight_at = begin_message(buf, 4)
+    put_uint_field(buf, 1, <uint64_t>(weight or 1))
+    return end_message(buf, weight_at)
+
+
+cdef int put_lb_endpoint(Buffer *buf, object ep, bint mtls) except -1:
+    # As field 2 (lb_endpoints) of a LocalityLbEndpoints.
+    cdef Py_ssize_t outer = begin_message(buf, 2)
+    put_lb_endpoint_body(buf, ep, mtls)
+    return end_message(buf, outer)
+
+
+cdef bint selected(object ep, str port_name, object subset, bint allow_hostnames) except -1:
+    cdef object labels
+    if ep.service_port_name != port_name or ep.health is not _HEALTHY_STATUS:
+        return False
+    if subset is not None:
+        labels = ep.labels
+        for key, value in (<dict>subset).items():
+            if labels.get(key) != value:
+                return False
+    return allow_hostnames or ep.is_ip or (<str>ep.address).startswith(_UNIX)
+
+
+def select(endpoints, port_name, subset, bint allow_hostnames=False):
+    """The endpoints that serve ``port_name``, match the subset labels and are healthy."""
+    port_name = text(port_name)
+    if subset is not None and not isinstance(subset, dict):
+        subset = dict(subset)
+    return [ep for ep in endpoints if selected(ep, port_name, subset, allow_hostnames)]
+
+
+cdef int put_locality(Buffer *buf, str label) except -1:
+    cdef Py_ssize_t at = begin_message(buf, 1)
+    cdef list parts
+    if label:
+        parts = label.split("/")
+        if len(parts) > 0:
+            put_str_field(buf, 1, parts[0])
+        if len(parts) > 1:
+            put_str_field(buf, 2, parts[1])
+        if len(parts) > 2:
+            put_str_field(buf, 3, parts[2])
+    return end_message(buf, at)
+
+
+cdef int put_groups(Buffer *buf, list endpoints, int tls_mode) except -1:
+    cdef set seen = set()
+    cdef list labels = []
+    cdef str label
+    cdef Py_ssize_t group, weight_at
+    cdef uint64_t total, weight
+    cdef bint mtls
+    for ep in endpoints:
+        label = ep.locality.label
+        if label not in seen:
+            seen.add(label)
+            labels.append(label)
+    labels.sort()
+    for label in labels:
+        group = begin_message(buf, 2)
+        put_locality(buf, label)
+        total = 0
+        for ep in endpoints:
+            if ep.locality.label != label:
+                continue
+            if tls_mode != NO_TLS_MODE:
+                mtls = tls_mode == TLS_ISTIO_MUTUAL
+            else:
+                mtls = ep.tls_mode == _ISTIO
+            put_lb_endpoint(buf, ep, mtls)
+            weight = <uint64_t>(ep.weight or 1)
+            total = total + weight
+            if total > _MAX_UINT32:
+                total = _MAX_UINT32
+        weight_at = begin_message(buf, 3)
+        put_uint_field(buf, 1, total)
+        end_message(buf, weight_at)
+        end_message(buf, group)
+    return 0
+
+
+def locality_groups(endpoints, int tls_mode):
+    """Repeated ``LocalityLbEndpoints`` (field 2 of a CLA), one per locality in sorted order."""
+    cdef Buffer buf
+    buf_init(&buf)
+    try:
+        put_groups(&buf, list(endpoints), tls_mode)
+        return buf_bytes(&buf)
+    finally:
+        buf_free(&buf)
+
+
+def lb_endpoint(ep, bint mtls):
+    """One serialized LbEndpoint."""
+    cdef Buffer buf
+    buf_init(&buf)
+    try:
+        put_lb_endpoint_body(&buf, ep, mtls)
+        return buf_bytes(&buf)
+    finally:
+        buf_free(&buf)
+
+
+def cluster_load_assignment(cluster_name, endpoints, port_name, subset, int tls_mode,
+                            bint allow_hostnames=False):
+    """A serialized ClusterLoadAssignment of the selected endpoints (only the name if none)."""
+    cdef Buffer buf
+    cdef list chosen = select(endpoints, text(port_name), subset, allow_hostnames)
+    buf_init(&buf)
+    try:
+        put_str_field(&buf, 1, text(cluster_name))
+        put_groups(&buf, chosen, tls_mode)
+        return buf_bytes(&buf)
+    finally:
+        buf_free(&buf)
