@@ -88,6 +88,21 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default=int(env_default("PILOT_PUSH_THROTTLE", "0")),
         help="concurrent pushes; 0 means min(15+5*CPUs, 100) (default $PILOT_PUSH_THROTTLE or 0)",
     )
+    cache_default = env_default("PILOT_XDS_CACHE_SIZE", "60000")
+    if env_default("PILOT_ENABLE_XDS_CACHE", "true").lower() == "false":
+        cache_default = "0"
+    p.add_argument(
+        "--xds-cache-size",
+        type=int,
+        default=int(cache_default),
+        help="XdsCache entries per type; 0 disables it (default $PILOT_XDS_CACHE_SIZE or 60000)",
+    )
+    p.add_argument(
+        "--max-requests-per-second",
+        type=float,
+        default=float(env_default("PILOT_MAX_REQUESTS_PER_SECOND", "0")),
+        help="new xDS streams per second; 0 means min(15+5*CPUs, 100) ($PILOT_MAX_REQUESTS_PER_SECOND)",
+    )
     p.add_argument(
         "--log-level",
         "--log_output_level",
@@ -114,6 +129,8 @@ def _run_discovery(args: argparse.Namespace) -> int:
         debounce_after=args.debounce_after,
         debounce_max=args.debounce_max,
         push_throttle=args.push_throttle,
+        xds_cache_size=args.xds_cache_size,
+        max_requests_per_second=args.max_requests_per_second,
         log_level=args.log_level,
     )
     from meshpilot.server.app import serve

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshpilot.model import visibility
 from meshpilot.model.config import Config
+from meshpilot.model.confighash import hash_value
 from meshpilot.model.hosts import most_specific_match, resolve_short_name
 
 
@@ -24,6 +25,12 @@ class MergedDestinationRule:
     host: str
     configs: tuple[Config, ...]
     export_to: frozenset[str]
+    #: Stable hash of the contributing configs: part of the cache keys of what reads the rule.
+    fingerprint: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        parts = tuple((str(c.key), c.spec_hash) for c in self.configs)
+        object.__setattr__(self, "fingerprint", hash_value((self.host, parts)))
 
     @property
     def traffic_policy(self) -> Any | None:

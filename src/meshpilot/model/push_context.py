@@ -13,6 +13,7 @@ from typing import Any
 
 from meshpilot.model import visibility
 from meshpilot.model.config import Config
+from meshpilot.model.confighash import hash_value
 from meshpilot.model.destination_rules import DestinationRuleIndex, MergedDestinationRule
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.kind import Kind
@@ -60,9 +61,12 @@ class PushContext:
     ) -> None:
         self.version = version
         self.mesh = mesh
+        #: Stable hash of the MeshConfig: part of the cache keys of everything that reads it.
+        self.mesh_fingerprint = hash_value(mesh)
         self.domain_suffix = domain_suffix
         self._configs = configs
         self._service_accounts = service_accounts or {}
+        self._accounts_sorted: dict[tuple[str, str], tuple[str, ...]] = {}
 
         # Services: the first service for a (hostname, namespace) wins; registries
         # are given in priority order (Kubernetes before ServiceEntries).
@@ -129,8 +133,13 @@ class PushContext:
 
     def service_accounts(self, svc: Service) -> tuple[str, ...]:
         """Identities allowed to serve ``svc``: its endpoints' and its own, sorted."""
-        from_endpoints = self._service_accounts.get((svc.hostname, svc.namespace), frozenset())
-        return tuple(sorted(from_endpoints | set(svc.service_accounts)))
+        key = (svc.hostname, svc.namespace)
+        found = self._accounts_sorted.get(key)
+        if found is None:
+            from_endpoints = self._service_accounts.get(key, frozenset())
+            found = tuple(sorted(from_endpoints | set(svc.service_accounts)))
+            self._accounts_sorted[key] = found
+        return found
 
     # -- routing config -------------------------------------------------------------
 

@@ -45,6 +45,9 @@ class PushRequest:
     start: float = field(default_factory=time.monotonic)
     #: The snapshot to push; set by the server when the push starts.
     push: PushContext | None = None
+    #: When the push started (after the cache evictions it caused); XdsCache writes
+    #: of generations for this request carry it, so stale ones are dropped.
+    token: int = 0
 
     def merge(self, other: PushRequest) -> PushRequest:
         """A request that covers both; the later snapshot wins, the earlier start stays."""
@@ -55,6 +58,7 @@ class PushRequest:
             forced=self.forced or other.forced,
             start=min(self.start, other.start),
             push=other.push if other.push is not None else self.push,
+            token=max(self.token, other.token),
         )
 
     @property

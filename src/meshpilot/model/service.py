@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from meshpilot.model.confighash import hash_value
 from meshpilot.model.protocol import Protocol
 
 #: The address of a service with no VIP (headless, DNS ServiceEntries without addresses).
@@ -74,6 +75,32 @@ class Service:
     node_local: bool = False
     creation_timestamp: str = ""
     cluster_id: str = "Kubernetes"
+    #: Stable hash of every field above: part of the cache keys of what is built from it.
+    fingerprint: int = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        ports = tuple((p.name, p.port, p.protocol.value, p.target_port) for p in self.ports)
+        fields = (
+            self.hostname,
+            self.namespace,
+            self.name,
+            ports,
+            self.registry.value,
+            self.default_address,
+            self.addresses,
+            self.resolution.value,
+            self.mesh_external,
+            self.labels,
+            self.selector,
+            self.export_to,
+            self.service_accounts,
+            self.kube_type,
+            self.external_name,
+            self.node_local,
+            self.creation_timestamp,
+            self.cluster_id,
+        )
+        object.__setattr__(self, "fingerprint", hash_value(fields))
 
     def port(self, number: int) -> Port | None:
         for p in self.ports:

@@ -61,6 +61,8 @@ class SidecarScope:
     destination_rules: dict[str, MergedDestinationRule | None] = field(default_factory=dict)
     dependencies: frozenset[ConfigKey] = frozenset()
     _by_host: dict[str, Service] = field(default_factory=dict)
+    #: Values derived from the scope (cache key parts), computed once per snapshot.
+    memo: dict[object, object] = field(default_factory=dict)
 
     def service(self, hostname: str) -> Service | None:
         return self._by_host.get(hostname)

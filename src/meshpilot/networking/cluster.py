@@ -15,8 +15,11 @@ from envoy.config.cluster.v3 import cluster_pb2, filter_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
 from xds.type.v3 import typed_struct_pb2
 
+from meshpilot.model.config import ConfigKey
+from meshpilot.model.confighash import hash_value
 from meshpilot.model.destination_rules import MergedDestinationRule
 from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import MeshConfig
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import InterceptionMode, Proxy
@@ -309,12 +312,47 @@ def _ingress_cluster(proxy: Proxy, mesh: Any, ingress: Any) -> Any:
     return inbound_cluster(proxy, mesh, number, protocol, targets, endpoint=endpoint)
 
 
-def build_clusters(inputs: ClusterInputs) -> list[Any]:
-    """Every cluster of a sidecar, in istiod's order, names unique (first wins)."""
-    proxy, push = inputs.proxy, inputs.push
+@dataclass(frozen=True, slots=True)
+class OutboundSpec:
+    """One outbound cluster to build: a service port, maybe a subset, and the rule for the host."""
+
+    service: Service
+    port: Port
+    subset: str
+    rule: MergedDestinationRule | None
+
+    @property
+    def name(self) -> str:
+        return names.outbound_cluster(self.port.port, self.subset, self.service.hostname)
+
+    def cache_key(self, inputs: ClusterInputs) -> int:
+        """Exactly what build_outbound_cluster reads besides endpoints (whose changes evict it)."""
+        proxy, push = inputs.proxy, inputs.push
+        return hash_value(
+            (
+                self.name,
+                self.service.fingerprint,
+                self.rule.fingerprint if self.rule is not None else 0,
+                push.service_accounts(self.service),
+                push.mesh_fingerprint,
+                extensions.has_metadata_exchange(proxy),
+                int(_dns_family(proxy)),
+            )
+        )
+
+    def dependencies(self) -> frozenset[ConfigKey]:
+        svc = self.service
+        keys = [ConfigKey(Kind.SERVICE_ENTRY, svc.hostname, svc.namespace)]
+        if self.rule is not None:
+            keys.extend(c.key for c in self.rule.configs)
+        return frozenset(keys)
+
+
+def outbound_specs(proxy: Proxy) -> list[OutboundSpec]:
+    """The outbound clusters of a sidecar: each imported service port, then its subsets."""
     scope = proxy.sidecar_scope
     assert scope is not None, "the sidecar scope is computed before generation"
-    out: list[Any] = []
+    out = []
     for svc in scope.services:
         if svc.resolution is Resolution.ALIAS:
             continue
@@ -322,19 +360,31 @@ def build_clusters(inputs: ClusterInputs) -> list[Any]:
         for port in svc.ports:
             if port.protocol is Protocol.UDP:
                 continue
-            default = build_outbound_cluster(inputs, svc, port, "", rule)
-            if default is None:
-                continue
-            out.append(default)
+            out.append(OutboundSpec(svc, port, "", rule))
             if rule is not None:
-                for subset in rule.subsets:
-                    cluster = build_outbound_cluster(inputs, svc, port, subset.name, rule)
-                    if cluster is not None:
-                        out.append(cluster)
-    out.append(blackhole_cluster(push.mesh))
-    out.append(passthrough_cluster(proxy, push.mesh))
-    out.extend(_inbound_clusters(proxy, push.mesh))
-    out.append(passthrough_cluster(proxy, push.mesh, inbound=True))
+                out.extend(OutboundSpec(svc, port, subset.name, rule) for subset in rule.subsets)
+    return out
+
+
+def other_clusters(inputs: ClusterInputs) -> list[Any]:
+    """BlackHole, Passthrough, inbound and InboundPassthrough clusters, in istiod's order."""
+    proxy, push = inputs.proxy, inputs.push
+    return [
+        blackhole_cluster(push.mesh),
+        passthrough_cluster(proxy, push.mesh),
+        *_inbound_clusters(proxy, push.mesh),
+        passthrough_cluster(proxy, push.mesh, inbound=True),
+    ]
+
+
+def build_clusters(inputs: ClusterInputs) -> list[Any]:
+    """Every cluster of a sidecar, in istiod's order, names unique (first wins)."""
+    out: list[Any] = []
+    for spec in outbound_specs(inputs.proxy):
+        cluster = build_outbound_cluster(inputs, spec.service, spec.port, spec.subset, spec.rule)
+        if cluster is not None:
+            out.append(cluster)
+    out.extend(other_clusters(inputs))
     seen: set[str] = set()
     unique = []
     for cluster in out:

@@ -10,8 +10,11 @@ from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import struct_pb2
 
+from meshpilot.model.config import ConfigKey
+from meshpilot.model.confighash import hash_value
 from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.kind import Kind
 from meshpilot.model.service import Service
 from meshpilot.networking import names, wire
 from meshpilot.networking.protobuf import uint32
@@ -64,7 +67,9 @@ def lb_endpoint(ep: Endpoint, *, mtls: bool) -> Any:
         endpoint.additional_addresses.add(address=socket_address(extra, ep.port))
     return endpoint_components_pb2.LbEndpoint(
         endpoint=endpoint,
-        health_status=int(ep.health) if ep.health is not HealthStatus.TERMINATING else int(HealthStatus.UNHEALTHY),
+        health_status=int(ep.health)
+        if ep.health is not HealthStatus.TERMINATING
+        else int(HealthStatus.UNHEALTHY),
         load_balancing_weight=uint32(ep.weight or 1),
         metadata=metadata,
     )
@@ -128,6 +133,17 @@ class ClaInputs:
     subset_labels: dict[str, str] | None
     #: The DestinationRule's TLS mode for this cluster, or wire.NO_TLS_MODE.
     tls_mode: int
+    #: The DestinationRules read (their keys are cache dependencies).
+    rule_keys: tuple[ConfigKey, ...] = ()
+
+    def cache_key(self, cluster_name: str) -> int:
+        """Everything the assignment depends on besides the endpoints (whose changes evict it)."""
+        svc = self.service
+        return hash_value((cluster_name, svc.fingerprint, self.port_name, self.subset_labels, self.tls_mode))
+
+    def dependencies(self) -> frozenset[ConfigKey]:
+        svc = self.service
+        return frozenset((ConfigKey(Kind.SERVICE_ENTRY, svc.hostname, svc.namespace), *self.rule_keys))
 
 
 def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
@@ -156,7 +172,8 @@ def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
             return None
         subset_labels = dict(found.labels)
     mode = destination_tls_mode(rule.first.spec if rule else None, subset, port_number)
-    return ClaInputs(svc, port.name, subset_labels, wire.NO_TLS_MODE if mode is None else mode)
+    rule_keys = tuple(c.key for c in rule.configs) if rule is not None else ()
+    return ClaInputs(svc, port.name, subset_labels, wire.NO_TLS_MODE if mode is None else mode, rule_keys)
 
 
 def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> Any:
@@ -171,7 +188,10 @@ def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, inde
 
 def encode_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> bytes:
     """The serialized ClusterLoadAssignment, encoded without protobuf objects."""
-    inputs = cla_inputs(cluster_name, proxy, push)
+    return encode_from_inputs(cluster_name, cla_inputs(cluster_name, proxy, push), index)
+
+
+def encode_from_inputs(cluster_name: str, inputs: ClaInputs | None, index: EndpointIndex) -> bytes:
     if inputs is None:
         return wire.cluster_load_assignment(cluster_name, (), "", None, wire.NO_TLS_MODE)
     shards = index.shards(inputs.service.hostname, inputs.service.namespace)

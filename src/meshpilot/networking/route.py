@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+from dataclasses import dataclass
 from typing import Any
 
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
 
-from meshpilot.model.hosts import host_matches, is_wildcard
+from meshpilot.model.config import Config, ConfigKey
+from meshpilot.model.confighash import hash_value
+from meshpilot.model.hosts import host_matches, is_wildcard, resolve_short_name
+from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import REGISTRY_ONLY
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.model.service import Registry, Resolution, Service
+from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking import names
 from meshpilot.networking.http_routes import retry_policy, routes_for_virtual_service
 from meshpilot.networking.protobuf import boolean, duration, uint32
@@ -129,6 +134,66 @@ def _hosts_for_vs(vs: VirtualServiceEntry, services: dict[str, Service]) -> tupl
             outside.append(host)
         matched.extend(found)
     return outside, matched
+
+
+@dataclass(frozen=True, slots=True)
+class RouteCacheParts:
+    """What a route configuration depends on through the proxy's scope."""
+
+    fingerprint: int
+    dependencies: frozenset[ConfigKey]
+    #: VirtualServices match on the caller's labels or namespace, so those are key inputs too.
+    source_sensitive: bool
+
+
+def route_cache_parts(scope: SidecarScope, name: str, domain_suffix: str) -> RouteCacheParts | None:
+    """The scope's share of the cache key of route ``name``; None for names meshpilot does not serve."""
+    memo_key = ("route", name)
+    if memo_key in scope.memo:
+        return scope.memo[memo_key]  # type: ignore[return-value]
+    port, _ = _parse_route_name(name)
+    parts = None
+    listener = scope.egress_listener_for_port(port) if port is not None else None
+    if listener is not None:
+        services = [s for s in listener.services if s.port(port or 0) is not None]
+        services.sort(key=lambda s: s.hostname)
+        dependencies = {ConfigKey(Kind.SERVICE_ENTRY, s.hostname, s.namespace) for s in services}
+        vs_parts = []
+        source_sensitive = False
+        for vs in listener.virtual_services:
+            dependencies.add(vs.config.key)
+            # Destinations are looked up in the scope (for their ports), on any port.
+            targets = []
+            for host in _destination_hosts(vs.config, domain_suffix):
+                target = scope.service(host)
+                if target is not None:
+                    dependencies.add(ConfigKey(Kind.SERVICE_ENTRY, target.hostname, target.namespace))
+                    targets.append(target.fingerprint)
+            vs_parts.append((str(vs.config.key), vs.config.spec_hash, targets))
+            source_sensitive = source_sensitive or _matches_source(vs.config.spec)
+        fingerprint = hash_value(([s.fingerprint for s in services], vs_parts, scope.outbound_traffic_policy))
+        parts = RouteCacheParts(fingerprint, frozenset(dependencies), source_sensitive)
+    scope.memo[memo_key] = parts
+    return parts
+
+
+def _destination_hosts(vs: Config, domain_suffix: str) -> list[str]:
+    spec: Any = vs.spec
+    hosts = [d.destination.host for http in spec.http for d in http.route]
+    hosts += [http.mirror.host for http in spec.http if http.HasField("mirror")]
+    hosts += [m.destination.host for http in spec.http for m in http.mirrors]
+    # Short names resolve in the VirtualService's namespace, as the route builder resolves them.
+    return sorted({resolve_short_name(h, vs.namespace, domain_suffix) for h in hosts})
+
+
+def _matches_source(vs: Any) -> bool:
+    return any(m.source_labels or m.source_namespace or m.gateways for http in vs.http for m in http.match)
+
+
+def route_cache_key(proxy: Proxy, push: PushContext, name: str, parts: RouteCacheParts) -> int:
+    """Everything build_route_configuration reads for this proxy and route name."""
+    source = (proxy.labels, proxy.metadata.namespace) if parts.source_sensitive else None
+    return hash_value((name, parts.fingerprint, proxy.dns_domain, source, push.mesh_fingerprint))
 
 
 def build_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any:

@@ -100,6 +100,8 @@ class DiscoveryApp:
                 debounce=DebounceOptions(settings.debounce_after, settings.debounce_max),
                 push_throttle=settings.push_throttle,
                 cluster_id=settings.cluster_id,
+                cache_size=settings.xds_cache_size,
+                max_requests_per_second=settings.max_requests_per_second,
             ),
         )
         trust_domain = mesh.trust_domain

@@ -102,6 +102,21 @@ class Metrics:
             ["type"],
             registry=r,
         )
+        self.cache_reads = Counter(
+            "xds_cache_reads", "Total number of xds cache xdsCacheReads.", ["type"], registry=r
+        )
+        self.cache_evictions = Counter(
+            "xds_cache_evictions", "Total number of xds cache evictions.", ["type"], registry=r
+        )
+        self.cache_size = Gauge("xds_cache_size", "Current size of xds cache", registry=r)
+        self.cache_dependent_configs = Gauge(
+            "xds_cache_dependent_config_size", "Current size of dependent configs", registry=r
+        )
+        self.rate_limited = Counter(
+            "meshpilot_xds_rate_limited",
+            "New xDS streams refused by the request rate limit (meshpilot only).",
+            registry=r,
+        )
         self.config_rejections = Gauge(
             "meshpilot_config_rejected_objects",
             "Config objects currently rejected by the config directory loader (meshpilot only).",

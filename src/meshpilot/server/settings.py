@@ -60,6 +60,10 @@ class DiscoverySettings:
     debounce_max: float = 10.0
     #: Concurrent pushes; 0 is istiod's automatic value (PILOT_PUSH_THROTTLE).
     push_throttle: int = 0
+    #: XdsCache entries per type (PILOT_XDS_CACHE_SIZE); 0 disables it (PILOT_ENABLE_XDS_CACHE=false).
+    xds_cache_size: int = 60000
+    #: New streams per second (PILOT_MAX_REQUESTS_PER_SECOND); 0 is istiod's automatic value.
+    max_requests_per_second: float = 0.0
     #: Grace period for open streams on shutdown, in seconds.
     shutdown_grace: float = 2.0
     log_level: str = "info"

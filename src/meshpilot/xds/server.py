@@ -32,8 +32,10 @@ from meshpilot.push.debounce import DebounceOptions, debounce
 from meshpilot.push.environment import push_version
 from meshpilot.push.queue import PushQueue
 from meshpilot.server.metrics import Metrics
+from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, new_token
 from meshpilot.xds.connection import Connection
 from meshpilot.xds.generators import Generator, sidecar_generators
+from meshpilot.xds.rate_limit import TokenBucket, default_rate
 from meshpilot.xds.stream import AdsStream
 from meshpilot.xds.types import TypeUrl
 
@@ -63,6 +65,12 @@ class DiscoveryOptions:
     debounce: DebounceOptions = field(default_factory=DebounceOptions)
     push_throttle: int = 0
     cluster_id: str = "Kubernetes"
+    #: Entries per cached type (PILOT_XDS_CACHE_SIZE); 0 disables the cache (PILOT_ENABLE_XDS_CACHE=false).
+    cache_size: int = DEFAULT_SIZE
+    #: New streams per second (PILOT_MAX_REQUESTS_PER_SECOND); 0 is istiod's automatic value.
+    max_requests_per_second: float = 0.0
+    #: How long a new stream may wait for its turn before RESOURCE_EXHAUSTED.
+    request_wait: float = 1.0
 
 
 class DiscoveryServer:
@@ -78,6 +86,8 @@ class DiscoveryServer:
         self.options = options or DiscoveryOptions()
         self.generators = generators if generators is not None else sidecar_generators()
         self.push_context: PushContext | None = None
+        self.cache = XdsCache(self.options.cache_size, metrics) if self.options.cache_size > 0 else None
+        self._stream_limit = TokenBucket(self.options.max_requests_per_second or default_rate())
         self.connections: dict[str, Connection] = {}
         self._streams: dict[str, AdsStream] = {}
         self._events: asyncio.Queue[PushRequest] = asyncio.Queue()
@@ -117,10 +127,14 @@ class DiscoveryServer:
         push_type = self.env.index.update_service_endpoints(shard, hostname, namespace, endpoints)
         if push_type is PushType.NO_PUSH:
             return
+        key = ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)
+        if self.cache is not None:
+            # Now, not at push time: a proxy asking meanwhile must not get the old endpoints.
+            self.cache.clear({key})
         self._events.put_nowait(
             PushRequest(
                 full=push_type is PushType.FULL,
-                configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)}),
+                configs_updated=frozenset({key}),
                 reasons=Counter({TriggerReason.ENDPOINT: 1}),
             )
         )
@@ -129,11 +143,12 @@ class DiscoveryServer:
         self.metrics.inbound_updates.labels(type="svcdelete" if deleted else "svc").inc()
         if deleted:
             self.env.index.delete_service_shard(shard, hostname, namespace)
+        key = ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)
+        if self.cache is not None:
+            self.cache.clear({key})
         self._events.put_nowait(
             PushRequest(
-                full=True,
-                configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)}),
-                reasons=Counter({TriggerReason.SERVICE: 1}),
+                full=True, configs_updated=frozenset({key}), reasons=Counter({TriggerReason.SERVICE: 1})
             )
         )
 
@@ -168,9 +183,15 @@ class DiscoveryServer:
         try:
             if request.full or self.push_context is None:
                 push = self._rebuild_push_context()
+                if self.cache is not None:
+                    if request.is_everything:
+                        self.cache.clear_all()
+                    else:
+                        self.cache.clear(request.configs_updated)
             else:
                 push = self.push_context
             request.push = push
+            request.token = new_token()
             for reason, count in request.reasons.items():
                 self.metrics.push_triggers.labels(type=reason.value).inc(count)
             for listener in self._listeners:
@@ -251,6 +272,9 @@ class DiscoveryServer:
     ) -> None:
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+        if not await self._stream_limit.acquire(self.options.request_wait):
+            self.metrics.rate_limited.inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request rate limit exceeded")
         await AdsStream(self, context).run(requests)
 
     async def delta_aggregated_resources(self, requests: Any, context: grpc.aio.ServicerContext) -> None:

@@ -191,7 +191,7 @@ class AdsStream:
         if watch is None or generator is None:
             return
         started = time.monotonic()
-        ctx = GenerationContext(conn.proxy, request.push, self.server.env.index, request)
+        ctx = GenerationContext(conn.proxy, request.push, self.server.env.index, request, self.server.cache)
         try:
             resources = generator.generate(ctx, watch, names)
         except Exception:

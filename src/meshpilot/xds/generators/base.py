@@ -15,6 +15,7 @@ from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
 from meshpilot.networking.protobuf import TYPE_PREFIX
+from meshpilot.xds.cache import XdsCache, new_token
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.types import TypeUrl
 
@@ -43,6 +44,12 @@ class GenerationContext:
     push: PushContext
     index: EndpointIndex
     request: PushRequest
+    #: Where generated resources are kept for other proxies; None disables caching.
+    cache: XdsCache | None = None
+
+    @property
+    def token(self) -> int:
+        return self.request.token or new_token()
 
 
 class Generator(Protocol):

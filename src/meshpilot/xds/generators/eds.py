@@ -1,7 +1,10 @@
-"""EDS: ClusterLoadAssignments by cluster name.
+"""EDS: ClusterLoadAssignments by cluster name, wire-encoded and cached.
 
 On an endpoint-only push, only clusters of the hosts that changed are sent;
 SotW allows a partial EDS response (unsent assignments stay as they are).
+An assignment depends on the service, the subset and the DestinationRule's
+TLS mode, which make its cache key, and on the endpoints, whose every
+update evicts it, so proxies share one encoding per cluster.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
-from meshpilot.networking.endpoint import encode_cluster_load_assignment
+from meshpilot.networking.endpoint import cla_inputs, encode_from_inputs
 from meshpilot.networking.names import parse_cluster
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
@@ -22,6 +25,11 @@ _SKIPPED = (
     Kind.AUTHORIZATION_POLICY,
     Kind.REQUEST_AUTHENTICATION,
 )
+
+
+def _host_of(cluster_name: str) -> str | None:
+    parsed = parse_cluster(cluster_name)
+    return parsed[3] if parsed is not None else None
 
 
 class EndpointGenerator:
@@ -37,17 +45,23 @@ class EndpointGenerator:
         request = ctx.request
         if names is None and not request.full:
             hosts = {key.name for key in request.configs_updated if key.kind is Kind.SERVICE_ENTRY}
-            wanted = frozenset(
-                n for n in wanted if (parsed := parse_cluster(n)) is not None and parsed[3] in hosts
-            )
+            wanted = frozenset(n for n in wanted if _host_of(n) in hosts)
             if not wanted:
                 return None
-        return [
-            Resource(
-                name,
-                wire.any_bytes(
-                    self.type_url, encode_cluster_load_assignment(name, ctx.proxy, ctx.push, ctx.index)
-                ),
-            )
-            for name in sorted(wanted)
-        ]
+        cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
+        token = ctx.token
+        out = []
+        for name in sorted(wanted):
+            inputs = cla_inputs(name, ctx.proxy, ctx.push)
+            if inputs is None or cache is None:
+                payload = wire.any_bytes(self.type_url, encode_from_inputs(name, inputs, ctx.index))
+            else:
+                key = inputs.cache_key(name)
+                cached = cache.get(key)
+                if cached is None:
+                    payload = wire.any_bytes(self.type_url, encode_from_inputs(name, inputs, ctx.index))
+                    cache.add(key, payload, inputs.dependencies(), token)
+                else:
+                    payload = cached
+            out.append(Resource(name, payload))
+        return out

@@ -1,10 +1,16 @@
-"""RDS: route configurations by name, rebuilt on full pushes whose changes can affect them."""
+"""RDS: route configurations by name, rebuilt on full pushes whose changes can affect them.
+
+A route configuration is cached under its name, what the proxy's scope
+holds for that port (services, VirtualServices, policy), the proxy's DNS
+domain (short names), and the proxy's labels only when a VirtualService
+matches on them.
+"""
 
 from __future__ import annotations
 
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
-from meshpilot.networking.route import build_route_configuration
+from meshpilot.networking.route import build_route_configuration, route_cache_key, route_cache_parts
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
 from meshpilot.xds.types import TypeUrl
@@ -28,6 +34,21 @@ class RouteGenerator:
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
         wanted = names if names is not None else watch.names
-        return [
-            Resource.of(name, build_route_configuration(ctx.proxy, ctx.push, name)) for name in sorted(wanted)
-        ]
+        cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
+        scope = ctx.proxy.sidecar_scope
+        token = ctx.token
+        out = []
+        for name in sorted(wanted):
+            parts = None
+            if cache is not None and scope is not None:
+                parts = route_cache_parts(scope, name, ctx.push.domain_suffix)
+            if cache is None or parts is None:
+                out.append(Resource.of(name, build_route_configuration(ctx.proxy, ctx.push, name)))
+                continue
+            key = route_cache_key(ctx.proxy, ctx.push, name, parts)
+            payload = cache.get(key)
+            if payload is None:
+                payload = Resource.of(name, build_route_configuration(ctx.proxy, ctx.push, name)).payload
+                cache.add(key, payload, parts.dependencies, token)
+            out.append(Resource(name, payload))
+        return out

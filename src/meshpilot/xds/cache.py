@@ -1,0 +1,144 @@
+"""XdsCache: generated resources by a key of exactly what their generator read.
+
+One LRU per type (CDS, EDS, RDS), each entry remembering the configs it
+depends on, so a config change evicts only its dependents. Every write
+carries a token, the time the generation started; a write older than the
+last eviction is dropped, since it may hold what the eviction removed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from meshpilot.model.config import ConfigKey
+from meshpilot.server.metrics import Metrics
+from meshpilot.xds.types import TypeUrl
+
+#: istiod's PILOT_XDS_CACHE_SIZE default.
+DEFAULT_SIZE = 60000
+CACHED_TYPES = (TypeUrl.CLUSTER, TypeUrl.ENDPOINT, TypeUrl.ROUTE)
+
+
+def new_token() -> int:
+    """A generation token: now, in the same clock evictions are stamped with."""
+    return time.monotonic_ns()
+
+
+@dataclass(slots=True)
+class _Entry:
+    value: bytes
+    token: int
+    dependencies: frozenset[ConfigKey]
+
+
+class TypedCache:
+    """An LRU of serialized resources of one type."""
+
+    def __init__(self, capacity: int, metrics: Metrics | None = None) -> None:
+        self.capacity = capacity
+        self._metrics = metrics
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._by_config: dict[ConfigKey, set[int]] = {}
+        #: Time of the last eviction by a config change; older writes are dropped.
+        self._evicted_at = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: int) -> bytes | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            if self._metrics is not None:
+                self._metrics.cache_reads.labels(type="miss").inc()
+            return None
+        self._entries.move_to_end(key)
+        if self._metrics is not None:
+            self._metrics.cache_reads.labels(type="hit").inc()
+        return entry.value
+
+    def add(self, key: int, value: bytes, dependencies: frozenset[ConfigKey], token: int) -> bool:
+        """Store ``value`` unless the generation that made it predates the last eviction."""
+        if token < self._evicted_at:
+            return False
+        old = self._entries.get(key)
+        if old is not None:
+            if token <= old.token:
+                return False
+            self._unindex(key, old.dependencies)
+        self._entries[key] = _Entry(value, token, dependencies)
+        self._entries.move_to_end(key)
+        for config in dependencies:
+            self._by_config.setdefault(config, set()).add(key)
+        while len(self._entries) > self.capacity:
+            evicted_key, evicted = self._entries.popitem(last=False)
+            self._unindex(evicted_key, evicted.dependencies)
+            if self._metrics is not None:
+                self._metrics.cache_evictions.labels(type="size").inc()
+        return True
+
+    def clear(self, configs: Iterable[ConfigKey]) -> int:
+        """Evict every entry depending on one of ``configs``; returns how many."""
+        self._evicted_at = new_token()
+        evicted = 0
+        for config in configs:
+            for key in self._by_config.pop(config, ()):
+                entry = self._entries.pop(key, None)
+                if entry is None:
+                    continue
+                evicted += 1
+                self._unindex(key, entry.dependencies, skip=config)
+        if evicted and self._metrics is not None:
+            self._metrics.cache_evictions.labels(type="clear").inc(evicted)
+        return evicted
+
+    def clear_all(self) -> None:
+        self._evicted_at = new_token()
+        if self._entries and self._metrics is not None:
+            self._metrics.cache_evictions.labels(type="clear").inc(len(self._entries))
+        self._entries.clear()
+        self._by_config.clear()
+
+    def dependent_config_count(self) -> int:
+        return len(self._by_config)
+
+    def _unindex(self, key: int, dependencies: frozenset[ConfigKey], skip: ConfigKey | None = None) -> None:
+        for config in dependencies:
+            if config == skip:
+                continue
+            keys = self._by_config.get(config)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_config[config]
+
+
+class XdsCache:
+    """The caches of the cached types, cleared together."""
+
+    def __init__(self, size: int = DEFAULT_SIZE, metrics: Metrics | None = None) -> None:
+        self._metrics = metrics
+        self.types = {type_url: TypedCache(size, metrics) for type_url in CACHED_TYPES}
+
+    def for_type(self, type_url: TypeUrl) -> TypedCache | None:
+        return self.types.get(type_url)
+
+    def clear(self, configs: Iterable[ConfigKey]) -> None:
+        keys = frozenset(configs)
+        for cache in self.types.values():
+            cache.clear(keys)
+        self._record_sizes()
+
+    def clear_all(self) -> None:
+        for cache in self.types.values():
+            cache.clear_all()
+        self._record_sizes()
+
+    def _record_sizes(self) -> None:
+        if self._metrics is not None:
+            self._metrics.cache_size.set(sum(len(c) for c in self.types.values()))
+            self._metrics.cache_dependent_configs.set(
+                sum(c.dependent_config_count() for c in self.types.values())
+            )
