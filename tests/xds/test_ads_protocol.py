@@ -309,3 +309,23 @@ async def test_clients_vanishing_during_pushes_do_not_stall_the_others(tmp_path:
             await asyncio.sleep(0.02)
         assert len(app.server.connections) == 1, "closed streams are forgotten"
         await survivor.close()
+
+
+async def test_new_streams_beyond_the_rate_get_resource_exhausted(tmp_path: Path) -> None:
+    settings = settings_for(None, max_requests_per_second=1.0)
+    async with running(settings) as app:
+        clients = [AdsClient(str(settings.grpc_addr)) for _ in range(4)]
+        for i, client in enumerate(clients):
+            client.send(CDS, node_id=f"sidecar~127.0.0.{60 + i}~p{i}.default~default.svc.cluster.local")
+        outcomes = []
+        for client in clients:
+            try:
+                await client.recv(5)
+                outcomes.append("served")
+            except grpc.aio.AioRpcError as err:
+                outcomes.append(err.code().name)
+        # One token now, one within the one-second wait; the rest would wait longer.
+        assert sorted(outcomes) == ["RESOURCE_EXHAUSTED", "RESOURCE_EXHAUSTED", "served", "served"]
+        assert app.metrics.registry.get_sample_value("meshpilot_xds_rate_limited_total") == 2
+        for client in clients:
+            await client.close()

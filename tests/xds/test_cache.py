@@ -1,0 +1,169 @@
+"""The XdsCache: LRU, dependency eviction, stale writes, and keys that miss no input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support.kube import istio, workload
+from support.mesh_objects import mesh_objects
+from support.model import Model, build
+
+from meshpilot.model.config import ConfigKey
+from meshpilot.model.kind import Kind
+from meshpilot.model.push_request import PushRequest
+from meshpilot.server.metrics import Metrics
+from meshpilot.xds.cache import TypedCache, XdsCache, new_token
+from meshpilot.xds.connection import WatchedResource
+from meshpilot.xds.generators import sidecar_generators
+from meshpilot.xds.generators.base import GenerationContext
+from meshpilot.xds.types import TypeUrl
+
+SE = ConfigKey(Kind.SERVICE_ENTRY, "reviews", "default")
+DOMAIN = "default~default.svc.cluster.local"
+DR = ConfigKey(Kind.DESTINATION_RULE, "reviews", "default")
+
+
+def test_lru_and_dependency_eviction() -> None:
+    metrics = Metrics()
+    cache = TypedCache(2, metrics)
+    token = new_token()
+    assert cache.add(1, b"one", frozenset({SE}), token)
+    assert cache.add(2, b"two", frozenset({DR}), token)
+    assert cache.get(1) == b"one"  # 1 is now the most recently used
+    assert cache.add(3, b"three", frozenset(), token)
+    assert cache.get(2) is None, "the least recently used entry was evicted"
+    assert cache.clear({SE}) == 1
+    assert cache.get(1) is None and cache.get(3) == b"three"
+    reads = metrics.registry
+    assert reads.get_sample_value("xds_cache_reads_total", {"type": "hit"}) == 2
+    assert reads.get_sample_value("xds_cache_reads_total", {"type": "miss"}) == 2
+    assert reads.get_sample_value("xds_cache_evictions_total", {"type": "size"}) == 1
+    assert reads.get_sample_value("xds_cache_evictions_total", {"type": "clear"}) == 1
+
+
+def test_writes_from_before_an_eviction_are_dropped() -> None:
+    cache = TypedCache(10)
+    started = new_token()
+    cache.clear({SE})
+    assert not cache.add(1, b"stale", frozenset({SE}), started)
+    assert cache.get(1) is None
+    later = new_token()
+    assert cache.add(1, b"fresh", frozenset({SE}), later)
+    assert not cache.add(1, b"older", frozenset({SE}), later - 1), "an older write never replaces a newer one"
+    assert cache.get(1) == b"fresh"
+
+
+def test_replacing_an_entry_keeps_the_reverse_index_exact() -> None:
+    cache = TypedCache(10)
+    cache.add(1, b"a", frozenset({SE}), new_token())
+    cache.add(1, b"b", frozenset({DR}), new_token())
+    assert cache.clear({SE}) == 0, "the entry no longer depends on SE"
+    assert cache.clear({DR}) == 1
+    assert cache.dependent_config_count() == 0
+
+
+def _generate(
+    model: Model, proxy: Any, cache: XdsCache | None, type_url: TypeUrl, names: frozenset[str]
+) -> dict:  # type: ignore[type-arg]
+    generator = sidecar_generators()[type_url]
+    request = PushRequest(push=model.push, token=new_token())
+    watch = WatchedResource(type_url, names=names, wildcard=not names)
+    ctx = GenerationContext(proxy, model.push, model.index, request, cache)
+    return {r.name: r.payload for r in generator.generate(ctx, watch, None) or []}
+
+
+def _proxies(model: Model) -> list[Any]:
+    return [
+        model.proxy("sidecar~10.1.0.11~productpage-v1.default~default.svc.cluster.local"),
+        model.proxy(
+            "sidecar~10.1.0.12~productpage-v2.default~default.svc.cluster.local",
+            {"LABELS": {"app": "productpage", "version": "v2"}},
+        ),
+        model.proxy("sidecar~10.1.0.31~ratings-v1.other~other.svc.cluster.local"),
+        model.proxy(
+            "sidecar~10.1.0.13~mx.default~default.svc.cluster.local", extensions=["istio.metadata_exchange"]
+        ),
+        model.proxy("sidecar~fd00::13~v6.default~default.svc.cluster.local", {"INSTANCE_IPS": "fd00::13"}),
+        model.proxy(
+            "sidecar~10.1.0.14~none.default~default.svc.cluster.local", {"INTERCEPTION_MODE": "NONE"}
+        ),
+    ]
+
+
+@pytest.mark.parametrize("source_matching", [False, True], ids=["plain", "source-matching-vs"])
+@pytest.mark.parametrize("type_url", [TypeUrl.CLUSTER, TypeUrl.ENDPOINT, TypeUrl.ROUTE])
+def test_a_shared_cache_gives_every_proxy_exactly_what_it_would_get_uncached(
+    type_url: TypeUrl, source_matching: bool
+) -> None:
+    """If a key missed an input, some proxy would be served another proxy's entry here."""
+    docs = [
+        *mesh_objects(),
+        istio(
+            "DestinationRule",
+            "ratings",
+            "other",
+            {"host": "ratings", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}},
+        ),
+    ]
+    if source_matching:
+        docs.append(
+            istio(
+                "VirtualService",
+                "by-source",
+                "default",
+                {
+                    "hosts": ["reviews"],
+                    "http": [
+                        {
+                            "match": [{"sourceLabels": {"version": "v2"}}],
+                            "route": [{"destination": {"host": "reviews", "subset": "v2"}}],
+                        },
+                        {"route": [{"destination": {"host": "reviews", "subset": "v1"}}]},
+                    ],
+                },
+            )
+        )
+    model = build(docs)
+    names = {
+        TypeUrl.CLUSTER: frozenset(),
+        TypeUrl.ENDPOINT: frozenset(
+            {
+                "outbound|9080||reviews.default.svc.cluster.local",
+                "outbound|9080|v2|reviews.default.svc.cluster.local",
+                "outbound|9080||ratings.other.svc.cluster.local",
+                "outbound|3306||db.default.svc.cluster.local",
+            }
+        ),
+        TypeUrl.ROUTE: frozenset({"9080", "cache.default.svc.cluster.local:6000", "6000"}),
+    }[type_url]
+    cache = XdsCache(1000)
+    for _ in range(2):  # a cold pass, then a warm one
+        for proxy in _proxies(model):
+            assert _generate(model, proxy, cache, type_url, names) == _generate(
+                model, proxy, None, type_url, names
+            )
+    assert len(cache.types[type_url]) > 0, "the cache was used"
+
+
+def test_eviction_by_dependency_is_seen_by_the_next_generation() -> None:
+    model = build([*workload("reviews", "default", "10.96.0.20", 9080, {"r1": "10.1.0.21"})])
+    proxy = model.proxy("sidecar~10.1.0.99~client.default~default.svc.cluster.local")
+    cache = XdsCache(100)
+    name = frozenset({"outbound|9080||reviews.default.svc.cluster.local"})
+    before = _generate(model, proxy, cache, TypeUrl.ENDPOINT, name)
+    from meshpilot.model.endpoint import Endpoint
+    from meshpilot.model.endpoint_index import ShardKey
+
+    model.index.update_service_endpoints(
+        ShardKey("Kubernetes", "Kubernetes"),
+        "reviews.default.svc.cluster.local",
+        "default",
+        [Endpoint("10.1.0.22", 9080, "http")],
+    )
+    stale = _generate(model, proxy, cache, TypeUrl.ENDPOINT, name)
+    assert stale == before, "without eviction the cache answers (this is why updates evict)"
+    cache.clear({ConfigKey(Kind.SERVICE_ENTRY, "reviews.default.svc.cluster.local", "default")})
+    fresh = _generate(model, proxy, cache, TypeUrl.ENDPOINT, name)
+    assert fresh != before
+    assert b"10.1.0.22" in next(iter(fresh.values()))
