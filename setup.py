@@ -90,17 +90,17 @@ def extensions() -> list[Extension]:
         return []
     from Cython.Build import cythonize
 
-    # Each ext/NAME.pyx is compiled as the top-level module NAME, so Cython
-    # finds ext/NAME.pxd beside it, and then linked as meshpilot._ext.NAME:
-    # the module's init symbol depends only on the last name component.
+    # Each ext/NAME.pyx becomes meshpilot._ext.NAME. Shared C-level helpers are
+    # inline functions in .pxd files under ext/ (no module of their own).
     modules = cythonize(
-        [Extension(pyx.stem, [str(pyx.relative_to(ROOT))]) for pyx in sorted((ROOT / "ext").glob("*.pyx"))],
+        [
+            Extension(f"meshpilot._ext.{pyx.stem}", [str(pyx.relative_to(ROOT))])
+            for pyx in sorted((ROOT / "ext").glob("*.pyx"))
+        ],
         include_path=["ext"],
         language_level=3,
         compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
     )
-    for module in modules:
-        module.name = f"meshpilot._ext.{module.name}"
     print(
         "meshpilot: compiled build with " + ", ".join(m.name for m in modules),
         file=sys.stderr,

@@ -12,6 +12,10 @@ from libc.string cimport memcpy
 
 from protowire cimport Buffer, buf_free, buf_init, buf_reserve
 
+
+cdef inline uint64_t rotl64(uint64_t x, int r) noexcept nogil:
+    return (x << r) | (x >> (64 - r))
+
 from google.protobuf.message import Message
 
 cdef uint64_t P1 = 11400714785074694791ULL

@@ -13,4 +13,4 @@ import os
 NO_EXTENSIONS: bool = os.environ.get("MESHPILOT_NO_EXTENSIONS", "") not in ("", "0")
 
 #: Selector modules of the accelerated hot paths; each has ``IMPLEMENTATION`` ("c" or "py").
-SELECTORS = ("meshpilot.model.confighash", "meshpilot.networking.wire")
+SELECTORS = ("meshpilot.model.confighash", "meshpilot.model.endpoint_index", "meshpilot.networking.wire")
