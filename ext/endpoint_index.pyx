@@ -38,9 +38,11 @@ cdef class EndpointIndex:
     """``hostname -> namespace -> EndpointShards``, updated one shard at a time."""
 
     cdef dict _by_host
+    cdef public unsigned long long generation
 
     def __init__(self):
         self._by_host = {}
+        self.generation = 0
 
     def shards(self, hostname, namespace):
         by_ns = self._by_host.get(hostname)
@@ -63,10 +65,12 @@ cdef class EndpointIndex:
         if not new:
             if old is None and not created:
                 return NO_PUSH
+            self.generation += 1
             changed = entry.remove_shard(shard)
             return FULL if created or changed else INCREMENTAL
         if not created and old is not None and same(<tuple>old, new):
             return NO_PUSH
+        self.generation += 1
         changed = entry.set_shard(shard, new, accounts_of(new))
         return FULL if created or changed else INCREMENTAL
 
@@ -76,6 +80,7 @@ cdef class EndpointIndex:
         if by_ns is None or namespace not in by_ns:
             return
         entry = by_ns[namespace]
+        self.generation += 1
         entry.remove_shard(shard)
         if not entry.shards:
             del by_ns[namespace]

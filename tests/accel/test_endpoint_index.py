@@ -82,6 +82,7 @@ def test_twins_agree(ops: list[tuple[Any, ...]]) -> None:
         assert _apply(py, op) == _apply(c, op), op
         assert _contents(py) == _contents(c)
         assert len(py) == len(c)
+        assert py.generation == c.generation
 
 
 def test_push_types(impl: ModuleType) -> None:

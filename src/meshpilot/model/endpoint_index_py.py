@@ -25,6 +25,8 @@ class EndpointIndex:
 
     def __init__(self) -> None:
         self._by_host: dict[str, dict[str, EndpointShards]] = {}
+        #: Bumped on every change of any service's endpoints.
+        self.generation = 0
 
     def shards(self, hostname: str, namespace: str) -> EndpointShards | None:
         by_ns = self._by_host.get(hostname)
@@ -50,10 +52,12 @@ class EndpointIndex:
         if not new:
             if old is None and not created:
                 return PushType.NO_PUSH
+            self.generation += 1
             changed = entry.remove_shard(shard)
             return PushType.FULL if created or changed else PushType.INCREMENTAL
         if not created and old is not None and _same(old, new):
             return PushType.NO_PUSH
+        self.generation += 1
         accounts = frozenset(ep.service_account for ep in new if ep.service_account)
         changed = entry.set_shard(shard, new, accounts)
         return PushType.FULL if created or changed else PushType.INCREMENTAL
@@ -64,6 +68,7 @@ class EndpointIndex:
         if by_ns is None or namespace not in by_ns:
             return
         entry = by_ns[namespace]
+        self.generation += 1
         entry.remove_shard(shard)
         if not entry.shards:
             del by_ns[namespace]

@@ -139,6 +139,31 @@ class Proxy:
         return self.ip_addresses[0]
 
     @property
+    def ipv6_only(self) -> bool:
+        return all(":" in ip for ip in self.ip_addresses)
+
+    @property
+    def capabilities(self) -> tuple[frozenset[str], bool, InterceptionMode, bool]:
+        """What, besides its scope, decides a proxy's outbound config: extensions, IP family, capture."""
+        return (self.extensions, self.ipv6_only, self.interception_mode, self.metadata.unprivileged_pod)
+
+    @property
+    def inbound_signature(self) -> tuple[object, ...]:
+        """What decides a proxy's inbound config besides capabilities and scope: the ports it serves."""
+        return tuple(
+            (
+                t.target_port,
+                t.port.port,
+                t.port.name,
+                t.port.protocol.value,
+                t.service.hostname,
+                t.service.namespace,
+                t.service.name,
+            )
+            for t in self.service_targets
+        )
+
+    @property
     def interception_mode(self) -> InterceptionMode:
         return self.metadata.interception_mode
 

@@ -7,9 +7,9 @@ current one, since endpoints live in the EndpointIndex.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from meshpilot.model import visibility
 from meshpilot.model.config import Config
@@ -23,6 +23,8 @@ from meshpilot.model.service import Service
 from meshpilot.model.sidecar_scope import SidecarScope, build_scope
 
 MESH_GATEWAY = "mesh"
+_MEMO_LIMIT = 20000
+T = TypeVar("T")
 
 KindView = Mapping[tuple[str, str], Config]
 
@@ -100,6 +102,8 @@ class PushContext:
         for config in self.configs(Kind.SIDECAR):
             self._sidecars[config.namespace].append(config)
         self._scopes: dict[tuple[str, str, str], SidecarScope] = {}
+        #: Generated outputs shared by proxies that read the same inputs (see ``memoized``).
+        self._memo: dict[Hashable, Any] = {}
 
     # -- configs -----------------------------------------------------------------
 
@@ -158,6 +162,25 @@ class PushContext:
 
     def destination_rule(self, proxy_namespace: str, svc: Service) -> MergedDestinationRule | None:
         return self.destination_rules.lookup(proxy_namespace, svc.hostname, svc.namespace)
+
+    # -- shared generation results ------------------------------------------------------
+
+    def memoized(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``'s result, computed once per snapshot for ``key``.
+
+        The key must name every input ``make`` reads beyond this snapshot. The
+        memo is bounded: a long run of endpoint-only pushes (whose keys carry
+        the EndpointIndex generation) cannot make it grow without end.
+        """
+        try:
+            return self._memo[key]  # type: ignore[no-any-return]
+        except KeyError:
+            pass
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        value = make()
+        self._memo[key] = value
+        return value
 
     # -- sidecar scopes -------------------------------------------------------------
 

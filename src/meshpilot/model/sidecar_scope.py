@@ -15,7 +15,7 @@ from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.destination_rules import MergedDestinationRule
 from meshpilot.model.hosts import host_matches
 from meshpilot.model.kind import Kind
-from meshpilot.model.service import Service
+from meshpilot.model.service import Resolution, Service
 
 if TYPE_CHECKING:
     from meshpilot.model.push_context import PushContext, VirtualServiceEntry
@@ -77,6 +77,16 @@ class SidecarScope:
         if key.kind not in SCOPED_KINDS:
             return True
         return key in self.dependencies
+
+    @property
+    def has_headless(self) -> bool:
+        """Whether any imported service is headless (its listeners follow its endpoints)."""
+        return any(s.is_headless for s in self.services)
+
+    @property
+    def has_dns(self) -> bool:
+        """Whether any imported service resolves by DNS (its clusters carry endpoints)."""
+        return any(s.resolution in (Resolution.DNS_LB, Resolution.DNS_ROUND_ROBIN_LB) for s in self.services)
 
     def egress_listener_for_port(self, port: int) -> EgressListener | None:
         """The first listener with this port, or the catch-all one."""

@@ -7,7 +7,6 @@ InboundPassthroughCluster.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,10 +157,7 @@ def _subset_labels(rule: MergedDestinationRule | None, subset: str) -> dict[str,
 
 
 def _dns_family(proxy: Proxy) -> Any:
-    families = {ipaddress.ip_address(ip).version for ip in proxy.ip_addresses}
-    if families == {6}:
-        return cluster_pb2.Cluster.V6_ONLY
-    return cluster_pb2.Cluster.V4_ONLY
+    return cluster_pb2.Cluster.V6_ONLY if proxy.ipv6_only else cluster_pb2.Cluster.V4_ONLY
 
 
 def _apply_tls(
@@ -227,8 +223,7 @@ def passthrough_cluster(proxy: Proxy, mesh: Any, *, inbound: bool = False) -> An
 
 
 def _inbound_bind(proxy: Proxy) -> Any:
-    v6 = all(ipaddress.ip_address(ip).version == 6 for ip in proxy.ip_addresses)
-    source = names.INBOUND_PASSTHROUGH_BIND_IPV6 if v6 else names.INBOUND_PASSTHROUGH_BIND_IPV4
+    source = names.INBOUND_PASSTHROUGH_BIND_IPV6 if proxy.ipv6_only else names.INBOUND_PASSTHROUGH_BIND_IPV4
     return address_pb2.BindConfig(source_address=address_pb2.SocketAddress(address=source, port_value=0))
 
 

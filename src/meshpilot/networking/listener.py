@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,9 @@ def listener_protocol(protocol: Protocol) -> ListenerProtocol:
 
 @dataclass(slots=True)
 class Chain:
-    filters: list[Any]
+    #: Builds the chain's filters; called only for chains that make it into a listener,
+    #: since most candidate chains are merged away (every HTTP service of a port shares one).
+    build: Callable[[], list[Any]]
     match: Any | None = None  # FilterChainMatch; None matches everything
     name: str = ""
     http: bool = False
@@ -84,17 +87,16 @@ def _http_chain(proxy: Proxy, bind: str, port: int, rds: str, *, alpn: bool) -> 
         match = listener_components_pb2.FilterChainMatch(
             application_protocols=list(HTTP_ALPNS), transport_protocol="raw_buffer"
         )
-    hcm = http_connection_manager(
-        proxy,
-        stat_prefix=names.stat_name(f"outbound_{names.listener_name(bind, port)}"),
-        inbound=False,
-        rds_name=rds,
-    )
-    return Chain([hcm], match, http=True)
+    stat_prefix = names.stat_name(f"outbound_{names.listener_name(bind, port)}")
+
+    def build() -> list[Any]:
+        return [http_connection_manager(proxy, stat_prefix=stat_prefix, inbound=False, rds_name=rds)]
+
+    return Chain(build, match, http=True)
 
 
 def _tcp_chain(cluster: str, match: Any | None = None) -> Chain:
-    return Chain([tcp_proxy(cluster)], match)
+    return Chain(lambda: [tcp_proxy(cluster)], match)
 
 
 def _tcp_match(address: str) -> Any | None:
@@ -221,7 +223,7 @@ class OutboundBuilder:
         match = listener_components_pb2.FilterChainMatch(
             application_protocols=list(HTTP_ALPNS), transport_protocol="raw_buffer"
         )
-        return Chain(chain.filters, match, chain.name, chain.http)
+        return Chain(chain.build, match, chain.name, chain.http)
 
     def _headless_addresses(self, svc: Service, port: Port) -> list[str]:
         """Each endpoint of a headless service gets its own listener, except the proxy itself."""
@@ -249,7 +251,9 @@ class OutboundBuilder:
         blocked = scope is not None and scope.outbound_traffic_policy == REGISTRY_ONLY
         cluster = names.BLACKHOLE_CLUSTER if blocked else names.PASSTHROUGH_CLUSTER
         return Chain(
-            [tcp_proxy(cluster)], listener_components_pb2.FilterChainMatch(), names.PASSTHROUGH_FILTER_CHAIN
+            lambda: [tcp_proxy(cluster)],
+            listener_components_pb2.FilterChainMatch(),
+            names.PASSTHROUGH_FILTER_CHAIN,
         )
 
     def _listener(self, entry: Entry) -> Any:
@@ -290,7 +294,7 @@ class OutboundBuilder:
 
 
 def _render(chain: Chain, *, connect_timeout: bool) -> Any:
-    out = listener_components_pb2.FilterChain(filters=chain.filters, name=chain.name)
+    out = listener_components_pb2.FilterChain(filters=chain.build(), name=chain.name)
     if chain.match is not None:
         out.filter_chain_match.CopyFrom(chain.match)
     if chain.transport_socket is not None:

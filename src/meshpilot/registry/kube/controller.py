@@ -59,6 +59,7 @@ class KubeRegistry:
         self._namespaces: dict[str, KubeNamespace] = {}
         self._nodes: dict[str, KubeNode] = {}
         self._kube_services: dict[tuple[str, str], KubeService] = {}
+        self._kube_services_by_ns: dict[str, dict[str, KubeService]] = defaultdict(dict)
         self._services: dict[str, Service] = {}  # by hostname
         self._slices: dict[tuple[str, str], KubeEndpointSlice] = {}
         self._slices_by_service: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -143,8 +144,10 @@ class KubeRegistry:
         if pod is None:
             return []
         targets = []
-        for svc in sorted(self._services.values(), key=lambda s: s.hostname):
-            if svc.namespace != pod.meta.namespace or not svc.selector:
+        in_namespace = self._kube_services_by_ns.get(pod.meta.namespace, {})
+        for name in sorted(in_namespace):
+            svc = self._services.get(self._hostname(pod.meta.namespace, name))
+            if svc is None or not svc.selector:
                 continue
             if not wk.selector_matches(svc.selector, pod.meta.labels):
                 continue
@@ -162,6 +165,7 @@ class KubeRegistry:
     def _upsert_service(self, ks: KubeService) -> None:
         key = (ks.meta.namespace, ks.meta.name)
         self._kube_services[key] = ks
+        self._kube_services_by_ns[ks.meta.namespace][ks.meta.name] = ks
         svc = convert_service(
             ks, domain_suffix=self.domain_suffix, cluster_id=self.cluster_id, trust_domain=self.trust_domain
         )
@@ -176,6 +180,7 @@ class KubeRegistry:
     def _remove_service(self, namespace: str, name: str) -> None:
         if self._kube_services.pop((namespace, name), None) is None:
             return
+        self._kube_services_by_ns[namespace].pop(name, None)
         hostname = self._hostname(namespace, name)
         self._services.pop(hostname, None)
         self._updater.service_update(self.shard, hostname, namespace, deleted=True)

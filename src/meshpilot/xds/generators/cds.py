@@ -1,8 +1,10 @@
 """CDS: clusters, rebuilt on full pushes whose changes can affect them.
 
-Outbound clusters are cached under a key of everything their builder reads
-(service, DestinationRule, identities, MeshConfig, the proxy's capabilities),
-so proxies that see a service alike share its encoding.
+Outbound clusters are cached one by one under a key of everything their
+builder reads (service, DestinationRule, identities, MeshConfig, the proxy's
+capabilities), and the whole outbound list is shared, per snapshot, by the
+proxies of one scope with the same capabilities. Inbound clusters are shared
+by the proxies that serve the same ports.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ _SKIPPED = (
     Kind.AUTHORIZATION_POLICY,
     Kind.REQUEST_AUTHENTICATION,
 )
-#: Cached for a cluster that must not exist (DNS without endpoints).
-_ABSENT = b""
 
 
 class ClusterGenerator:
@@ -34,6 +34,23 @@ class ClusterGenerator:
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
+        proxy, push = ctx.proxy, ctx.push
+        scope = proxy.sidecar_scope
+        assert scope is not None
+        # DNS clusters carry their endpoints, so their list also depends on the index.
+        generation = ctx.index.generation if scope.has_dns else 0
+        outbound = push.memoized(
+            ("cds-out", id(scope), proxy.capabilities, generation), lambda: self._outbound(ctx)
+        )
+        # Sidecar ingress endpoints may name the proxy's own address.
+        own = (id(scope), proxy.ip) if scope.has_ingress else None
+        others = push.memoized(
+            ("cds-in", proxy.capabilities, proxy.inbound_signature, own), lambda: self._others(ctx)
+        )
+        seen = {r.name for r in outbound}
+        return [*outbound, *(r for r in others if r.name not in seen)]
+
+    def _outbound(self, ctx: GenerationContext) -> list[Resource]:
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
         cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
         token = ctx.token
@@ -48,13 +65,14 @@ class ClusterGenerator:
             payload = cache.get(key) if cache is not None else None
             if payload is None:
                 cluster = build_outbound_cluster(inputs, spec.service, spec.port, spec.subset, spec.rule)
-                payload = Resource.of(name, cluster).payload if cluster is not None else _ABSENT
+                # b"" stands for a cluster that must not exist (DNS without endpoints).
+                payload = Resource.of(name, cluster).payload if cluster is not None else b""
                 if cache is not None:
                     cache.add(key, payload, spec.dependencies(), token)
             if payload:
                 out.append(Resource(name, payload))
-        for cluster in other_clusters(inputs):
-            if cluster.name not in seen:
-                seen.add(cluster.name)
-                out.append(Resource.of(cluster.name, cluster))
         return out
+
+    def _others(self, ctx: GenerationContext) -> list[Resource]:
+        inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
+        return [Resource.of(c.name, c) for c in other_clusters(inputs)]

@@ -48,6 +48,11 @@ class EndpointGenerator:
             wanted = frozenset(n for n in wanted if _host_of(n) in hosts)
             if not wanted:
                 return None
+        scope = ctx.proxy.sidecar_scope
+        key = ("eds", id(scope), ctx.proxy.config_namespace, wanted, ctx.index.generation)
+        return ctx.push.memoized(key, lambda: self._assignments(ctx, wanted))
+
+    def _assignments(self, ctx: GenerationContext, wanted: frozenset[str]) -> list[Resource]:
         cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
         token = ctx.token
         out = []

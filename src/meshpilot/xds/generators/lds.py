@@ -1,4 +1,9 @@
-"""LDS: listeners, rebuilt on full pushes whose changes can affect them."""
+"""LDS: listeners, rebuilt on full pushes whose changes can affect them.
+
+Outbound listeners are shared, per snapshot, by the proxies of one scope with
+the same capabilities (and, with headless services, the same addresses);
+inbound listeners by the proxies that serve the same ports.
+"""
 
 from __future__ import annotations
 
@@ -26,19 +31,33 @@ class ListenerGenerator:
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
-        inbound = build_inbound_listeners(ctx.proxy, ctx.push)
-        taken = {listener.name for listener in inbound}
-        outbound = []
-        for listener in build_outbound_listeners(ctx.proxy, ctx.push, ctx.index):
+        proxy, push = ctx.proxy, ctx.push
+        scope = proxy.sidecar_scope
+        assert scope is not None
+        # Headless services get a listener per endpoint, except the proxy's own address.
+        headless = (proxy.ip_addresses, ctx.index.generation) if scope.has_headless else None
+        outbound = push.memoized(
+            ("lds-out", id(scope), proxy.capabilities, headless),
+            lambda: [Resource.of(li.name, li) for li in build_outbound_listeners(proxy, push, ctx.index)],
+        )
+        # Sidecar ingress listeners bind the proxy's own address by default.
+        own = (id(scope), proxy.ip_addresses) if scope.has_ingress else None
+        inbound = push.memoized(
+            ("lds-in", proxy.capabilities, proxy.inbound_signature, own),
+            lambda: [Resource.of(li.name, li) for li in build_inbound_listeners(proxy, push)],
+        )
+        taken = {r.name for r in inbound}
+        kept = []
+        for resource in outbound:
             # Envoy rejects a whole update with two listeners of one name; an
             # explicit Sidecar ingress port wins over an outbound service port.
-            if listener.name in taken:
+            if resource.name in taken:
                 log.warning(
                     "%s: outbound listener %s conflicts with an inbound listener; skipped",
-                    ctx.proxy.id,
-                    listener.name,
+                    proxy.id,
+                    resource.name,
                 )
                 continue
-            taken.add(listener.name)
-            outbound.append(listener)
-        return [Resource.of(listener.name, listener) for listener in [*outbound, *inbound]]
+            taken.add(resource.name)
+            kept.append(resource)
+        return [*kept, *inbound]

@@ -8,9 +8,17 @@ matches on them.
 
 from __future__ import annotations
 
+from functools import partial
+
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
-from meshpilot.networking.route import build_route_configuration, route_cache_key, route_cache_parts
+from meshpilot.networking.route import (
+    RouteCacheParts,
+    build_route_configuration,
+    route_cache_key,
+    route_cache_parts,
+)
+from meshpilot.xds.cache import TypedCache
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
 from meshpilot.xds.types import TypeUrl
@@ -46,9 +54,23 @@ class RouteGenerator:
                 out.append(Resource.of(name, build_route_configuration(ctx.proxy, ctx.push, name)))
                 continue
             key = route_cache_key(ctx.proxy, ctx.push, name, parts)
-            payload = cache.get(key)
-            if payload is None:
-                payload = Resource.of(name, build_route_configuration(ctx.proxy, ctx.push, name)).payload
-                cache.add(key, payload, parts.dependencies, token)
+            payload = ctx.push.memoized(
+                ("rds", key), partial(self._payload, ctx, name, key, parts, cache, token)
+            )
             out.append(Resource(name, payload))
         return out
+
+    def _payload(
+        self,
+        ctx: GenerationContext,
+        name: str,
+        key: int,
+        parts: RouteCacheParts,
+        cache: TypedCache,
+        token: int,
+    ) -> bytes:
+        payload = cache.get(key)
+        if payload is None:
+            payload = Resource.of(name, build_route_configuration(ctx.proxy, ctx.push, name)).payload
+            cache.add(key, payload, parts.dependencies, token)
+        return payload

@@ -1,0 +1,322 @@
+"""The fleet simulator: many sidecars over real ADS gRPC streams, spread over worker processes.
+
+Each simulated sidecar behaves as Envoy does on a state-of-the-world stream:
+CDS, then EDS for the clusters it got, then LDS, then RDS for its route
+names, ACKing every response with its nonce. The runner can "arm" a marker
+(bytes that a change will put into a response of some type); every stream
+then records when a response containing it arrives, which is when that
+proxy has converged (it ACKs at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import multiprocessing.connection
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import struct_pb2
+
+from bench.wirescan import resource_name, scan_response
+
+ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
+RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+TYPES = (CDS, EDS, LDS, RDS)
+RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+@dataclass
+class ProxySpec:
+    node_id: str
+    metadata: dict[str, Any]
+
+
+@dataclass
+class SimProxy:
+    spec: ProxySpec
+    route_names: list[str]
+    acked: set[str] = field(default_factory=set)
+    eds_names: list[str] = field(default_factory=list)
+    nonces: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    marker: bytes = b""
+    marker_type: str = ""
+    marker_seen: float | None = None
+    connects: int = 0
+    empty_configs: int = 0
+    errors: list[str] = field(default_factory=list)
+    bytes_received: int = 0
+    stopping: bool = False
+
+    @property
+    def synced(self) -> bool:
+        wanted = {CDS, EDS, LDS} | ({RDS} if self.route_names else set())
+        return wanted <= self.acked
+
+
+def _identity(payload: bytes) -> bytes:
+    return payload
+
+
+def _request(proxy: SimProxy, type_url: str, names: list[str], first: bool) -> bytes:
+    request = discovery_pb2.DiscoveryRequest(
+        type_url=type_url,
+        resource_names=names,
+        response_nonce=proxy.nonces.get(type_url, ""),
+        version_info=proxy.versions.get(type_url, ""),
+    )
+    if first:
+        meta = struct_pb2.Struct()
+        meta.update(proxy.spec.metadata)
+        request.node.CopyFrom(base_pb2.Node(id=proxy.spec.node_id, cluster="bench", metadata=meta))
+    return request.SerializeToString()
+
+
+async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
+    """Keep one proxy's stream up, reconnecting with backoff as Envoy does."""
+    backoff = 0.5
+    while not proxy.stopping:
+        outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def requests() -> Any:
+            while (item := await outgoing.get()) is not None:
+                yield item
+
+        call = channel.stream_stream(ADS, request_serializer=_identity, response_deserializer=_identity)(
+            requests()
+        )
+        proxy.connects += 1
+        proxy.acked.clear()
+        proxy.nonces.clear()
+        proxy.versions.clear()
+        proxy.eds_names = []
+        first_cds = True
+        outgoing.put_nowait(_request(proxy, CDS, [], first=True))
+        try:
+            while True:
+                data = await call.read()
+                if data is grpc.aio.EOF:
+                    break
+                now = time.time()
+                backoff = 0.5
+                proxy.bytes_received += len(data)
+                version, type_url, nonce, spans = scan_response(data)
+                proxy.nonces[type_url] = nonce
+                proxy.versions[type_url] = version
+                if (
+                    proxy.marker
+                    and proxy.marker_seen is None
+                    and type_url == proxy.marker_type
+                    and proxy.marker in data
+                ):
+                    proxy.marker_seen = now
+                if type_url == CDS:
+                    names = [resource_name(data, s) for s in spans]
+                    eds = sorted(n for n in names if n.startswith("outbound|"))
+                    if first_cds and not eds:
+                        proxy.empty_configs += 1
+                    outgoing.put_nowait(_request(proxy, CDS, [], first=False))
+                    if eds != proxy.eds_names or first_cds:
+                        proxy.eds_names = eds
+                        outgoing.put_nowait(_request(proxy, EDS, eds, first=False))
+                    first_cds = False
+                elif type_url == EDS:
+                    outgoing.put_nowait(_request(proxy, EDS, proxy.eds_names, first=False))
+                    if LDS not in proxy.acked and LDS not in proxy.nonces:
+                        outgoing.put_nowait(_request(proxy, LDS, [], first=False))
+                elif type_url == LDS:
+                    outgoing.put_nowait(_request(proxy, LDS, [], first=False))
+                    if proxy.route_names and RDS not in proxy.nonces:
+                        outgoing.put_nowait(_request(proxy, RDS, proxy.route_names, first=False))
+                elif type_url == RDS:
+                    outgoing.put_nowait(_request(proxy, RDS, proxy.route_names, first=False))
+                proxy.acked.add(type_url)
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in RETRY_CODES and not proxy.stopping:
+                proxy.errors.append(f"{err.code().name}: {err.details()}")
+        finally:
+            outgoing.put_nowait(None)
+            call.cancel()
+        if proxy.stopping:
+            return
+        await asyncio.sleep(backoff * (0.5 + random.random()))
+        backoff = min(backoff * 2, 10)
+
+
+class Worker:
+    """The proxies of one worker process, driven by commands from the runner."""
+
+    def __init__(self, target: str, specs: list[ProxySpec], route_names: list[str], per_channel: int) -> None:
+        self.target = target
+        self.proxies = [SimProxy(spec, route_names) for spec in specs]
+        self.per_channel = per_channel
+        self.tasks: list[asyncio.Task[None]] = []
+        self.channels: list[grpc.aio.Channel] = []
+
+    async def start(self) -> None:
+        options = [("grpc.max_receive_message_length", 1 << 30), ("grpc.enable_retries", 0)]
+        for i, proxy in enumerate(self.proxies):
+            if i % self.per_channel == 0:
+                self.channels.append(grpc.aio.insecure_channel(self.target, options=options))
+            proxy.stopping = False
+            self.tasks.append(asyncio.create_task(run_proxy(proxy, self.channels[-1])))
+
+    async def stop(self) -> None:
+        for proxy in self.proxies:
+            proxy.stopping = True
+        for channel in self.channels:
+            await channel.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks, self.channels = [], []
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "proxies": len(self.proxies),
+            "synced": sum(p.synced for p in self.proxies),
+            "connects": sum(p.connects for p in self.proxies),
+            "empty_configs": sum(p.empty_configs for p in self.proxies),
+            "errors": [e for p in self.proxies for e in p.errors][:5],
+            "bytes": sum(p.bytes_received for p in self.proxies),
+        }
+
+    def arm(self, marker: bytes, type_url: str) -> None:
+        for proxy in self.proxies:
+            proxy.marker, proxy.marker_type, proxy.marker_seen = marker, type_url, None
+
+    def collect(self) -> list[float | None]:
+        return [p.marker_seen for p in self.proxies]
+
+
+async def _serve(conn: multiprocessing.connection.Connection, worker: Worker) -> None:
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue[Any] = asyncio.Queue()
+    loop.add_reader(conn.fileno(), lambda: commands.put_nowait(conn.recv()))
+    while True:
+        command = await commands.get()
+        name = command[0]
+        if name == "start":
+            await worker.start()
+            conn.send("ok")
+        elif name == "status":
+            conn.send(worker.status())
+        elif name == "arm":
+            worker.arm(command[1], command[2])
+            conn.send("ok")
+        elif name == "collect":
+            conn.send(worker.collect())
+        elif name == "restart":
+            await worker.stop()
+            await worker.start()
+            conn.send("ok")
+        elif name == "stop":
+            await worker.stop()
+            conn.send("ok")
+            return
+
+
+def _worker_main(
+    conn: multiprocessing.connection.Connection,
+    target: str,
+    specs: list[ProxySpec],
+    route_names: list[str],
+    per_channel: int,
+) -> None:
+    asyncio.run(_serve(conn, Worker(target, specs, route_names, per_channel)))
+
+
+class Fleet:
+    """The runner's handle on the worker processes."""
+
+    def __init__(
+        self,
+        target: str,
+        specs: list[ProxySpec],
+        route_names: list[str],
+        *,
+        workers: int = 0,
+        per_channel: int = 1,
+    ) -> None:
+        count = workers or max(1, min(os.cpu_count() or 1, len(specs) // 200 + 1))
+        ctx = multiprocessing.get_context("spawn")
+        self.conns: list[multiprocessing.connection.Connection] = []
+        self.processes = []
+        for w in range(count):
+            parent, child = ctx.Pipe()
+            share = specs[w::count]
+            process = ctx.Process(
+                target=_worker_main, args=(child, target, share, route_names, per_channel), daemon=True
+            )
+            process.start()
+            self.conns.append(parent)
+            self.processes.append(process)
+
+    def _all(self, *command: Any, timeout: float = 120) -> list[Any]:
+        for conn in self.conns:
+            conn.send(command)
+        replies = []
+        for conn in self.conns:
+            if not conn.poll(timeout):
+                raise TimeoutError(f"fleet worker did not answer {command[0]}")
+            replies.append(conn.recv())
+        return replies
+
+    def start(self) -> None:
+        self._all("start")
+
+    def status(self) -> dict[str, Any]:
+        replies = self._all("status")
+        out: dict[str, Any] = {"errors": []}
+        for reply in replies:
+            for key, value in reply.items():
+                out[key] = out.get(key, 0 if key != "errors" else []) + value
+        return out
+
+    def wait_synced(self, timeout: float) -> float:
+        """Seconds until every proxy has ACKed every type; TimeoutError otherwise."""
+        started = time.time()
+        while time.time() - started < timeout:
+            status = self.status()
+            if status["synced"] == status["proxies"]:
+                return time.time() - started
+            time.sleep(0.2)
+        raise TimeoutError(f"fleet not synced after {timeout}s: {self.status()}")
+
+    def arm(self, marker: bytes, type_url: str) -> None:
+        self._all("arm", marker, type_url)
+
+    def collect(self) -> list[float | None]:
+        return [t for reply in self._all("collect") for t in reply]
+
+    def wait_marker(self, expected: int, timeout: float) -> list[float | None]:
+        started = time.time()
+        times = self.collect()
+        while time.time() - started < timeout:
+            times = self.collect()
+            if sum(t is not None for t in times) >= expected:
+                break
+            time.sleep(0.1)
+        return times
+
+    def restart(self) -> None:
+        self._all("restart", timeout=300)
+
+    def stop(self) -> None:
+        try:
+            self._all("stop", timeout=60)
+        finally:
+            for process in self.processes:
+                process.join(10)
+                if process.is_alive():
+                    process.kill()

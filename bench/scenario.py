@@ -1,0 +1,229 @@
+"""Benchmark scenarios: a YAML shape of a mesh, turned into a config directory and a fleet.
+
+A scenario names how many services, ports, endpoints, namespaces and proxies
+to make. Every proxy is a Pod of one of the services (so it has inbound
+config, as a real sidecar does), in REDIRECT mode, with its own IP.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROTOCOLS = {"http": ("http", 8080), "tcp": ("tcp", 9000), "grpc": ("grpc", 7070)}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    services: int = 100
+    endpoints_per_service: int = 10
+    ports_per_service: int = 1
+    namespaces: int = 1
+    proxies: int = 100
+    protocol: str = "http"
+    #: VirtualServices (each on one service) and DestinationRules with two subsets.
+    virtual_services: int = 0
+    destination_rules: int = 0
+    #: Proxies connect through a Sidecar resource that limits egress to their namespace.
+    scoped: bool = False
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> Scenario:
+        data = yaml.safe_load(path.read_text()) or {}
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"{path}: unknown scenario fields {sorted(unknown)}")
+        data.setdefault("name", path.stem)
+        return cls(**data)
+
+    def scaled(self, factor: float) -> Scenario:
+        """The same shape with fewer services, endpoints and proxies (for quick runs)."""
+
+        def scale(n: int) -> int:
+            return max(1, int(n * factor))
+
+        return Scenario(
+            **{
+                **self.__dict__,
+                "services": scale(self.services),
+                "proxies": scale(self.proxies),
+                "virtual_services": min(self.virtual_services, scale(self.services)),
+                "destination_rules": min(self.destination_rules, scale(self.services)),
+            }
+        )
+
+    # -- naming ----------------------------------------------------------------
+
+    def namespace(self, service: int) -> str:
+        return f"bench-{service % self.namespaces}"
+
+    def service_name(self, service: int) -> str:
+        return f"svc-{service}"
+
+    def hostname(self, service: int) -> str:
+        return f"{self.service_name(service)}.{self.namespace(service)}.svc.cluster.local"
+
+    def ports(self) -> list[tuple[str, int]]:
+        prefix, base = PROTOCOLS[self.protocol]
+        return [(f"{prefix}-{i}", base + i) for i in range(self.ports_per_service)]
+
+    def endpoint_ip(self, service: int, index: int) -> str:
+        return str(ipaddress.ip_address("10.128.0.0") + service * 1024 + index)
+
+    def cluster_ip(self, service: int) -> str:
+        return str(ipaddress.ip_address("10.96.0.0") + service + 1)
+
+    def proxy(self, i: int) -> tuple[str, str, str, dict[str, str]]:
+        """(node id, IP, namespace, labels) of proxy ``i``: an endpoint of service ``i % services``."""
+        service = i % self.services
+        index = i // self.services
+        namespace = self.namespace(service)
+        pod = f"{self.service_name(service)}-{index}"
+        ip = self.endpoint_ip(service, index)
+        node_id = f"sidecar~{ip}~{pod}.{namespace}~{namespace}.svc.cluster.local"
+        return node_id, ip, namespace, {"app": self.service_name(service), "version": "v1"}
+
+    def route_names(self) -> list[str]:
+        return [str(port) for _, port in self.ports()] if self.protocol != "tcp" else []
+
+    # -- config ------------------------------------------------------------------
+
+    def endpoints_of(self, service: int) -> int:
+        # Proxies are endpoints too: a service has at least as many pods as proxies it hosts.
+        hosted = self.proxies // self.services + (1 if service < self.proxies % self.services else 0)
+        return max(self.endpoints_per_service, hosted)
+
+    def objects(self, *, endpoint_bump: int = 0) -> dict[str, list[dict[str, Any]]]:
+        """Config files (name -> objects) for the scenario."""
+        files: dict[str, list[dict[str, Any]]] = {}
+        namespaces = sorted({self.namespace(s) for s in range(self.services)})
+        files["namespaces.yaml"] = [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}} for ns in namespaces
+        ]
+        for s in range(self.services):
+            files[f"svc-{s}.yaml"] = self.service_objects(s, extra_endpoints=endpoint_bump if s == 0 else 0)
+        routing = []
+        for s in range(self.destination_rules):
+            routing.append(self.destination_rule(s))
+        for s in range(self.virtual_services):
+            routing.append(self.virtual_service(s, marker="initial"))
+        if routing:
+            files["routing.yaml"] = routing
+        if self.scoped:
+            files["sidecars.yaml"] = [
+                {
+                    "apiVersion": "networking.istio.io/v1",
+                    "kind": "Sidecar",
+                    "metadata": {"name": "default", "namespace": ns},
+                    "spec": {"egress": [{"hosts": ["./*", "istio-system/*"]}]},
+                }
+                for ns in namespaces
+            ]
+        return files
+
+    def service_objects(self, s: int, *, extra_endpoints: int = 0) -> list[dict[str, Any]]:
+        ns, name = self.namespace(s), self.service_name(s)
+        ports = self.ports()
+        labels = {"app": name, "version": "v1"}
+        docs: list[dict[str, Any]] = [
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {
+                    "clusterIP": self.cluster_ip(s),
+                    "selector": {"app": name},
+                    "ports": [{"name": p, "port": n, "targetPort": n} for p, n in ports],
+                },
+            }
+        ]
+        count = self.endpoints_of(s) + extra_endpoints
+        endpoints = []
+        for i in range(count):
+            pod = f"{name}-{i}"
+            ip = self.endpoint_ip(s, i)
+            docs.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": pod, "namespace": ns, "labels": labels},
+                    "spec": {"serviceAccountName": name},
+                    "status": {"podIP": ip},
+                }
+            )
+            endpoints.append(
+                {
+                    "addresses": [ip],
+                    "conditions": {"ready": True},
+                    "targetRef": {"kind": "Pod", "name": pod, "namespace": ns},
+                }
+            )
+        docs.append(
+            {
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": f"{name}-slice",
+                    "namespace": ns,
+                    "labels": {"kubernetes.io/service-name": name},
+                },
+                "addressType": "IPv4",
+                "ports": [{"name": p, "port": n} for p, n in ports],
+                "endpoints": endpoints,
+            }
+        )
+        return docs
+
+    def destination_rule(self, s: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "DestinationRule",
+            "metadata": {"name": self.service_name(s), "namespace": self.namespace(s)},
+            "spec": {
+                "host": self.hostname(s),
+                "subsets": [
+                    {"name": "v1", "labels": {"version": "v1"}},
+                    {"name": "v2", "labels": {"version": "v2"}},
+                ],
+            },
+        }
+
+    def virtual_service(self, s: int, *, marker: str) -> dict[str, Any]:
+        """A VirtualService whose route name carries ``marker``, so a fleet can see it arrive."""
+        route: dict[str, Any] = {
+            "name": f"bench-{marker}",
+            "route": [{"destination": {"host": self.hostname(s)}}],
+        }
+        if self.protocol == "tcp":
+            return {
+                "apiVersion": "networking.istio.io/v1",
+                "kind": "VirtualService",
+                "metadata": {"name": self.service_name(s), "namespace": self.namespace(s)},
+                "spec": {"hosts": [self.hostname(s)], "tcp": [{"route": route["route"]}]},
+            }
+        return {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "VirtualService",
+            "metadata": {"name": self.service_name(s), "namespace": self.namespace(s)},
+            "spec": {"hosts": [self.hostname(s)], "http": [route]},
+        }
+
+    def write(self, directory: Path, **kwargs: Any) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, docs in self.objects(**kwargs).items():
+            write_yaml(directory / name, docs)
+
+
+def write_yaml(path: Path, docs: list[dict[str, Any]]) -> None:
+    """Atomically, so the watcher never reads half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    tmp.replace(path)

@@ -1,0 +1,123 @@
+"""The meshpilot server under test, as a process whose CPU time and memory are read from /proc."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(
+        self,
+        config_dir: Path,
+        workdir: Path,
+        *,
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.grpc_port, self.http_port, self.monitoring_port = free_port(), free_port(), free_port()
+        self.argv = [
+            sys.executable,
+            "-m",
+            "meshpilot.cli.main",
+            "discovery",
+            "--config-dir",
+            str(config_dir),
+            "--grpc-addr",
+            f"127.0.0.1:{self.grpc_port}",
+            "--http-addr",
+            f"127.0.0.1:{self.http_port}",
+            "--monitoring-addr",
+            f"127.0.0.1:{self.monitoring_port}",
+            "--log-level",
+            "warn",
+            *(extra or []),
+        ]
+        self.env = {**os.environ, **(env or {})}
+        self.log = workdir / "meshpilot.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self, timeout: float = 600) -> float:
+        """Start and wait for /ready; returns seconds until ready."""
+        started = time.time()
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+        while time.time() - started < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"meshpilot exited: {self.log.read_text()[-2000:]}")
+            try:
+                if self.get("/ready")[0] == 200:
+                    return time.time() - started
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("meshpilot not ready")
+
+    def get(self, path: str, port: int | None = None, timeout: float = 10) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", port or self.http_port, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def ready_latency(self) -> float:
+        started = time.perf_counter()
+        self.get("/ready")
+        return time.perf_counter() - started
+
+    def metrics(self) -> dict[str, float]:
+        _, body = self.get("/metrics", self.monitoring_port)
+        out = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def cpu_seconds(self) -> float:
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+
+    def memory(self) -> dict[str, float]:
+        """Current and peak resident memory in MiB."""
+        assert self.proc is not None
+        out: dict[str, Any] = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                out["rss_mib" if key == "VmRSS" else "peak_rss_mib"] = int(value.split()[0]) / 1024
+        return out
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
