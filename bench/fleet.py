@@ -16,6 +16,7 @@ import multiprocessing.connection
 import os
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +80,14 @@ def _request(proxy: SimProxy, type_url: str, names: list[str], first: bool) -> b
         meta = struct_pb2.Struct()
         meta.update(proxy.spec.metadata)
         request.node.CopyFrom(base_pb2.Node(id=proxy.spec.node_id, cluster="bench", metadata=meta))
-    return request.SerializeToString()
+    data: bytes = request.SerializeToString()
+    return data
+
+
+async def _drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
+    """Requests for the stream, until a None says the stream is done."""
+    while (item := await queue.get()) is not None:
+        yield item
 
 
 async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
@@ -88,12 +96,8 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
     while not proxy.stopping:
         outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
 
-        async def requests() -> Any:
-            while (item := await outgoing.get()) is not None:
-                yield item
-
         call = channel.stream_stream(ADS, request_serializer=_identity, response_deserializer=_identity)(
-            requests()
+            _drain(outgoing)
         )
         proxy.connects += 1
         proxy.acked.clear()
