@@ -162,17 +162,25 @@ def generators() -> dict[str, Any]:
     """Uncached CDS per cluster, RDS per virtual host, and the cached CDS path, from a 200-service model."""
     from bench.model_fixture import build_model
     from meshpilot.networking.cluster import ClusterInputs, build_outbound_cluster, outbound_specs
+    from meshpilot.networking.cluster_wire import OutboundClusterEncoder
     from meshpilot.networking.route import build_route_configuration
 
     model, proxy = build_model(services=200, endpoints=10)
     inputs = ClusterInputs(proxy, model.push, model.index)
     specs = outbound_specs(proxy)
 
-    def cds() -> None:
+    def cds_protobuf() -> None:
         for s in specs:
             cluster = build_outbound_cluster(inputs, s.service, s.port, s.subset, s.rule)
             assert cluster is not None
             cluster.SerializeToString()
+
+    def cds() -> None:
+        # A fresh snapshot memo each time, so templates are rebuilt as after a config change.
+        model.push._memo.clear()
+        encoder = OutboundClusterEncoder(inputs)
+        for s in specs:
+            assert encoder.encode(s)
 
     def cds_keys() -> None:
         for s in specs:
@@ -182,6 +190,7 @@ def generators() -> dict[str, Any]:
     vhosts = len(route.virtual_hosts)
     return {
         "cds_uncached_us_per_cluster": per_call(cds, min_time=0.5, repeats=3) / len(specs) * 1e6,
+        "cds_protobuf_us_per_cluster": per_call(cds_protobuf, min_time=0.5, repeats=3) / len(specs) * 1e6,
         "cds_key_us_per_cluster": per_call(cds_keys) / len(specs) * 1e6,
         "rds_uncached_us_per_vhost": per_call(
             lambda: build_route_configuration(proxy, model.push, "8080").SerializeToString(),

@@ -6,10 +6,11 @@ encodings and is the typed source of truth.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.stdint cimport uint64_t
 
 from protowire cimport (
-    Buffer, begin_message, buf_bytes, buf_free, buf_init, end_message, put_len_field, put_varint,
+    Buffer, begin_message, buf_bytes, buf_free, buf_init, end_message, put_len_field, put_raw, put_varint,
     put_str_field, put_uint_field,
 )
 
@@ -228,6 +229,162 @@ def cluster_load_assignment(cluster_name, endpoints, port_name, subset, int tls_
     try:
         put_str_field(&buf, 1, text(cluster_name))
         put_groups(&buf, chosen, tls_mode)
+        return buf_bytes(&buf)
+    finally:
+        buf_free(&buf)
+
+
+# -- outbound EDS clusters -------------------------------------------------------
+
+CLUSTER_TLS_NONE = 0
+CLUSTER_TLS_AUTO = 1
+CLUSTER_TLS_ALWAYS = 2
+
+cdef str _CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+cdef str _UPSTREAM_TLS_TYPE = (
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+)
+cdef str _RAW_BUFFER_TYPE = (
+    "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
+)
+
+
+cdef int put_struct_string(Buffer *buf, str key, str value) except -1:
+    # Struct.fields entry {key, Value{string_value}}
+    cdef Py_ssize_t entry = begin_message(buf, 1)
+    cdef Py_ssize_t value_
+    put_str_field(buf, 1, key)
+    value_ = begin_message(buf, 2)
+    put_str_field(buf, 3, value)
+    end_message(buf, value_)
+    return end_message(buf, entry)
+
+
+def cluster_metadata(config, subset, host, name, namespace, bint external):
+    """A cluster's ``Metadata``: ``istio`` with config, subset, and services or external."""
+    cdef Buffer buf
+    cdef Py_ssize_t entry, struct_, field_, value_, list_, item, inner
+    buf_init(&buf)
+    try:
+        entry = begin_message(&buf, 1)
+        put_str_field(&buf, 1, "istio")
+        struct_ = begin_message(&buf, 2)
+        if config:
+            put_struct_string(&buf, "config", text(config))
+        if subset:
+            put_struct_string(&buf, "subset", text(subset))
+        if external:
+            field_ = begin_message(&buf, 1)
+            put_str_field(&buf, 1, "external")
+            value_ = begin_message(&buf, 2)
+            put_uint_field(&buf, 4, 1)
+            end_message(&buf, value_)
+            end_message(&buf, field_)
+        else:
+            field_ = begin_message(&buf, 1)
+            put_str_field(&buf, 1, "services")
+            value_ = begin_message(&buf, 2)
+            list_ = begin_message(&buf, 6)
+            item = begin_message(&buf, 1)
+            inner = begin_message(&buf, 5)
+            put_struct_string(&buf, "host", text(host))
+            put_struct_string(&buf, "name", text(name))
+            put_struct_string(&buf, "namespace", text(namespace))
+            end_message(&buf, inner)
+            end_message(&buf, item)
+            end_message(&buf, list_)
+            end_message(&buf, value_)
+            end_message(&buf, field_)
+        end_message(&buf, struct_)
+        end_message(&buf, entry)
+        return buf_bytes(&buf)
+    finally:
+        buf_free(&buf)
+
+
+cdef int put_validation(Buffer *buf, object sans, bytes rest) except -1:
+    # combined_validation_context 8 {default_validation_context 1 {match_typed_subject_alt_names 15}, rest}
+    cdef Py_ssize_t combined = begin_message(buf, 8)
+    cdef Py_ssize_t default = begin_message(buf, 1)
+    cdef Py_ssize_t matcher, string_matcher
+    cdef const char *data
+    cdef Py_ssize_t n
+    for san in sans:
+        matcher = begin_message(buf, 15)
+        put_uint_field(buf, 1, 3)  # san_type URI
+        string_matcher = begin_message(buf, 2)
+        data = PyUnicode_AsUTF8AndSize(text(san), &n)
+        put_len_field(buf, 1, data, n)  # exact is a oneof member: "" is written too
+        end_message(buf, string_matcher)
+        end_message(buf, matcher)
+    end_message(buf, default)
+    put_raw(buf, PyBytes_AS_STRING(rest), PyBytes_GET_SIZE(rest))
+    return end_message(buf, combined)
+
+
+cdef int put_tls_socket(Buffer *buf, int field, bytes common, bytes validation, object sans,
+                        str sni) except -1:
+    # TransportSocket{name, typed_config: Any{UpstreamTlsContext{common_tls_context, sni}}}
+    cdef Py_ssize_t socket = begin_message(buf, field)
+    cdef Py_ssize_t any_, context, common_at
+    put_str_field(buf, 1, "envoy.transport_sockets.tls")
+    any_ = begin_message(buf, 3)
+    put_str_field(buf, 1, _UPSTREAM_TLS_TYPE)
+    context = begin_message(buf, 2)
+    common_at = begin_message(buf, 1)
+    put_raw(buf, PyBytes_AS_STRING(common), PyBytes_GET_SIZE(common))
+    put_validation(buf, sans, validation)
+    end_message(buf, common_at)
+    put_str_field(buf, 2, sni)
+    end_message(buf, context)
+    end_message(buf, any_)
+    return end_message(buf, socket)
+
+
+cdef int put_raw_buffer_match(Buffer *buf) except -1:
+    cdef Py_ssize_t match = begin_message(buf, 43)
+    cdef Py_ssize_t socket, any_
+    put_str_field(buf, 1, "tlsMode-disabled")
+    put_len_field(buf, 2, "", 0)  # an empty Struct, present
+    socket = begin_message(buf, 3)
+    put_str_field(buf, 1, "envoy.transport_sockets.raw_buffer")
+    any_ = begin_message(buf, 3)
+    put_str_field(buf, 1, _RAW_BUFFER_TYPE)
+    end_message(buf, any_)
+    end_message(buf, socket)
+    return end_message(buf, match)
+
+
+def outbound_cluster(bytes template, name, bytes metadata, int tls, bytes tls_common,
+                     bytes tls_validation, sans, sni):
+    """An outbound EDS cluster as a serialized ``Any``: the class template plus this cluster's fields."""
+    cdef Buffer buf
+    cdef str name_ = text(name)
+    cdef str sni_ = text(sni)
+    cdef Py_ssize_t any_, eds, match, struct_
+    buf_init(&buf)
+    try:
+        put_str_field(&buf, 1, _CLUSTER_TYPE)
+        any_ = begin_message(&buf, 2)
+        put_raw(&buf, PyBytes_AS_STRING(template), PyBytes_GET_SIZE(template))
+        put_str_field(&buf, 1, name_)
+        eds = begin_message(&buf, 3)
+        put_str_field(&buf, 2, name_)
+        end_message(&buf, eds)
+        put_bytes_field(&buf, 25, metadata)
+        if tls == CLUSTER_TLS_ALWAYS:
+            put_tls_socket(&buf, 24, tls_common, tls_validation, sans, sni_)
+        put_str_field(&buf, 28, name_ + ";")
+        if tls == CLUSTER_TLS_AUTO:
+            match = begin_message(&buf, 43)
+            put_str_field(&buf, 1, "tlsMode-istio")
+            struct_ = begin_message(&buf, 2)
+            put_struct_string(&buf, "tlsMode", "istio")
+            end_message(&buf, struct_)
+            put_tls_socket(&buf, 3, tls_common, tls_validation, sans, sni_)
+            end_message(&buf, match)
+            put_raw_buffer_match(&buf)
+        end_message(&buf, any_)
         return buf_bytes(&buf)
     finally:
         buf_free(&buf)

@@ -18,7 +18,19 @@ Encodings, by field number:
 - ``Address``: socket_address 1 ``{address 2, port_value 3}`` (port always written: it is
   a oneof member, so zero is a value) or pipe 2 ``{path 1}``.
 - ``Metadata``: filter_metadata 1 (map of ``Struct``: entry ``{key 1, value 2}``);
-  ``Struct``: fields 1 (map of ``Value``); ``Value``: string_value 3.
+  ``Struct``: fields 1 (map of ``Value``); ``Value``: string_value 3, bool_value 4,
+  struct_value 5, list_value 6 (``ListValue``: values 1).
+- ``Cluster`` (outbound EDS clusters only): a template of every field shared by a
+  class of clusters, then name 1, eds_cluster_config 3 ``{service_name 2}``, metadata 25,
+  transport_socket 24, alt_stat_name 28, transport_socket_matches 43
+  ``{name 1, match 2, transport_socket 3}``. A parser merges a message field that
+  appears twice, so the template's ``eds_cluster_config.eds_config`` and the
+  appended ``service_name`` make one ``eds_cluster_config``.
+- ``TransportSocket``: name 1, typed_config 3 (``Any``). ``UpstreamTlsContext``:
+  common_tls_context 1 (its fields up to 6 passed in serialized, then
+  combined_validation_context 8 ``{default_validation_context 1
+  {match_typed_subject_alt_names 15 {san_type 1, matcher 2 {exact 1}}}, the rest
+  passed in}``), sni 2.
 """
 
 from __future__ import annotations
@@ -31,8 +43,17 @@ from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 TLS_ISTIO_MUTUAL = 3
 NO_TLS_MODE = -1
 
+#: How an outbound cluster carries its mTLS: not at all, by endpoint tlsMode match (auto
+#: mTLS), or on every connection (a DestinationRule's ISTIO_MUTUAL).
+CLUSTER_TLS_NONE = 0
+CLUSTER_TLS_AUTO = 1
+CLUSTER_TLS_ALWAYS = 2
+
 _MAX_UINT32 = 0xFFFFFFFF
 _UNIX = "unix://"
+_CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+_UPSTREAM_TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+_RAW_BUFFER_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
 
 
 def varint(value: int) -> bytes:
@@ -147,3 +168,76 @@ def cluster_load_assignment(
     """A serialized ClusterLoadAssignment of the selected endpoints (only the name if none)."""
     chosen = select(endpoints, port_name, subset, allow_hostnames)
     return _str(1, cluster_name) + locality_groups(chosen, tls_mode)
+
+
+def _struct_entry(key: str, value: bytes) -> bytes:
+    """One ``Struct.fields`` map entry around an encoded ``Value``."""
+    return _len(1, _str(1, key) + _len(2, value))
+
+
+def cluster_metadata(config: str, subset: str, host: str, name: str, namespace: str, external: bool) -> bytes:
+    """A cluster's ``Metadata``: ``istio`` with config, subset, and services or external."""
+    fields = b""
+    if config:
+        fields += _struct_entry("config", _str(3, config))
+    if subset:
+        fields += _struct_entry("subset", _str(3, subset))
+    if external:
+        fields += _struct_entry("external", _uint(4, 1))
+    else:
+        service = _struct_entry("host", _str(3, host))
+        service += _struct_entry("name", _str(3, name))
+        service += _struct_entry("namespace", _str(3, namespace))
+        fields += _struct_entry("services", _len(6, _len(1, _len(5, service))))
+    return _len(1, _str(1, "istio") + _len(2, fields))
+
+
+def _validation(sans: Sequence[str], rest: bytes) -> bytes:
+    """``combined_validation_context``: exact URI SAN matchers, then the shared rest."""
+    # SubjectAltNameMatcher{san_type URI (3), matcher{exact}}; exact is a oneof member, so "" is written.
+    matchers = b"".join(_len(15, _uint(1, 3) + _len(2, _len(1, san.encode()))) for san in sans)
+    return _len(8, _len(1, matchers) + rest)
+
+
+def _tls_socket(tls: tuple[bytes, bytes], sans: Sequence[str], sni: str) -> bytes:
+    context = _len(1, tls[0] + _validation(sans, tls[1])) + _str(2, sni)
+    return _str(1, "envoy.transport_sockets.tls") + _len(3, any_bytes(_UPSTREAM_TLS_TYPE, context))
+
+
+_RAW_BUFFER_MATCH = _len(
+    43,
+    _str(1, "tlsMode-disabled")
+    + _len(2, b"")
+    + _len(3, _str(1, "envoy.transport_sockets.raw_buffer") + _len(3, any_bytes(_RAW_BUFFER_TYPE, b""))),
+)
+
+
+def outbound_cluster(
+    template: bytes,
+    name: str,
+    metadata: bytes,
+    tls: int,
+    tls_common: bytes,
+    tls_validation: bytes,
+    sans: Sequence[str],
+    sni: str,
+) -> bytes:
+    """An outbound EDS cluster as a serialized ``Any``: the class template plus this cluster's fields.
+
+    The TLS context is written exactly as protobuf serializes it (the bytes sit in an
+    ``Any``, compared as bytes): ``tls_common`` is the CommonTlsContext without its
+    combined_validation_context (field 8, its last), which is the SAN matchers then
+    ``tls_validation``, the rest of that message; both are shared per ALPN.
+    """
+    body = template + _str(1, name) + _len(3, _str(2, name)) + _len(25, metadata)
+    if tls == CLUSTER_TLS_ALWAYS:
+        body += _len(24, _tls_socket((tls_common, tls_validation), sans, sni))
+    body += _str(28, name + ";")
+    if tls == CLUSTER_TLS_AUTO:
+        match = _len(2, _struct_one_string("tlsMode", "istio"))
+        body += _len(
+            43,
+            _str(1, "tlsMode-istio") + match + _len(3, _tls_socket((tls_common, tls_validation), sans, sni)),
+        )
+        body += _RAW_BUFFER_MATCH
+    return any_bytes(_CLUSTER_TYPE, body)

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
-from meshpilot.networking.cluster import ClusterInputs, build_outbound_cluster, other_clusters, outbound_specs
+from meshpilot.networking.cluster import (
+    ClusterInputs,
+    OutboundSpec,
+    build_outbound_cluster,
+    other_clusters,
+    outbound_specs,
+)
+from meshpilot.networking.cluster_wire import OutboundClusterEncoder
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
 from meshpilot.xds.types import TypeUrl
@@ -52,6 +59,7 @@ class ClusterGenerator:
 
     def _outbound(self, ctx: GenerationContext) -> list[Resource]:
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
+        encoder = OutboundClusterEncoder(inputs)
         cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
         token = ctx.token
         out: list[Resource] = []
@@ -64,9 +72,7 @@ class ClusterGenerator:
             key = spec.cache_key(inputs) if cache is not None else 0
             payload = cache.get(key) if cache is not None else None
             if payload is None:
-                cluster = build_outbound_cluster(inputs, spec.service, spec.port, spec.subset, spec.rule)
-                # b"" stands for a cluster that must not exist (DNS without endpoints).
-                payload = Resource.of(name, cluster).payload if cluster is not None else b""
+                payload = _outbound_payload(encoder, spec)
                 if cache is not None:
                     cache.add(key, payload, spec.dependencies(), token)
             if payload:
@@ -76,3 +82,13 @@ class ClusterGenerator:
     def _others(self, ctx: GenerationContext) -> list[Resource]:
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
         return [Resource.of(c.name, c) for c in other_clusters(inputs)]
+
+
+def _outbound_payload(encoder: OutboundClusterEncoder, spec: OutboundSpec) -> bytes:
+    """One outbound cluster: from its class template, else built; b"" if it must not exist."""
+    payload = encoder.encode(spec)
+    if payload is not None:
+        return payload
+    cluster = build_outbound_cluster(encoder.inputs, spec.service, spec.port, spec.subset, spec.rule)
+    # b"" stands for a cluster that must not exist (DNS without endpoints).
+    return Resource.of(spec.name, cluster).payload if cluster is not None else b""

@@ -1,0 +1,129 @@
+"""Outbound EDS clusters encoded from a shared template instead of built as protobuf objects.
+
+Building a Cluster as protobuf objects costs tens of microseconds; nearly all
+of it (connect timeout, load balancer, circuit breakers, protocol options,
+filters) is the same for every cluster of a class: no DestinationRule, or
+the same rule, subset and port, with the same protocol and proxy
+capabilities. The first cluster of a class is built by the reference builder,
+its per-cluster fields are cleared and the rest is serialized once as the
+class template; every cluster of the class is then the template plus its
+own name, metadata and TLS, written by ``wire.outbound_cluster``. Tests check
+that the result parses into exactly what ``build_outbound_cluster`` makes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshpilot.model.service import Resolution, Service
+from meshpilot.networking import endpoint as eds
+from meshpilot.networking import extensions, names, wire
+from meshpilot.networking import traffic_policy as tp
+from meshpilot.networking.cluster import ClusterInputs, OutboundSpec, build_outbound_cluster, config_path
+from meshpilot.networking.tls import istio_mutual_upstream
+
+_NO_TLS = (b"", b"")
+#: The fields wire.outbound_cluster writes per cluster; the template must not hold them.
+_PER_CLUSTER_FIELDS = ("name", "alt_stat_name", "metadata", "transport_socket", "transport_socket_matches")
+
+
+class OutboundClusterEncoder:
+    """Encodes the outbound clusters of one proxy's scope in one snapshot.
+
+    Templates and TLS contexts are kept on the push context, keyed by what
+    they are built from, so every proxy of the snapshot shares them.
+    """
+
+    def __init__(self, inputs: ClusterInputs) -> None:
+        self.inputs = inputs
+        self._push = inputs.push
+        self._metadata_exchange = extensions.has_metadata_exchange(inputs.proxy)
+        self._auto_mtls = bool(inputs.push.mesh.enable_auto_mtls.value)
+        # Local views of the shared memo: the per-cluster path does one small dict lookup.
+        self._templates: dict[tuple[object, str], bytes | None] = {}
+        self._tls: dict[bool, tuple[bytes, bytes]] = {}
+
+    def encode(self, spec: OutboundSpec) -> bytes | None:
+        """The cluster as a serialized ``Any``, or None when the reference builder must make it."""
+        svc, port, subset, rule = spec.service, spec.port, spec.subset, spec.rule
+        if svc.resolution is not Resolution.CLIENT_SIDE_LB:
+            return None  # DNS and passthrough clusters carry per-service data: reference builder
+        # A rule's policy differs per port and subset; without one, every port is alike.
+        key = ((rule.fingerprint, subset, port.port) if rule is not None else None, port.protocol.value)
+        template = self._templates.get(key, b"")
+        if template == b"":
+            shared = ("cds-template", key, self._metadata_exchange)
+            template = self._templates[key] = self._push.memoized(shared, lambda: self._template(spec))
+        if template is None:
+            return None
+        name = names.outbound_cluster(port.port, subset, svc.hostname)
+        sni = names.sni_cluster(port.port, subset, svc.hostname)
+        tls, common = wire.CLUSTER_TLS_NONE, _NO_TLS
+        sans: tuple[str, ...] = ()
+        config = ""
+        if rule is not None:
+            config = config_path("destination-rule", rule.first.namespace, rule.first.name)
+            policy_tls = tp.cluster_policy(rule, subset, port.port).tls
+            if policy_tls is not None:
+                if policy_tls.mode == eds.TLS_ISTIO_MUTUAL:
+                    tls = wire.CLUSTER_TLS_ALWAYS
+                    sans = tuple(policy_tls.subject_alt_names) or self._push.service_accounts(svc)
+                    common = self._common_tls(port.protocol.is_http2)
+                    sni = policy_tls.sni or sni
+                return self._finish(template, name, config, subset, svc, tls, common, sans, sni)
+        if self._auto_mtls and not svc.mesh_external:
+            tls = wire.CLUSTER_TLS_AUTO
+            sans = self._push.service_accounts(svc)
+            common = self._common_tls(port.protocol.is_http2)
+        return self._finish(template, name, config, subset, svc, tls, common, sans, sni)
+
+    @staticmethod
+    def _finish(
+        template: bytes,
+        name: str,
+        config: str,
+        subset: str,
+        svc: Service,
+        tls: int,
+        common: tuple[bytes, bytes],
+        sans: tuple[str, ...],
+        sni: str,
+    ) -> bytes:
+        metadata = wire.cluster_metadata(
+            config, subset, svc.hostname, svc.name, svc.namespace, svc.mesh_external
+        )
+        return wire.outbound_cluster(template, name, metadata, tls, common[0], common[1], sans, sni)
+
+    def _template(self, spec: OutboundSpec) -> bytes | None:
+        cluster = build_outbound_cluster(self.inputs, spec.service, spec.port, spec.subset, spec.rule)
+        if cluster is None or cluster.type != cluster.EDS:
+            return None  # e.g. a PASSTHROUGH load balancer: the reference builder decides alone
+        for field in _PER_CLUSTER_FIELDS:
+            cluster.ClearField(field)
+        cluster.eds_cluster_config.ClearField("service_name")
+        data: bytes = cluster.SerializeToString()
+        return data
+
+    def _common_tls(self, http2: bool) -> tuple[bytes, bytes]:
+        """In-mesh mTLS CommonTlsContext without SAN matchers: its fields before the
+        combined validation context, and the rest of that context (wire writes the SANs)."""
+        found = self._tls.get(http2)
+        if found is None:
+            alpn = extensions.mtls_client_alpn(self.inputs.proxy, http2=http2)
+            found = self._push.memoized(("cds-tls", tuple(alpn)), lambda: _split_common_tls(alpn))
+            self._tls[http2] = found
+        return found
+
+
+def _split_common_tls(alpn: list[str]) -> tuple[bytes, bytes]:
+    common = istio_mutual_upstream("", (), alpn).common_tls_context
+    validation = common.combined_validation_context
+    validation.ClearField("default_validation_context")
+    rest = _serialize(validation)
+    common.ClearField("combined_validation_context")
+    return _serialize(common), rest
+
+
+def _serialize(message: Any) -> bytes:
+    data: bytes = message.SerializeToString()
+    return data
