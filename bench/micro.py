@@ -163,7 +163,7 @@ def generators() -> dict[str, Any]:
     from bench.model_fixture import build_model
     from meshpilot.networking.cluster import ClusterInputs, build_outbound_cluster, outbound_specs
     from meshpilot.networking.cluster_wire import OutboundClusterEncoder
-    from meshpilot.networking.route import build_route_configuration
+    from meshpilot.networking.route import build_route_configuration, encode_route_configuration
 
     model, proxy = build_model(services=200, endpoints=10)
     inputs = ClusterInputs(proxy, model.push, model.index)
@@ -188,11 +188,17 @@ def generators() -> dict[str, Any]:
 
     route = build_route_configuration(proxy, model.push, "8080")
     vhosts = len(route.virtual_hosts)
+
+    def rds() -> None:
+        model.push._memo.clear()
+        encode_route_configuration(proxy, model.push, "8080")
+
     return {
         "cds_uncached_us_per_cluster": per_call(cds, min_time=0.5, repeats=3) / len(specs) * 1e6,
         "cds_protobuf_us_per_cluster": per_call(cds_protobuf, min_time=0.5, repeats=3) / len(specs) * 1e6,
         "cds_key_us_per_cluster": per_call(cds_keys) / len(specs) * 1e6,
-        "rds_uncached_us_per_vhost": per_call(
+        "rds_uncached_us_per_vhost": per_call(rds, min_time=0.5, repeats=3) / vhosts * 1e6,
+        "rds_protobuf_us_per_vhost": per_call(
             lambda: build_route_configuration(proxy, model.push, "8080").SerializeToString(),
             min_time=0.5,
             repeats=3,

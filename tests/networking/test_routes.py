@@ -8,7 +8,8 @@ from support.kube import istio
 from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
 
-from meshpilot.networking.route import alt_hosts, build_route_configuration
+from meshpilot.networking.route import build_route_configuration
+from meshpilot.networking.vhosts_py import alt_hosts
 
 
 def routes(model: Model, name: str, node: str = CLIENT) -> Any:
@@ -147,3 +148,25 @@ def test_alt_hosts() -> None:
     assert alt_hosts("api.example.com", "ns.svc.cluster.local") == ["api.example.com."]
     assert alt_hosts("10.0.0.1", "ns.svc.cluster.local") == []
     assert alt_hosts("foo.local.campus.net", "local.campus.net") == ["foo.local.campus.net.", "foo"]
+
+
+def test_only_headless_kubernetes_services_get_wildcard_domains() -> None:
+    model = build(
+        [
+            *mesh_objects(),
+            istio(
+                "ServiceEntry",
+                "passthrough",
+                "default",
+                {
+                    "hosts": ["legacy.example.com"],
+                    "location": "MESH_EXTERNAL",
+                    "resolution": "NONE",
+                    "ports": [{"number": 5000, "name": "http", "protocol": "HTTP"}],
+                },
+            ),
+        ]
+    )
+    proxy = model.proxy(CLIENT)
+    hosts = {v.name: list(v.domains) for v in build_route_configuration(proxy, model.push, "5000").virtual_hosts}
+    assert hosts["legacy.example.com:5000"] == ["legacy.example.com", "legacy.example.com."]

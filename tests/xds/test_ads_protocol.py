@@ -174,7 +174,7 @@ async def test_missing_names_are_answered_when_they_appear(server: Server) -> No
     await client.close()
 
 
-async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> None:
+async def _synced(server: Server) -> AdsClient:
     client = server.client()
     client.send(CDS, node_id=NODE)
     client.ack(await client.recv())
@@ -185,10 +185,28 @@ async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> No
     client.send(RDS, ["9080"])
     client.ack(await client.recv(), ["9080"])
     assert await client.no_response(0.3)
+    return client
 
+
+async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> None:
+    client = await _synced(server)
+    # One change to every type: new services (CDS; a new port for LDS, a known one for
+    # RDS) and a new reviews endpoint (EDS).
     write(
-        server.config_dir / "details.yaml",
-        workload("details", "default", "10.96.0.40", 7000, {"details-v1": "127.0.0.41"}),
+        server.config_dir / "apps.yaml",
+        [
+            *workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.11"}),
+            *workload(
+                "reviews",
+                "default",
+                "10.96.0.20",
+                9080,
+                {"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"},
+            ),
+            *workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
+            *workload("details", "default", "10.96.0.40", 9080, {"details-v1": "127.0.0.41"}),
+            *workload("extra", "default", "10.96.0.50", 7000, {"extra-v1": "127.0.0.51"}),
+        ],
     )
     order = []
     while RDS not in order:
@@ -197,6 +215,34 @@ async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> No
         names = {EDS: [REVIEWS], RDS: ["9080"]}.get(response.type_url)
         client.ack(response, names)
     assert order == [CDS, EDS, LDS, RDS]
+    await client.close()
+
+
+async def test_a_push_is_not_sent_to_a_proxy_that_holds_that_config(server: Server) -> None:
+    client = await _synced(server)
+    # A DestinationRule for ratings changes its cluster only: EDS, LDS and RDS come out the same.
+    write(
+        server.config_dir / "rule.yaml",
+        [
+            istio(
+                "DestinationRule",
+                "ratings",
+                "default",
+                {"host": "ratings", "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}},
+            )
+        ],
+    )
+    response = await client.recv(10)
+    assert response.type_url == CDS
+    clusters = {c.name: c for c in (cluster_pb2.Cluster.FromString(r.value) for r in response.resources)}
+    assert clusters[RATINGS].lb_policy == cluster_pb2.Cluster.RANDOM
+    client.ack(response)
+    assert await client.no_response(0.5)
+    for kind in ("eds", "lds", "rds"):
+        assert server.metric("meshpilot_xds_unchanged_skipped_total", type=kind) == 1
+    # Requests are always answered, unchanged or not.
+    client.send(LDS, nonce="", version="")
+    assert (await client.recv(10)).type_url == LDS
     await client.close()
 
 
@@ -264,10 +310,14 @@ async def test_vs_change_does_not_push_eds(server: Server) -> None:
             )
         ],
     )
-    response = await client.recv(10)
-    assert response.type_url == CDS
-    client.ack(response)
+    # Clusters were generated again, came out the same and were not sent; EDS was not even generated.
+    for _ in range(100):
+        if server.metric("meshpilot_xds_unchanged_skipped_total", type="cds") == 1:
+            break
+        await asyncio.sleep(0.05)
+    assert server.metric("meshpilot_xds_unchanged_skipped_total", type="cds") == 1
     assert await client.no_response(0.5), "a VirtualService change sends no EDS"
+    assert server.metric("meshpilot_xds_unchanged_skipped_total", type="eds") == 0
     await client.close()
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from support.kube import istio, workload
+from support.kube import istio, service, workload
 from support.mesh_objects import mesh_objects
 from support.model import Model, build
 
+from meshpilot.config.decode import decode_object
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
@@ -78,7 +79,7 @@ def _generate(
 
 def _alone(model: Model, proxy: Any, type_url: TypeUrl, names: frozenset[str]) -> Payloads:
     """What the proxy gets with nothing shared: a snapshot of its own, no cache."""
-    own = Model(model.env, model.env.build_push_context("alone"))
+    own = Model(model.env, model.env.build_push_context("alone", keep_lasting=False))
     model.env.refresh_proxy(proxy, own.push)
     try:
         return _generate(own, proxy, None, type_url, names)
@@ -179,3 +180,34 @@ def test_an_endpoint_update_reaches_the_next_generation_only_through_eviction() 
     cache.clear({ConfigKey(Kind.SERVICE_ENTRY, host, "default")})
     fresh = _generate(model, proxy, cache, TypeUrl.ENDPOINT, name)
     assert b"10.1.0.23" in next(iter(fresh.values()))
+
+
+@pytest.mark.parametrize("type_url", [TypeUrl.CLUSTER, TypeUrl.LISTENER])
+def test_outputs_kept_across_snapshots_follow_their_inputs(type_url: TypeUrl) -> None:
+    """Inbound outputs outlive a snapshot; a change to what they read must still reach them."""
+    from meshpilot.model.mesh import apply_mesh_config
+
+    model = build(mesh_objects())
+    proxies = _proxies(model)
+    for proxy in proxies:
+        _generate(model, proxy, XdsCache(1000), type_url, frozenset())
+    productpage = service(
+        "productpage", "default", "10.96.0.10", [("grpc", 9080), ("tcp-x", 7777)], {"app": "productpage"}
+    )
+    changes = [
+        # The proxy's own service changes protocol and gains a port.
+        lambda: model.env.registry.workloads[0].upsert(decode_object(productpage).obj),  # type: ignore[attr-defined]
+        # The MeshConfig changes inbound settings.
+        lambda: setattr(
+            model.env,
+            "mesh",
+            apply_mesh_config("inboundTrafficPolicy:\n  mode: LOCALHOST\nprotocolDetectionTimeout: 3s\n"),
+        ),
+    ]
+    for change in changes:
+        change()
+        model.push = model.env.build_push_context("next")
+        for proxy in proxies:
+            model.env.refresh_proxy(proxy, model.push)
+            shared = _generate(model, proxy, XdsCache(1000), type_url, frozenset())
+            assert shared == _alone(model, proxy, type_url, frozenset()), proxy.id

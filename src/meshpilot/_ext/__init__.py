@@ -15,7 +15,12 @@ from types import ModuleType
 NO_EXTENSIONS: bool = os.environ.get("MESHPILOT_NO_EXTENSIONS", "") not in ("", "0")
 
 #: Selector modules of the accelerated hot paths; each has ``IMPLEMENTATION`` ("c" or "py").
-SELECTORS = ("meshpilot.model.confighash", "meshpilot.model.endpoint_index", "meshpilot.networking.wire")
+SELECTORS = (
+    "meshpilot.model.confighash",
+    "meshpilot.model.endpoint_index",
+    "meshpilot.networking.vhosts",
+    "meshpilot.networking.wire",
+)
 
 
 def load(compiled: str, twin: str) -> tuple[ModuleType, str]:

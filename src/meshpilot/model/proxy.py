@@ -133,19 +133,23 @@ class Proxy:
     #: The scope before the last recomputation; a change concerns the proxy if it
     #: concerns either scope (a host may have just left or entered it).
     previous_scope: SidecarScope | None = None
+    #: Derived from the identity fields once: generators ask for them per resource.
+    ipv6_only: bool = field(init=False)
+    capabilities: tuple[frozenset[str], bool, InterceptionMode, bool] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ipv6_only = all(":" in ip for ip in self.ip_addresses)
+        # What, besides its scope, decides a proxy's outbound config: extensions, IP family, capture.
+        self.capabilities = (
+            self.extensions,
+            self.ipv6_only,
+            self.interception_mode,
+            self.metadata.unprivileged_pod,
+        )
 
     @property
     def ip(self) -> str:
         return self.ip_addresses[0]
-
-    @property
-    def ipv6_only(self) -> bool:
-        return all(":" in ip for ip in self.ip_addresses)
-
-    @property
-    def capabilities(self) -> tuple[frozenset[str], bool, InterceptionMode, bool]:
-        """What, besides its scope, decides a proxy's outbound config: extensions, IP family, capture."""
-        return (self.extensions, self.ipv6_only, self.interception_mode, self.metadata.unprivileged_pod)
 
     @property
     def inbound_signature(self) -> tuple[object, ...]:

@@ -60,6 +60,7 @@ class PushContext:
         configs: Mapping[Kind, KindView],
         domain_suffix: str = "cluster.local",
         service_accounts: Mapping[tuple[str, str], frozenset[str]] | None = None,
+        lasting: dict[Hashable, Any] | None = None,
     ) -> None:
         self.version = version
         self.mesh = mesh
@@ -104,6 +105,8 @@ class PushContext:
         self._scopes: dict[tuple[str, str, str], SidecarScope] = {}
         #: Generated outputs shared by proxies that read the same inputs (see ``memoized``).
         self._memo: dict[Hashable, Any] = {}
+        #: Outputs that depend on nothing but their key, kept from snapshot to snapshot.
+        self._lasting: dict[Hashable, Any] = lasting if lasting is not None else {}
 
     # -- configs -----------------------------------------------------------------
 
@@ -180,6 +183,25 @@ class PushContext:
             self._memo.clear()
         value = make()
         self._memo[key] = value
+        return value
+
+    def memoized_lasting(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``'s result for ``key``, kept across snapshots.
+
+        Only for outputs that read nothing of the snapshot but the MeshConfig
+        and domain suffix (added to the key here) and what the key names, such
+        as a proxy's inbound listeners: a VirtualService change then does not
+        rebuild them for every proxy.
+        """
+        full_key = (key, self.mesh_fingerprint, self.domain_suffix)
+        try:
+            return self._lasting[full_key]  # type: ignore[no-any-return]
+        except KeyError:
+            pass
+        if len(self._lasting) >= _MEMO_LIMIT:
+            self._lasting.clear()
+        value = make()
+        self._lasting[full_key] = value
         return value
 
     # -- sidecar scopes -------------------------------------------------------------

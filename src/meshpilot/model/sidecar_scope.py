@@ -81,12 +81,19 @@ class SidecarScope:
     @property
     def has_headless(self) -> bool:
         """Whether any imported service is headless (its listeners follow its endpoints)."""
-        return any(s.is_headless for s in self.services)
+        found = self.memo.get("has_headless")
+        if found is None:
+            found = self.memo["has_headless"] = any(s.is_headless for s in self.services)
+        return bool(found)
 
     @property
     def has_dns(self) -> bool:
         """Whether any imported service resolves by DNS (its clusters carry endpoints)."""
-        return any(s.resolution in (Resolution.DNS_LB, Resolution.DNS_ROUND_ROBIN_LB) for s in self.services)
+        found = self.memo.get("has_dns")
+        if found is None:
+            dns = (Resolution.DNS_LB, Resolution.DNS_ROUND_ROBIN_LB)
+            found = self.memo["has_dns"] = any(s.resolution in dns for s in self.services)
+        return bool(found)
 
     def egress_listener_for_port(self, port: int) -> EgressListener | None:
         """The first listener with this port, or the catch-all one."""

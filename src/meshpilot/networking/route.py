@@ -8,7 +8,6 @@ that service's virtual host.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,64 +22,18 @@ from meshpilot.model.mesh import REGISTRY_ONLY
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
-from meshpilot.model.service import Registry, Resolution, Service
+from meshpilot.model.service import Port, Resolution, Service
 from meshpilot.model.sidecar_scope import SidecarScope
-from meshpilot.networking import names
+from meshpilot.networking import names, vhosts, vhosts_py
 from meshpilot.networking.http_routes import retry_policy, routes_for_virtual_service
 from meshpilot.networking.protobuf import boolean, duration, uint32
 
 MAX_DIRECT_RESPONSE_BODY = 1048576
 
 
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def alt_hosts(hostname: str, proxy_domain: str) -> list[str]:
-    """Other names a client may use for ``hostname``: ``host.``, and short forms in Kubernetes."""
-    out = [] if _is_ip(hostname) else [hostname + "."]
-    if ".svc." in proxy_domain:
-        if not hostname.endswith(proxy_domain[proxy_domain.index(".svc.") :]):
-            return out
-        svc_at = hostname.find(".svc.")
-        if svc_at <= 0:
-            return out
-        dot = hostname.index(".")
-        if dot + 1 > svc_at:
-            return out
-        if hostname[dot + 1 : svc_at] == proxy_domain[: proxy_domain.index(".svc.")]:
-            return [*out, hostname[:dot], hostname[:svc_at] + ".svc", hostname[:svc_at]]
-        return [*out, hostname[:svc_at], hostname[:svc_at] + ".svc"]
-    host_parts, domain_parts = hostname.split("."), proxy_domain.split(".")
-    shared = 0
-    while (
-        shared < min(len(host_parts), len(domain_parts))
-        and host_parts[-1 - shared] == domain_parts[-1 - shared]
-    ):
-        shared += 1
-    if shared == 0:
-        return out
-    unique = host_parts[: len(host_parts) - shared]
-    out.append(".".join(unique))
-    if len(unique) == 2:
-        out.append(".".join(unique) + "." + host_parts[len(host_parts) - shared])
-    return out
-
-
 def virtual_host_domains(svc: Service, proxy: Proxy) -> tuple[list[str], list[str]]:
     """(domains, expanded short names) of a service's virtual host; ports are not appended."""
-    expanded = alt_hosts(svc.hostname, proxy.dns_domain)
-    domains = [svc.hostname, *expanded]
-    if svc.resolution is Resolution.PASSTHROUGH and svc.registry is Registry.KUBERNETES:
-        domains += ["*." + d for d in domains]
-    for address in svc.addresses:
-        if address and address != "0.0.0.0":
-            domains.append(f"[{address}]" if ":" in address else address)
-    return domains, expanded
+    return vhosts_py.virtual_host_domains(svc, proxy.dns_domain)
 
 
 def default_route(cluster: str, operation: str, mesh: Any) -> Any:
@@ -196,79 +149,96 @@ def route_cache_key(proxy: Proxy, push: PushContext, name: str, parts: RouteCach
     return hash_value((name, parts.fingerprint, proxy.dns_domain, source, push.mesh_fingerprint))
 
 
-def build_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any:
-    """The RouteConfiguration a sidecar's listener asked for by name."""
-    port, sniffed = _parse_route_name(name)
-    out = route_pb2.RouteConfiguration(
+@dataclass
+class _RouteTable:
+    """One port's route configuration being built: virtual hosts so far and what they took."""
+
+    port: int
+    #: Services on the port by lowercased hostname (the last of a hostname wins), and their port.
+    services: dict[str, Service]
+    ports: dict[str, Port]
+    known: set[str]
+    seen_names: set[str] = dataclasses.field(default_factory=set)
+    seen_domains: set[str] = dataclasses.field(default_factory=set)
+    #: Hostnames a VirtualService routes; they get no default virtual host.
+    covered: set[str] = dataclasses.field(default_factory=set)
+    vhosts: list[Any] = dataclasses.field(default_factory=list)
+
+    def add(self, name: str, domains: list[str], expanded: list[str], routes: list[Any]) -> None:
+        if name in self.seen_names:
+            return
+        self.seen_names.add(name)
+        kept = vhosts_py.keep_domains(domains, expanded, self.known, self.seen_domains)
+        if kept:
+            self.vhosts.append(
+                rc.VirtualHost(name=name, domains=kept, routes=routes, include_request_attempt_count=True)
+            )
+
+    def is_http(self, svc: Service) -> bool:
+        return _http_or_sniffed(self.ports[svc.hostname.lower()].protocol)
+
+
+def _route_header(name: str) -> Any:
+    return route_pb2.RouteConfiguration(
         name=name,
         validate_clusters=boolean(False),
         max_direct_response_body_size_bytes=uint32(MAX_DIRECT_RESPONSE_BODY),
         ignore_port_in_host_matching=True,
     )
-    scope = proxy.sidecar_scope
-    if port is None or scope is None:
-        return out
-    listener = scope.egress_listener_for_port(port)
-    if listener is None:
-        return out
-    services: dict[str, Service] = {}
-    for svc in listener.services:
-        matching = svc.port(port)
-        if matching is not None:
-            services[svc.hostname.lower()] = dataclasses.replace(svc, ports=(matching,))
+
+
+def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener: Any) -> _RouteTable:
+    """The table with the virtual hosts of the VirtualServices on ``port``, in istiod's order."""
+    services, ports, known = vhosts.services_on_port(listener.services, port)
+    table = _RouteTable(port, services, ports, known)
     virtual_services = list(listener.virtual_services)
     if port != 80:
         virtual_services = [vs for vs in virtual_services if _hosts_for_vs(vs, services)[1]]
-
-    def lookup(host: str) -> Service | None:
-        return scope.service(host) if scope is not None else None
-
-    vhosts: list[Any] = []
-    seen_names: set[str] = set()
-    seen_domains: set[str] = set()
-    covered: set[str] = set()
-    known = {n for svc in services.values() for n in (svc.hostname, f"{svc.hostname}:{port}")}
-
-    def add_vhost(vhost_name: str, domains: list[str], expanded: list[str], routes: list[Any]) -> None:
-        if vhost_name in seen_names:
-            return
-        seen_names.add(vhost_name)
-        kept = []
-        for domain in domains:
-            lowered = domain.lower()
-            if lowered in seen_domains or (domain in expanded and domain in known):
-                continue
-            kept.append(domain)
-            seen_domains.add(lowered)
-        if kept:
-            vhosts.append(
-                rc.VirtualHost(
-                    name=vhost_name, domains=kept, routes=routes, include_request_attempt_count=True
-                )
-            )
-
+    scope = proxy.sidecar_scope
+    assert scope is not None
     for vs in virtual_services:
-        routes = routes_for_virtual_service(proxy, vs.config, port, lookup, push.mesh, push.domain_suffix)
+        routes = routes_for_virtual_service(
+            proxy, vs.config, port, scope.service, push.mesh, push.domain_suffix
+        )
         if not routes:
             continue
         outside, matched = _hosts_for_vs(vs, services)
-        http_matched = [s for s in matched if _http_or_sniffed(s.ports[0].protocol)]
-        covered.update(s.hostname for s in matched)
+        http_matched = [s for s in matched if table.is_http(s)]
+        table.covered.update(s.hostname for s in matched)
         if http_matched or port == 80:
             for host in outside:
-                add_vhost(f"{host}:{port}", [host], [], routes)
+                table.add(f"{host}:{port}", [host], [], routes)
         for svc in http_matched:
             domains, expanded = virtual_host_domains(svc, proxy)
-            add_vhost(f"{svc.hostname}:{port}", domains, expanded, routes)
-    for svc in services.values():
-        if svc.hostname in covered or svc.resolution is Resolution.ALIAS:
-            continue
-        if not _http_or_sniffed(svc.ports[0].protocol):
+            table.add(f"{svc.hostname}:{port}", domains, expanded, routes)
+    return table
+
+
+def _listener_for(proxy: Proxy, name: str) -> tuple[int, bool, Any] | None:
+    port, sniffed = _parse_route_name(name)
+    scope = proxy.sidecar_scope
+    if port is None or scope is None:
+        return None
+    listener = scope.egress_listener_for_port(port)
+    return (port, sniffed, listener) if listener is not None else None
+
+
+def build_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any:
+    """The RouteConfiguration a sidecar's listener asked for by name, as protobuf objects."""
+    out = _route_header(name)
+    found = _listener_for(proxy, name)
+    if found is None:
+        return out
+    port, sniffed, listener = found
+    table = _virtual_service_hosts(proxy, push, port, listener)
+    for svc in table.services.values():
+        if svc.hostname in table.covered or svc.resolution is Resolution.ALIAS or not table.is_http(svc):
             continue
         cluster = names.outbound_cluster(port, "", svc.hostname)
         route = default_route(cluster, f"{svc.hostname}:{port}/*", push.mesh)
         domains, expanded = virtual_host_domains(svc, proxy)
-        add_vhost(f"{svc.hostname}:{port}", domains, expanded, [route])
+        table.add(f"{svc.hostname}:{port}", domains, expanded, [route])
+    vhosts = table.vhosts
     if sniffed:
         host = name.rpartition(":")[0]
         chosen = [v for v in vhosts if name in v.domains or host in v.domains]
@@ -280,6 +250,53 @@ def build_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any
     out.virtual_hosts.extend(sorted(vhosts, key=lambda v: v.name))
     out.virtual_hosts.append(catch_all_virtual_host(proxy))
     return out
+
+
+# A tuple: membership by identity, without hashing an Enum in Python per service.
+_HTTP_PROTOCOLS = tuple(p for p in Protocol if p.is_http or p is Protocol.UNSUPPORTED)
+
+
+def encode_route_configuration(proxy: Proxy, push: PushContext, name: str) -> bytes:
+    """The same RouteConfiguration, serialized; default virtual hosts are wire-encoded.
+
+    VirtualService hosts are built as protobuf objects (they are few); the
+    default host of every other service is encoded by ``vhosts``. A sniffed
+    listener's route (one host) takes the protobuf path whole.
+    """
+    found = _listener_for(proxy, name)
+    if found is None or found[1]:
+        return _serialize(build_route_configuration(proxy, push, name))
+    port, _, listener = found
+    table = _virtual_service_hosts(proxy, push, port, listener)
+    template = push.memoized(("route-template",), lambda: _serialize(default_route("", "", push.mesh)))
+    encoded = vhosts.default_virtual_hosts(
+        table.services.values(),
+        port,
+        proxy.dns_domain,
+        _HTTP_PROTOCOLS,
+        table.covered,
+        table.known,
+        table.seen_names,
+        table.seen_domains,
+        template,
+    )
+    encoded.extend((v.name, _serialize(v)) for v in table.vhosts)
+    encoded.sort(key=_by_name)
+    header = push.memoized(("route-header", name), lambda: _serialize(_route_header(name)))
+    catch_all = push.memoized(
+        ("route-catch-all", proxy.sidecar_scope.outbound_traffic_policy if proxy.sidecar_scope else None),
+        lambda: _serialize(catch_all_virtual_host(proxy)),
+    )
+    return vhosts.route_configuration(header, [body for _, body in encoded], catch_all)
+
+
+def _by_name(entry: tuple[str, bytes]) -> str:
+    return entry[0]
+
+
+def _serialize(message: Any) -> bytes:
+    data: bytes = message.SerializeToString()
+    return data
 
 
 def _http_or_sniffed(protocol: Protocol) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from typing import Any
 
 from meshpilot.config.store import ConfigStore
@@ -30,8 +31,11 @@ class MeshEnvironment:
         self.index = index
         self.mesh = mesh
         self.domain_suffix = domain_suffix
+        #: PushContext.memoized_lasting's store, handed from snapshot to snapshot.
+        self._lasting: dict[Hashable, Any] = {}
 
-    def build_push_context(self, version: str) -> PushContext:
+    def build_push_context(self, version: str, *, keep_lasting: bool = True) -> PushContext:
+        """A snapshot; ``keep_lasting=False`` starts it without outputs kept from earlier ones."""
         services = self.registry.services()
         accounts = {}
         for svc in services:
@@ -45,6 +49,7 @@ class MeshEnvironment:
             configs=self.store.snapshot(),
             domain_suffix=self.domain_suffix,
             service_accounts=accounts,
+            lasting=self._lasting if keep_lasting else {},
         )
 
     def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:

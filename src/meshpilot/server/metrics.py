@@ -29,6 +29,12 @@ class Metrics:
         self.xds_pushes = Counter(
             "pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds.", ["type"], registry=r
         )
+        self.unchanged_skipped = Counter(
+            "meshpilot_xds_unchanged_skipped",
+            "Pushes not sent because the proxy already holds exactly that configuration.",
+            ["type"],
+            registry=r,
+        )
         self.xds_rejects = Counter(
             "pilot_total_xds_rejects",
             "Total number of XDS responses from pilot rejected by proxy.",

@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from dataclasses import dataclass, field
 
 from meshpilot.model.proxy import Proxy
 
 _ids = itertools.count(1)
+_name_sets: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = weakref.WeakValueDictionary()
+
+
+def shared_names(names: frozenset[str]) -> frozenset[str]:
+    """One object per distinct set of watched names.
+
+    Proxies of one scope watch the same names; sharing the object lets
+    generators memoize per-set results by identity (a memo lookup then
+    never compares a thousand names).
+    """
+    found = _name_sets.get(names)
+    if found is None:
+        _name_sets[names] = found = names
+    return found
 
 
 @dataclass(slots=True)
@@ -30,6 +45,9 @@ class WatchedResource:
     sent_names: frozenset[str] = frozenset()
     #: Respond to the next ACK even if the names did not change (EDS after CDS: cluster warming).
     always_respond: bool = False
+    #: Digest of the last response that carried the whole watched state; None after a
+    #: partial one. A push whose full state has the same digest is not sent again.
+    digest_sent: int | None = None
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from meshpilot.xds.connection import Connection, WatchedResource
+from meshpilot.xds.connection import Connection, WatchedResource, shared_names
 from meshpilot.xds.types import is_wildcard_type
 
 
@@ -37,8 +37,12 @@ class Decision:
 def decide(conn: Connection, type_url: str, names: list[str], nonce: str, error: str | None) -> Decision:
     """Update ``conn``'s watch for ``type_url`` from a request and say whether to respond."""
     wildcard_type = is_wildcard_type(type_url)
-    requested = frozenset(names)
     watch = conn.watched.get(type_url)
+    requested = frozenset(names)
+    if watch is not None and requested == watch.names:
+        requested = watch.names  # an ACK of the same names: keep the shared set
+    else:
+        requested = shared_names(requested)
     if error is not None:
         if watch is not None:
             watch.last_error = error

@@ -161,7 +161,7 @@ class AdsStream:
         push = self.server.push_context
         assert push is not None
         generate_request = PushRequest(full=True, reasons=_counter(TriggerReason.PROXY), push=push)
-        await self._send(type_url, generate_request, decision.names)
+        await self._send(type_url, generate_request, decision.names, pushed=False)
 
     # -- pushes ------------------------------------------------------------------
 
@@ -179,10 +179,12 @@ class AdsStream:
             generator = self.server.generators.get(TypeUrl(type_url)) if parse_type_url(type_url) else None
             if generator is None or not generator.needs_push(request):
                 continue
-            await self._send(type_url, request, None)
+            await self._send(type_url, request, None, pushed=True)
         self.server.metrics.convergence_time.observe(time.monotonic() - request.start)
 
-    async def _send(self, type_url: str, request: PushRequest, names: frozenset[str] | None) -> None:
+    async def _send(
+        self, type_url: str, request: PushRequest, names: frozenset[str] | None, *, pushed: bool
+    ) -> None:
         conn = self.conn
         assert conn is not None and request.push is not None
         watch = conn.watched.get(type_url)
@@ -200,11 +202,20 @@ class AdsStream:
             return
         if resources is None:
             return
+        assert known is not None
+        metrics = self.server.metrics
+        # The whole watched state, or only part of it (an endpoint push, added names)?
+        whole = (names is None and request.full) or known.is_wildcard or names == watch.names
+        # bytes cache their hash and payloads are shared, so this costs a pass over pointers.
+        digest = hash(tuple([r.payload for r in resources])) if whole else None
+        if pushed and digest is not None and digest == watch.digest_sent:
+            # SotW lets a server stay silent when nothing changed; Envoy would
+            # only compare and drop the same config again.
+            metrics.unchanged_skipped.labels(type=known.short).inc()
+            return
         version = request.push.version
         nonce = f"{version}{uuid.uuid4()}"
         payload = wire.discovery_response(version, type_url, nonce, [r.payload for r in resources])
-        metrics = self.server.metrics
-        assert known is not None
         metrics.push_time.labels(type=known.short).observe(time.monotonic() - started)
         sent_at = time.monotonic()
         await self.context.write(payload)
@@ -214,6 +225,7 @@ class AdsStream:
         _record_sent(
             watch, version, nonce, {r.name for r in resources}, partial=names is not None or not request.full
         )
+        watch.digest_sent = digest
         if known is TypeUrl.CLUSTER:
             eds = conn.watched.get(TypeUrl.ENDPOINT)
             if eds is not None:

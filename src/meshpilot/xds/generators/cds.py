@@ -46,18 +46,20 @@ class ClusterGenerator:
         assert scope is not None
         # DNS clusters carry their endpoints, so their list also depends on the index.
         generation = ctx.index.generation if scope.has_dns else 0
-        outbound = push.memoized(
+        outbound, seen = push.memoized(
             ("cds-out", id(scope), proxy.capabilities, generation), lambda: self._outbound(ctx)
         )
-        # Sidecar ingress endpoints may name the proxy's own address.
-        own = (id(scope), proxy.ip) if scope.has_ingress else None
-        others = push.memoized(
-            ("cds-in", proxy.capabilities, proxy.inbound_signature, own), lambda: self._others(ctx)
-        )
-        seen = {r.name for r in outbound}
+        others_key = ("cds-in", proxy.capabilities, proxy.inbound_signature)
+        if scope.has_ingress:
+            # Sidecar ingress endpoints come from the scope and may name the proxy's own address.
+            others = push.memoized((others_key, id(scope), proxy.ip), lambda: self._others(ctx))
+        else:
+            # Without a Sidecar, these read only what the key names (and the mesh).
+            others = push.memoized_lasting(others_key, lambda: self._others(ctx))
         return [*outbound, *(r for r in others if r.name not in seen)]
 
-    def _outbound(self, ctx: GenerationContext) -> list[Resource]:
+    def _outbound(self, ctx: GenerationContext) -> tuple[list[Resource], frozenset[str]]:
+        """The outbound clusters, and their names (other clusters of the same name are dropped)."""
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
         encoder = OutboundClusterEncoder(inputs)
         cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
@@ -77,7 +79,7 @@ class ClusterGenerator:
                     cache.add(key, payload, spec.dependencies(), token)
             if payload:
                 out.append(Resource(name, payload))
-        return out
+        return out, frozenset(r.name for r in out)
 
     def _others(self, ctx: GenerationContext) -> list[Resource]:
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)

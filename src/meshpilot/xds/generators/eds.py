@@ -27,9 +27,14 @@ _SKIPPED = (
 )
 
 
-def _host_of(cluster_name: str) -> str | None:
-    parsed = parse_cluster(cluster_name)
-    return parsed[3] if parsed is not None else None
+def _names_by_host(names: frozenset[str]) -> dict[str, list[str]]:
+    """Cluster names by service host: an endpoint push looks up only the hosts that changed."""
+    out: dict[str, list[str]] = {}
+    for name in names:
+        parsed = parse_cluster(name)
+        if parsed is not None:
+            out.setdefault(parsed[3], []).append(name)
+    return out
 
 
 class EndpointGenerator:
@@ -44,8 +49,10 @@ class EndpointGenerator:
         wanted = names if names is not None else watch.names
         request = ctx.request
         if names is None and not request.full:
+            # Watched name sets are shared objects (see shared_names), so this is one lookup.
+            by_host = ctx.push.memoized(("eds-by-host", wanted), lambda: _names_by_host(wanted))
             hosts = {key.name for key in request.configs_updated if key.kind is Kind.SERVICE_ENTRY}
-            wanted = frozenset(n for n in wanted if _host_of(n) in hosts)
+            wanted = frozenset(n for host in hosts for n in by_host.get(host, ()))
             if not wanted:
                 return None
         scope = ctx.proxy.sidecar_scope

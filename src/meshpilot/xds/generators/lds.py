@@ -40,12 +40,14 @@ class ListenerGenerator:
             ("lds-out", id(scope), proxy.capabilities, headless),
             lambda: [Resource.of(li.name, li) for li in build_outbound_listeners(proxy, push, ctx.index)],
         )
-        # Sidecar ingress listeners bind the proxy's own address by default.
-        own = (id(scope), proxy.ip_addresses) if scope.has_ingress else None
-        inbound = push.memoized(
-            ("lds-in", proxy.capabilities, proxy.inbound_signature, own),
-            lambda: [Resource.of(li.name, li) for li in build_inbound_listeners(proxy, push)],
-        )
+        inbound_key = ("lds-in", proxy.capabilities, proxy.inbound_signature)
+        build_inbound = lambda: [Resource.of(li.name, li) for li in build_inbound_listeners(proxy, push)]  # noqa: E731
+        if scope.has_ingress:
+            # Sidecar ingress listeners come from the scope and bind the proxy's own address by default.
+            inbound = push.memoized((inbound_key, id(scope), proxy.ip_addresses), build_inbound)
+        else:
+            # Without a Sidecar, inbound listeners read only what the key names (and the mesh).
+            inbound = push.memoized_lasting(inbound_key, build_inbound)
         taken = {r.name for r in inbound}
         kept = []
         for resource in outbound:

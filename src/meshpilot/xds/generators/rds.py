@@ -12,9 +12,10 @@ from functools import partial
 
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
+from meshpilot.networking import wire
 from meshpilot.networking.route import (
     RouteCacheParts,
-    build_route_configuration,
+    encode_route_configuration,
     route_cache_key,
     route_cache_parts,
 )
@@ -51,7 +52,7 @@ class RouteGenerator:
             if cache is not None and scope is not None:
                 parts = route_cache_parts(scope, name, ctx.push.domain_suffix)
             if cache is None or parts is None:
-                out.append(Resource.of(name, build_route_configuration(ctx.proxy, ctx.push, name)))
+                out.append(Resource(name, _any(encode_route_configuration(ctx.proxy, ctx.push, name))))
                 continue
             key = route_cache_key(ctx.proxy, ctx.push, name, parts)
             payload = ctx.push.memoized(
@@ -71,6 +72,10 @@ class RouteGenerator:
     ) -> bytes:
         payload = cache.get(key)
         if payload is None:
-            payload = Resource.of(name, build_route_configuration(ctx.proxy, ctx.push, name)).payload
+            payload = _any(encode_route_configuration(ctx.proxy, ctx.push, name))
             cache.add(key, payload, parts.dependencies, token)
         return payload
+
+
+def _any(route_configuration: bytes) -> bytes:
+    return wire.any_bytes(TypeUrl.ROUTE, route_configuration)

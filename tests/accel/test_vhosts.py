@@ -1,0 +1,152 @@
+"""Route configurations with wire-encoded default hosts parse into exactly what the protobuf builder makes."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+from envoy.config.route.v3 import route_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.kube import istio, service, workload
+from support.model import build
+
+from meshpilot.networking import vhosts_py
+from meshpilot.networking.route import build_route_configuration, encode_route_configuration
+
+
+def _compiled() -> Any:
+    try:
+        return importlib.import_module("meshpilot._ext.vhosts")
+    except ImportError:
+        return None
+
+
+labels = st.sampled_from(["a", "b", "ns", "svc", "cluster", "local", "example", "com", "1", "10"])
+hostnames = st.lists(labels, min_size=1, max_size=6).map(".".join)
+domains = st.one_of(
+    st.builds(lambda ns: f"{ns}.svc.cluster.local", st.sampled_from(["ns", "a", "default"])),
+    hostnames,
+)
+
+
+@given(st.one_of(hostnames, st.sampled_from(["10.0.0.1", "fd00::1", "a.ns.svc.cluster.local"])), domains)
+@settings(max_examples=500, deadline=None)
+def test_alt_hosts_twins_agree(hostname: str, proxy_domain: str) -> None:
+    compiled = _compiled()
+    if compiled is None:
+        pytest.skip("compiled extension not built")
+    assert compiled.alt_hosts(hostname, proxy_domain) == vhosts_py.alt_hosts(hostname, proxy_domain)
+
+
+port_names = st.sampled_from(["http", "http2", "grpc", "tcp", "web", "https", "http-x"])
+
+
+@st.composite
+def meshes(draw: Any) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = list(workload("client", "ns", "10.96.0.1", 8080, {"client-0": "10.1.0.11"}))
+    for i in range(draw(st.integers(1, 6))):
+        ns = draw(st.sampled_from(["ns", "other"]))
+        name = draw(st.sampled_from([f"s{i}", "dup"]))  # "dup" repeats a name across namespaces
+        ports = draw(st.lists(st.sampled_from([80, 8080, 9080]), min_size=1, max_size=2, unique=True))
+        svc_ports = [(f"{draw(port_names)}-{p}", p) for p in ports]
+        kind = draw(st.sampled_from(["ClusterIP", "headless", "ExternalName"]))
+        if kind == "headless":
+            docs.append(service(name, ns, "None", svc_ports, {"app": name}))
+        elif kind == "ExternalName":
+            docs.append(
+                service(name, ns, "", svc_ports, None, type="ExternalName", externalName="db.example.com")
+            )
+        else:
+            docs.append(service(name, ns, f"10.96.1.{i}", svc_ports, {"app": name}))
+    for i in range(draw(st.integers(0, 2))):
+        addresses = draw(st.sampled_from([[], ["192.0.2.10"], ["2001:db8::5"]]))
+        resolution = draw(st.sampled_from(["STATIC", "NONE"]))
+        docs.append(
+            istio(
+                "ServiceEntry",
+                f"se{i}",
+                draw(st.sampled_from(["ns", "other"])),
+                {
+                    "hosts": [
+                        draw(st.sampled_from(["api.example.com", "*.wild.com", "s0.ns.svc.cluster.local"]))
+                    ],
+                    "addresses": addresses,
+                    "location": "MESH_EXTERNAL",
+                    "resolution": resolution,
+                    "endpoints": [{"address": "198.51.100.1"}] if resolution == "STATIC" else [],
+                    "ports": [
+                        {"number": draw(st.sampled_from([80, 8080])), "name": "http", "protocol": "HTTP"}
+                    ],
+                },
+            )
+        )
+    for i in range(draw(st.integers(0, 2))):
+        host = draw(
+            st.sampled_from(
+                ["s0", "s1.other.svc.cluster.local", "api.example.com", "*.wild.com", "nowhere.io"]
+            )
+        )
+        docs.append(
+            istio(
+                "VirtualService",
+                f"vs{i}",
+                draw(st.sampled_from(["ns", "other"])),
+                {
+                    "hosts": [host],
+                    "http": [{"route": [{"destination": {"host": "s0.ns.svc.cluster.local"}}]}],
+                },
+            )
+        )
+    return docs
+
+
+@given(meshes(), st.sampled_from(["REGISTRY_ONLY", "ALLOW_ANY"]))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_encoded_route_configurations_equal_the_builders(docs: list[dict[str, Any]], policy: str) -> None:
+    model = build(docs, mesh_yaml=f"outboundTrafficPolicy:\n  mode: {policy}\n")
+    proxy = model.proxy("sidecar~10.1.0.11~client-0.ns~ns.svc.cluster.local")
+    for name in ["80", "8080", "9080", "7", "s0.ns.svc.cluster.local:8080", "bogus"]:
+        expected = build_route_configuration(proxy, model.push, name)
+        encoded = encode_route_configuration(proxy, model.push, name)
+        assert route_pb2.RouteConfiguration.FromString(encoded) == expected, name
+
+
+def test_compiled_default_hosts_equal_the_twins() -> None:
+    compiled = _compiled()
+    if compiled is None:
+        pytest.skip("compiled extension not built")
+    docs = [
+        *workload("client", "ns", "10.96.0.1", 8080, {"client-0": "10.1.0.11"}),
+        *[
+            service(f"s{i}", "ns" if i % 2 else "other", f"10.96.1.{i}", [("http", 8080)], {"app": "x"})
+            for i in range(20)
+        ],
+        service("h", "ns", "None", [("http", 8080)], {"app": "h"}),
+    ]
+    model = build(docs)
+    proxy = model.proxy("sidecar~10.1.0.11~client-0.ns~ns.svc.cluster.local")
+    assert proxy.sidecar_scope is not None
+    services = proxy.sidecar_scope.services
+    from meshpilot.model.protocol import Protocol
+
+    http = frozenset({Protocol.HTTP})
+    results = []
+    for module in (vhosts_py, compiled):
+        seen_names: set[str] = {"s3.ns.svc.cluster.local:8080"}
+        seen_domains: set[str] = {"s5"}
+        out = module.default_virtual_hosts(
+            services,
+            8080,
+            "ns.svc.cluster.local",
+            http,
+            {"s7.ns.svc.cluster.local"},
+            {"s9"},
+            seen_names,
+            seen_domains,
+            b"\x0a\x02\x0a\x00",
+        )
+        results.append((out, seen_names, seen_domains))
+    assert results[0] == results[1]
+    assert len(results[0][0]) == 20  # 22 services: s3 seen before, s7 covered by a VirtualService
