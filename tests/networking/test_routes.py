@@ -168,5 +168,7 @@ def test_only_headless_kubernetes_services_get_wildcard_domains() -> None:
         ]
     )
     proxy = model.proxy(CLIENT)
-    hosts = {v.name: list(v.domains) for v in build_route_configuration(proxy, model.push, "5000").virtual_hosts}
+    hosts = {
+        v.name: list(v.domains) for v in build_route_configuration(proxy, model.push, "5000").virtual_hosts
+    }
     assert hosts["legacy.example.com:5000"] == ["legacy.example.com", "legacy.example.com."]

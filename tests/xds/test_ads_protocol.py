@@ -12,7 +12,8 @@ import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.route.v3 import route_pb2
-from support.ads_client import AdsClient
+from envoy.service.discovery.v3 import discovery_pb2
+from support.ads_client import ADS_METHOD, AdsClient, node
 from support.kube import istio, workload, write
 from support.processes import free_port
 
@@ -379,3 +380,29 @@ async def test_new_streams_beyond_the_rate_get_resource_exhausted(tmp_path: Path
         assert app.metrics.registry.get_sample_value("meshpilot_xds_rate_limited_total") == 2
         for client in clients:
             await client.close()
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-request", "later-request"])
+async def test_malformed_request_is_invalid_argument(server: Server, first: bool) -> None:
+
+    channel = grpc.aio.insecure_channel(server.target)
+    call = channel.stream_stream(
+        ADS_METHOD,
+        request_serializer=lambda b: b,
+        response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
+    )()
+    if not first:
+        request = discovery_pb2.DiscoveryRequest(type_url=CDS, node=node(NODE))
+        await call.write(request.SerializeToString())
+        assert (await call.read()).type_url == CDS
+    await call.write(b"\x22\x05ab")  # type_url whose length runs past the end
+    with pytest.raises(grpc.aio.AioRpcError) as failure:
+        await call.read()
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed DiscoveryRequest" in (failure.value.details() or "")
+    await channel.close()
+    # The server keeps serving others.
+    client = server.client()
+    client.send(CDS, node_id=NODE)
+    assert (await client.recv()).type_url == CDS
+    await client.close()

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from meshpilot.model.proxy import NodeMetadata, parse_proxy
+from meshpilot.xds import protocol
 from meshpilot.xds.connection import Connection
 from meshpilot.xds.protocol import Verdict, decide
 
@@ -71,3 +75,54 @@ def test_always_respond_answers_an_unchanged_ack_once() -> None:
     c.watched[EDS].always_respond = True
     assert decide(c, EDS, ["a"], "n1", None).respond is True
     assert decide(c, EDS, ["a"], "n1", None).respond is False
+
+
+def _state(c: Connection) -> dict[str, tuple[object, ...]]:
+    return {
+        t: (w.names, w.wildcard, w.nonce_acked, w.version_acked, w.last_error, w.always_respond)
+        for t, w in c.watched.items()
+    }
+
+
+names_pool = st.lists(st.sampled_from(["a", "b", "c"]), max_size=3, unique=True)
+steps = st.lists(
+    st.tuples(
+        st.sampled_from([CDS, EDS]),
+        names_pool,
+        st.sampled_from(["sent", "old", ""]),
+        st.sampled_from([None, None, None, "bad"]),
+        st.booleans(),  # the server responded and set a new nonce afterwards
+    ),
+    max_size=25,
+)
+
+
+@given(steps)
+@settings(max_examples=300, deadline=None)
+def test_quiet_ack_reaches_the_same_state_as_decide(
+    sequence: list[tuple[str, list[str], str, str | None, bool]],
+) -> None:
+    """The unparsed-ACK fast path is only a shortcut: every request leaves both connections alike."""
+    plain, fast = conn(), conn()
+    for i, (type_url, names, which, error, respond_after) in enumerate(sequence):
+        nonces = []
+        for c in (plain, fast):
+            watch = c.watched.get(type_url)
+            nonces.append(watch.nonce_sent if watch is not None and which == "sent" else which)
+        assert nonces[0] == nonces[1]
+        nonce = nonces[0]
+        expected = decide(plain, type_url, names, nonce, error, hash(tuple(names)))
+        digest = hash(tuple(names))
+        if error is None and protocol.quiet_ack(fast, type_url, nonce, digest):
+            got_respond = False
+        else:
+            got_respond = decide(fast, type_url, names, nonce, error, digest).respond
+        assert got_respond == expected.respond
+        assert _state(fast) == _state(plain)
+        if respond_after:
+            for c in (plain, fast):
+                if type_url in c.watched:
+                    sent(c, type_url, f"n{i}")
+                    c.watched[type_url].version_sent = f"v{i}"
+                if type_url == CDS and EDS in c.watched:
+                    c.watched[EDS].always_respond = True  # as the stream does after sending clusters

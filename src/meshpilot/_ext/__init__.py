@@ -20,6 +20,7 @@ SELECTORS = (
     "meshpilot.model.endpoint_index",
     "meshpilot.networking.vhosts",
     "meshpilot.networking.wire",
+    "meshpilot.xds.request_head",
 )
 
 

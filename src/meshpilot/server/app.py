@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -31,6 +32,7 @@ from meshpilot.push.environment import MeshEnvironment
 from meshpilot.registry.aggregate import AggregateRegistry
 from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
+from meshpilot.server import gc_tuning
 from meshpilot.server.debug import DebugHandlers, DebugSources
 from meshpilot.server.http import http_app, monitoring_app, start_site
 from meshpilot.server.metrics import Metrics
@@ -79,8 +81,10 @@ def load_mesh_config(settings: DiscoverySettings) -> Any:
 class DiscoveryApp:
     """A running meshpilot discovery server."""
 
-    def __init__(self, settings: DiscoverySettings) -> None:
+    def __init__(self, settings: DiscoverySettings, *, after_load: Callable[[], None] | None = None) -> None:
         self.settings = settings
+        #: Called once the config sources were read, before serving (the process freezes the GC here).
+        self._after_load = after_load
         self.metrics = Metrics()
         mesh = load_mesh_config(settings)
         self.store = ConfigStore()
@@ -147,6 +151,8 @@ class DiscoveryApp:
                 source.root,
                 len(source.rejections),
             )
+        if self._after_load is not None:
+            self._after_load()
         self.server.start_serving()
 
     def stop(self) -> None:
@@ -212,7 +218,8 @@ class DiscoveryApp:
 
 async def serve(settings: DiscoverySettings) -> None:
     """Run until SIGTERM or SIGINT."""
-    app = DiscoveryApp(settings)
+    gc_tuning.configure()
+    app = DiscoveryApp(settings, after_load=gc_tuning.freeze_loaded)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stop)

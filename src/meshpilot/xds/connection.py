@@ -33,6 +33,9 @@ class WatchedResource:
     type_url: str
     #: Requested names; empty for a wildcard subscription.
     names: frozenset[str] = frozenset()
+    #: hash() of the serialized names of the request that set ``names``; an ACK
+    #: whose names hash the same is recorded without parsing it. None: unknown.
+    names_digest: int | None = None
     wildcard: bool = False
     nonce_sent: str = ""
     nonce_acked: str = ""

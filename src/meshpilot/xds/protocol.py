@@ -34,7 +34,33 @@ class Decision:
     names: frozenset[str] | None = None
 
 
-def decide(conn: Connection, type_url: str, names: list[str], nonce: str, error: str | None) -> Decision:
+def quiet_ack(conn: Connection, type_url: str, nonce: str, names_digest: int) -> bool:
+    """Record an ACK that changes nothing and needs no response, if the request is one.
+
+    The fast path for ACKs read by ``request_head`` without a parse: the nonce
+    is the one sent, the names hash as those watched, and nothing is pending
+    (a NACK or a first request never comes here: their head says so). Every
+    other request goes to ``decide``, which reaches the same verdict for these.
+    """
+    watch = conn.watched.get(type_url)
+    if watch is None or not nonce or nonce != watch.nonce_sent or watch.always_respond:
+        return False
+    if watch.names_digest is None or names_digest != watch.names_digest:
+        return False
+    watch.nonce_acked = nonce
+    watch.version_acked = watch.version_sent
+    watch.last_error = ""
+    return True
+
+
+def decide(
+    conn: Connection,
+    type_url: str,
+    names: list[str],
+    nonce: str,
+    error: str | None,
+    names_digest: int | None = None,
+) -> Decision:
     """Update ``conn``'s watch for ``type_url`` from a request and say whether to respond."""
     wildcard_type = is_wildcard_type(type_url)
     watch = conn.watched.get(type_url)
@@ -53,7 +79,7 @@ def decide(conn: Connection, type_url: str, names: list[str], nonce: str, error:
         return Decision(Verdict.UNSUBSCRIBE, False)
     if not nonce or watch is None:
         conn.watched[type_url] = WatchedResource(
-            type_url, names=requested, wildcard=wildcard_type and not requested
+            type_url, names=requested, wildcard=wildcard_type and not requested, names_digest=names_digest
         )
         return Decision(Verdict.INITIAL, True)
     if nonce != watch.nonce_sent:
@@ -63,6 +89,7 @@ def decide(conn: Connection, type_url: str, names: list[str], nonce: str, error:
     watch.version_acked = watch.version_sent
     watch.last_error = ""
     watch.names = requested
+    watch.names_digest = names_digest
     if wildcard_type:
         watch.wildcard = not requested
     if watch.always_respond:

@@ -268,7 +268,7 @@ class DiscoveryServer:
     # -- gRPC --------------------------------------------------------------------
 
     async def stream_aggregated_resources(
-        self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> None:
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
@@ -289,9 +289,10 @@ class DiscoveryServer:
             return payload
 
         handlers = {
+            # Requests arrive as bytes: most are ACKs the stream records without a parse.
             "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
                 self.stream_aggregated_resources,
-                request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
+                request_deserializer=identity,
                 response_serializer=identity,
             ),
             "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
