@@ -48,10 +48,15 @@ test: lint typecheck
 	MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q
 	MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not envoy and not integration" tests
 
-bench: install-test
+$(VENV)/.installed-bench: $(VENV)/.installed-test
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $@
+
+# The benchmark suites write bench/results/<suite>.json and docs/benchmarks.md.
+bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.run --suite full
 
-bench-quick: install-test
+bench-quick: $(VENV)/.installed-bench
 	$(BIN)/python -m bench.run --suite quick
 
 clean:

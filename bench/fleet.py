@@ -54,8 +54,12 @@ class SimProxy:
     marker_type: str = ""
     marker_seen: float | None = None
     connects: int = 0
+    #: When the current stream was opened (time.time()).
+    connected_at: float = 0.0
     empty_configs: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Streams that ended with a status the proxy retries (UNAVAILABLE, RESOURCE_EXHAUSTED), by code.
+    retried: dict[str, int] = field(default_factory=dict)
     bytes_received: int = 0
     stopping: bool = False
 
@@ -100,6 +104,7 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
             _drain(outgoing)
         )
         proxy.connects += 1
+        proxy.connected_at = time.time()
         proxy.acked.clear()
         proxy.nonces.clear()
         proxy.versions.clear()
@@ -146,7 +151,9 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
                     outgoing.put_nowait(_request(proxy, RDS, proxy.route_names, first=False))
                 proxy.acked.add(type_url)
         except grpc.aio.AioRpcError as err:
-            if err.code() not in RETRY_CODES and not proxy.stopping:
+            if err.code() in RETRY_CODES:
+                proxy.retried[err.code().name] = proxy.retried.get(err.code().name, 0) + 1
+            elif not proxy.stopping:
                 proxy.errors.append(f"{err.code().name}: {err.details()}")
         finally:
             outgoing.put_nowait(None)
@@ -185,13 +192,17 @@ class Worker:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks, self.channels = [], []
 
-    def status(self) -> dict[str, Any]:
+    def status(self, since: float = 0.0) -> dict[str, Any]:
         return {
             "proxies": len(self.proxies),
-            "synced": sum(p.synced for p in self.proxies),
+            "synced": sum(p.synced and p.connected_at >= since for p in self.proxies),
             "connects": sum(p.connects for p in self.proxies),
             "empty_configs": sum(p.empty_configs for p in self.proxies),
             "errors": [e for p in self.proxies for e in p.errors][:5],
+            "retried": {
+                code: sum(p.retried.get(code, 0) for p in self.proxies)
+                for code in ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+            },
             "bytes": sum(p.bytes_received for p in self.proxies),
         }
 
@@ -214,7 +225,7 @@ async def _serve(conn: multiprocessing.connection.Connection, worker: Worker) ->
             await worker.start()
             conn.send("ok")
         elif name == "status":
-            conn.send(worker.status())
+            conn.send(worker.status(command[1]))
         elif name == "arm":
             worker.arm(command[1], command[2])
             conn.send("ok")
@@ -279,23 +290,28 @@ class Fleet:
     def start(self) -> None:
         self._all("start")
 
-    def status(self) -> dict[str, Any]:
-        replies = self._all("status")
-        out: dict[str, Any] = {"errors": []}
+    def status(self, since: float = 0.0) -> dict[str, Any]:
+        """Totals over the workers; "synced" counts proxies synced on a stream opened after ``since``."""
+        replies = self._all("status", since)
+        out: dict[str, Any] = {"errors": [], "retried": {}}
         for reply in replies:
             for key, value in reply.items():
-                out[key] = out.get(key, 0 if key != "errors" else []) + value
+                if key == "retried":
+                    for code, n in value.items():
+                        out["retried"][code] = out["retried"].get(code, 0) + n
+                else:
+                    out[key] = out.get(key, 0 if key != "errors" else []) + value
         return out
 
-    def wait_synced(self, timeout: float) -> float:
-        """Seconds until every proxy has ACKed every type; TimeoutError otherwise."""
+    def wait_synced(self, timeout: float, since: float = 0.0) -> float:
+        """Seconds until every proxy has ACKed every type on a stream opened after ``since``."""
         started = time.time()
         while time.time() - started < timeout:
-            status = self.status()
+            status = self.status(since)
             if status["synced"] == status["proxies"]:
                 return time.time() - started
             time.sleep(0.2)
-        raise TimeoutError(f"fleet not synced after {timeout}s: {self.status()}")
+        raise TimeoutError(f"fleet not synced after {timeout}s: {self.status(since)}")
 
     def arm(self, marker: bytes, type_url: str) -> None:
         self._all("arm", marker, type_url)

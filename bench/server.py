@@ -110,6 +110,11 @@ class ServerProcess:
                 out["rss_mib" if key == "VmRSS" else "peak_rss_mib"] = int(value.split()[0]) / 1024
         return out
 
+    def restart(self, timeout: float = 600) -> float:
+        """Stop and start again on the same ports (a control-plane restart); seconds until ready."""
+        self.stop()
+        return self.start(timeout)
+
     def stop(self) -> int | None:
         if self.proc is None:
             return None

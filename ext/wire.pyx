@@ -5,13 +5,14 @@ Same contract as ``meshpilot.networking.wire_py``, which documents the
 encodings and is the typed source of truth.
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.stdint cimport uint64_t
+from libc.string cimport memcpy
 
 from protowire cimport (
     Buffer, begin_message, buf_bytes, buf_free, buf_init, end_message, put_len_field, put_raw, put_varint,
-    put_str_field, put_uint_field,
+    put_str_field, put_uint_field, varint_size,
 )
 
 from meshpilot.model.endpoint import TLS_MODE_ISTIO, HealthStatus
@@ -33,6 +34,11 @@ cdef inline str text(object value):
     return value if type(value) is str else str(value)
 
 
+cdef inline bint is_unix(str address):
+    # address.startswith("unix://") without a method call.
+    return len(address) >= 7 and address[0] == u"u" and address[:7] == _UNIX
+
+
 cdef int put_bytes_field(Buffer *buf, int field, bytes data) except -1:
     return put_len_field(buf, field, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
 
@@ -50,26 +56,68 @@ def any_bytes(type_url, bytes value):
         buf_free(&buf)
 
 
+cdef inline Py_ssize_t len_field_size(int field, Py_ssize_t n) noexcept:
+    return varint_size(<uint64_t>(field << 3 | 2)) + varint_size(<uint64_t>n) + n
+
+
+cdef inline char *write_varint(char *out, uint64_t value) noexcept:
+    while value > 0x7F:
+        out[0] = <char>((value & 0x7F) | 0x80)
+        out += 1
+        value >>= 7
+    out[0] = <char>value
+    return out + 1
+
+
+cdef inline char *write_len_field(char *out, int field, const char *data, Py_ssize_t n) noexcept:
+    out = write_varint(out, <uint64_t>(field << 3 | 2))
+    out = write_varint(out, <uint64_t>n)
+    memcpy(out, data, n)
+    return out + n
+
+
 def discovery_response(version, type_url, nonce, resources):
-    """A serialized DiscoveryResponse around already-serialized ``Any`` resources."""
-    cdef Buffer buf
+    """A serialized DiscoveryResponse around already-serialized ``Any`` resources.
+
+    Responses run to megabytes, so the size is added up first and the bytes
+    object is written in place: one allocation, one copy of each resource.
+    """
     cdef bytes resource
-    buf_init(&buf)
-    try:
-        put_str_field(&buf, 1, text(version))
-        for resource in resources:
-            put_bytes_field(&buf, 2, resource)
-        put_str_field(&buf, 4, text(type_url))
-        put_str_field(&buf, 5, text(nonce))
-        return buf_bytes(&buf)
-    finally:
-        buf_free(&buf)
+    cdef list items = resources if type(resources) is list else list(resources)
+    cdef const char *v
+    cdef const char *t
+    cdef const char *n
+    cdef Py_ssize_t v_len, t_len, n_len, total = 0
+    cdef char *out
+    cdef bytes result
+    v = PyUnicode_AsUTF8AndSize(text(version), &v_len)
+    t = PyUnicode_AsUTF8AndSize(text(type_url), &t_len)
+    n = PyUnicode_AsUTF8AndSize(text(nonce), &n_len)
+    if v_len:
+        total += len_field_size(1, v_len)
+    for resource in items:
+        total += len_field_size(2, PyBytes_GET_SIZE(resource))
+    if t_len:
+        total += len_field_size(4, t_len)
+    if n_len:
+        total += len_field_size(5, n_len)
+    result = PyBytes_FromStringAndSize(NULL, total)
+    out = PyBytes_AS_STRING(result)
+    if v_len:
+        out = write_len_field(out, 1, v, v_len)
+    for resource in items:
+        out = write_len_field(out, 2, PyBytes_AS_STRING(resource), PyBytes_GET_SIZE(resource))
+    if t_len:
+        out = write_len_field(out, 4, t, t_len)
+    if n_len:
+        out = write_len_field(out, 5, n, n_len)
+    return result
 
 
 cdef int put_address(Buffer *buf, int field, str address, uint64_t port) except -1:
     cdef Py_ssize_t outer = begin_message(buf, field)
     cdef Py_ssize_t inner
-    if address.startswith(_UNIX):
+    if is_unix(address):
         inner = begin_message(buf, 2)
         put_str_field(buf, 1, address[7:])
     else:
@@ -110,7 +158,8 @@ cdef int put_lb_endpoint_body(Buffer *buf, object ep, bint mtls) except -1:
         put_address(buf, 1, extra, port)
         end_message(buf, extra_at)
     end_message(buf, inner)
-    put_uint_field(buf, 2, <uint64_t>(_UNHEALTHY if health is _TERMINATING else int(health)))
+    # HealthStatus is an IntEnum: an int, converted without calling int().
+    put_uint_field(buf, 2, <uint64_t>(_UNHEALTHY if health is _TERMINATING else <long>health))
     meta = begin_message(buf, 3)
     if mtls:
         put_string_struct_entry(buf, "envoy.transport_socket_match", "tlsMode", "istio")
@@ -137,15 +186,18 @@ cdef bint selected(object ep, str port_name, object subset, bint allow_hostnames
         for key, value in (<dict>subset).items():
             if labels.get(key) != value:
                 return False
-    return allow_hostnames or ep.is_ip or (<str>ep.address).startswith(_UNIX)
+    return allow_hostnames or ep.is_ip or is_unix(ep.address)
+
+
+cdef list _select(object endpoints, str port_name, object subset, bint allow_hostnames):
+    if subset is not None and not isinstance(subset, dict):
+        subset = dict(subset)
+    return [ep for ep in endpoints if selected(ep, port_name, subset, allow_hostnames)]
 
 
 def select(endpoints, port_name, subset, bint allow_hostnames=False):
     """The endpoints that serve ``port_name``, match the subset labels and are healthy."""
-    port_name = text(port_name)
-    if subset is not None and not isinstance(subset, dict):
-        subset = dict(subset)
-    return [ep for ep in endpoints if selected(ep, port_name, subset, allow_hostnames)]
+    return _select(endpoints, text(port_name), subset, allow_hostnames)
 
 
 cdef int put_locality(Buffer *buf, str label) except -1:
@@ -163,18 +215,30 @@ cdef int put_locality(Buffer *buf, str label) except -1:
 
 
 cdef int put_groups(Buffer *buf, list endpoints, int tls_mode) except -1:
-    cdef set seen = set()
+    cdef set seen
     cdef list labels = []
-    cdef str label
+    cdef str label, first
     cdef Py_ssize_t group, weight_at
     cdef uint64_t total, weight
-    cdef bint mtls
+    cdef bint mtls, one_locality = True
+    if not endpoints:
+        return 0
+    first = endpoints[0].locality.label
     for ep in endpoints:
-        label = ep.locality.label
-        if label not in seen:
-            seen.add(label)
-            labels.append(label)
-    labels.sort()
+        if ep.locality.label != first:
+            one_locality = False
+            break
+    if one_locality:
+        # The common case: no set, no sort.
+        labels.append(first)
+    else:
+        seen = set()
+        for ep in endpoints:
+            label = ep.locality.label
+            if label not in seen:
+                seen.add(label)
+                labels.append(label)
+        labels.sort()
     for label in labels:
         group = begin_message(buf, 2)
         put_locality(buf, label)
@@ -224,7 +288,7 @@ def cluster_load_assignment(cluster_name, endpoints, port_name, subset, int tls_
                             bint allow_hostnames=False):
     """A serialized ClusterLoadAssignment of the selected endpoints (only the name if none)."""
     cdef Buffer buf
-    cdef list chosen = select(endpoints, text(port_name), subset, allow_hostnames)
+    cdef list chosen = _select(endpoints, text(port_name), subset, allow_hostnames)
     buf_init(&buf)
     try:
         put_str_field(&buf, 1, text(cluster_name))

@@ -158,6 +158,38 @@ def test_proxy_lookup_labels_and_service_targets() -> None:
     assert updater.proxies == ["10.1.0.1"], "a label change of a proxy's pod is a proxy update"
 
 
+def test_service_targets_follow_service_and_pod_changes() -> None:
+    """Targets are kept per Pod between pushes; any service or pod change must show."""
+    registry = KubeRegistry(Updater())
+    apply(
+        registry,
+        service("reviews", "default", "10.0.0.1", [("http", 9080)], {"app": "reviews"}),
+        pod("reviews-1", "default", "10.1.0.1", {"app": "reviews"}),
+    )
+    proxy = parse_proxy(
+        "sidecar~10.1.0.1~reviews-1.default~default.svc.cluster.local",
+        NodeMetadata.parse({"NAMESPACE": "default"}),
+    )
+
+    def targets() -> list[tuple[str, int]]:
+        return sorted((t.service.hostname, t.port.port) for t in registry.service_targets(proxy))
+
+    assert targets() == [(HOST, 9080)]
+    apply(
+        registry,
+        service("reviews", "default", "10.0.0.1", [("http", 9080), ("grpc", 7070)], {"app": "reviews"}),
+    )
+    assert targets() == [(HOST, 7070), (HOST, 9080)]
+    apply(registry, service("other", "default", "10.0.0.2", [("http", 80)], {"tier": "web"}))
+    assert targets() == [(HOST, 7070), (HOST, 9080)]
+    apply(registry, pod("reviews-1", "default", "10.1.0.1", {"app": "reviews", "tier": "web"}))
+    assert targets() == [("other.default.svc.cluster.local", 80), (HOST, 7070), (HOST, 9080)]
+    registry.remove(Kind.SERVICE, "default", "reviews")
+    assert targets() == [("other.default.svc.cluster.local", 80)]
+    registry.remove(Kind.POD, "default", "reviews-1")
+    assert targets() == []
+
+
 def test_endpoints_found_by_ip_follow_their_pod_and_indexes_shrink_on_churn() -> None:
     updater = Updater()
     registry = KubeRegistry(updater)

@@ -22,7 +22,7 @@ from meshpilot.networking import wire
 from meshpilot.xds import protocol, request_head
 from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.dependencies import proxy_needs_push
-from meshpilot.xds.generators.base import GenerationContext
+from meshpilot.xds.generators.base import GenerationContext, digest_of
 from meshpilot.xds.types import PUSH_ORDER, TypeUrl, parse_type_url
 
 if TYPE_CHECKING:
@@ -225,8 +225,7 @@ class AdsStream:
         metrics = self.server.metrics
         # The whole watched state, or only part of it (an endpoint push, added names)?
         whole = (names is None and request.full) or known.is_wildcard or names == watch.names
-        # bytes cache their hash and payloads are shared, so this costs a pass over pointers.
-        digest = hash(tuple([r.payload for r in resources])) if whole else None
+        digest = digest_of(resources) if whole else None
         if pushed and digest is not None and digest == watch.digest_sent:
             # SotW lets a server stay silent when nothing changed; Envoy would
             # only compare and drop the same config again.
@@ -257,7 +256,11 @@ def _record_sent(watch: WatchedResource, version: str, nonce: str, names: set[st
     watch.nonce_sent = nonce
     watch.version_sent = version
     watch.last_sent = time.time()
-    watch.sent_names = frozenset(names) | (watch.sent_names if partial else frozenset())
+    if not partial:
+        watch.sent_names = frozenset(names)
+    elif not names <= watch.sent_names:
+        # An endpoint push usually resends names the proxy has: no new set then.
+        watch.sent_names = watch.sent_names | names
 
 
 def _counter(reason: TriggerReason) -> Counter[TriggerReason]:

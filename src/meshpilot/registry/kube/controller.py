@@ -71,6 +71,10 @@ class KubeRegistry:
         self._by_pod: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
         self._by_ip: dict[str, set[tuple[str, str]]] = defaultdict(set)
         self._by_node: dict[str, set[tuple[str, str]]] = defaultdict(set)
+        # service_targets per Pod, valid while the Pod object and the services are the same:
+        # every full push asks again for every proxy, and few pushes change either.
+        self._services_generation = 0
+        self._targets: dict[tuple[str, str], tuple[KubePod, int, list[ServiceTarget]]] = {}
 
     # -- ObjectSink ------------------------------------------------------------
 
@@ -96,6 +100,7 @@ class KubeRegistry:
                 self._slices_by_service[(namespace, old.service_name)].discard(name)
                 self._refresh_services({(namespace, old.service_name)})
         elif kind is Kind.POD:
+            self._targets.pop((namespace, name), None)
             pod = self._pods.pop((namespace, name), None)
             if pod is not None:
                 for ip in pod.pod_ips:
@@ -143,6 +148,15 @@ class KubeRegistry:
         pod = self.pod_for_proxy(proxy)
         if pod is None:
             return []
+        key = (pod.meta.namespace, pod.meta.name)
+        cached = self._targets.get(key)
+        if cached is not None and cached[0] is pod and cached[1] == self._services_generation:
+            return list(cached[2])
+        targets = self._compute_targets(pod)
+        self._targets[key] = (pod, self._services_generation, targets)
+        return list(targets)
+
+    def _compute_targets(self, pod: KubePod) -> list[ServiceTarget]:
         targets = []
         in_namespace = self._kube_services_by_ns.get(pod.meta.namespace, {})
         for name in sorted(in_namespace):
@@ -163,6 +177,7 @@ class KubeRegistry:
         return service_hostname(name, namespace, self.domain_suffix)
 
     def _upsert_service(self, ks: KubeService) -> None:
+        self._services_generation += 1
         key = (ks.meta.namespace, ks.meta.name)
         self._kube_services[key] = ks
         self._kube_services_by_ns[ks.meta.namespace][ks.meta.name] = ks
@@ -180,6 +195,7 @@ class KubeRegistry:
     def _remove_service(self, namespace: str, name: str) -> None:
         if self._kube_services.pop((namespace, name), None) is None:
             return
+        self._services_generation += 1
         self._kube_services_by_ns[namespace].pop(name, None)
         hostname = self._hostname(namespace, name)
         self._services.pop(hostname, None)

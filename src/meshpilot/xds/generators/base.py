@@ -38,6 +38,38 @@ class Resource:
         return any_pb2.Any.FromString(self.payload)
 
 
+class ResourceList(list[Resource]):
+    """Generated resources with a digest of their payloads, computed once per list.
+
+    A push that would send a proxy what it already holds is skipped by
+    comparing digests (see AdsStream._send). Lists shared by many proxies
+    (the outbound clusters of a scope) pay for their digest once; a proxy's
+    own list joins the shared parts' digests instead of hashing a thousand
+    payloads again. Treated as immutable once made.
+    """
+
+    __slots__ = ("_digest",)
+
+    def __init__(self, items: Iterable[Resource] = (), digest: int | None = None) -> None:
+        super().__init__(items)
+        self._digest = digest
+
+    @property
+    def digest(self) -> int:
+        if self._digest is None:
+            # bytes cache their hash, and shared payloads are hashed once in all.
+            self._digest = hash(tuple([r.payload for r in self]))
+        return self._digest
+
+    @classmethod
+    def joined(cls, first: ResourceList, second: ResourceList) -> ResourceList:
+        return cls([*first, *second], digest=hash((first.digest, second.digest)))
+
+
+def digest_of(resources: list[Resource]) -> int:
+    return resources.digest if isinstance(resources, ResourceList) else ResourceList(resources).digest
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationContext:
     proxy: Proxy

@@ -9,6 +9,8 @@ by the proxies that serve the same ports.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.cluster import (
@@ -20,7 +22,7 @@ from meshpilot.networking.cluster import (
 )
 from meshpilot.networking.cluster_wire import OutboundClusterEncoder
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
+from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
 from meshpilot.xds.types import TypeUrl
 
 _SKIPPED = (
@@ -56,9 +58,11 @@ class ClusterGenerator:
         else:
             # Without a Sidecar, these read only what the key names (and the mesh).
             others = push.memoized_lasting(others_key, lambda: self._others(ctx))
+        if seen.isdisjoint(others.names):
+            return ResourceList.joined(outbound, others)
         return [*outbound, *(r for r in others if r.name not in seen)]
 
-    def _outbound(self, ctx: GenerationContext) -> tuple[list[Resource], frozenset[str]]:
+    def _outbound(self, ctx: GenerationContext) -> tuple[ResourceList, frozenset[str]]:
         """The outbound clusters, and their names (other clusters of the same name are dropped)."""
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
         encoder = OutboundClusterEncoder(inputs)
@@ -79,11 +83,21 @@ class ClusterGenerator:
                     cache.add(key, payload, spec.dependencies(), token)
             if payload:
                 out.append(Resource(name, payload))
-        return out, frozenset(r.name for r in out)
+        return ResourceList(out), frozenset(r.name for r in out)
 
-    def _others(self, ctx: GenerationContext) -> list[Resource]:
+    def _others(self, ctx: GenerationContext) -> _Others:
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
-        return [Resource.of(c.name, c) for c in other_clusters(inputs)]
+        return _Others(Resource.of(c.name, c) for c in other_clusters(inputs))
+
+
+class _Others(ResourceList):
+    """BlackHole, Passthrough and inbound clusters, with their names."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, items: Iterable[Resource]) -> None:
+        super().__init__(items)
+        self.names = frozenset(r.name for r in self)
 
 
 def _outbound_payload(encoder: OutboundClusterEncoder, spec: OutboundSpec) -> bytes:

@@ -14,7 +14,7 @@ from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.listener import build_outbound_listeners
 from meshpilot.networking.listener_inbound import build_inbound_listeners
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
+from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
@@ -38,10 +38,15 @@ class ListenerGenerator:
         headless = (proxy.ip_addresses, ctx.index.generation) if scope.has_headless else None
         outbound = push.memoized(
             ("lds-out", id(scope), proxy.capabilities, headless),
-            lambda: [Resource.of(li.name, li) for li in build_outbound_listeners(proxy, push, ctx.index)],
+            lambda: ResourceList(
+                Resource.of(li.name, li) for li in build_outbound_listeners(proxy, push, ctx.index)
+            ),
         )
         inbound_key = ("lds-in", proxy.capabilities, proxy.inbound_signature)
-        build_inbound = lambda: [Resource.of(li.name, li) for li in build_inbound_listeners(proxy, push)]  # noqa: E731
+
+        def build_inbound() -> ResourceList:
+            return ResourceList(Resource.of(li.name, li) for li in build_inbound_listeners(proxy, push))
+
         if scope.has_ingress:
             # Sidecar ingress listeners come from the scope and bind the proxy's own address by default.
             inbound = push.memoized((inbound_key, id(scope), proxy.ip_addresses), build_inbound)
@@ -49,6 +54,9 @@ class ListenerGenerator:
             # Without a Sidecar, inbound listeners read only what the key names (and the mesh).
             inbound = push.memoized_lasting(inbound_key, build_inbound)
         taken = {r.name for r in inbound}
+        outbound_names = {r.name for r in outbound}
+        if len(outbound_names) == len(outbound) and outbound_names.isdisjoint(taken):
+            return ResourceList.joined(outbound, inbound)
         kept = []
         for resource in outbound:
             # Envoy rejects a whole update with two listeners of one name; an

@@ -1,0 +1,457 @@
+"""The benchmark suites: ``python -m bench.run --suite quick|full``.
+
+Each figure is measured in this run next to its reference: compiled hot
+paths against their pure-Python twins (micro benchmarks, and whole servers
+with ``MESHPILOT_NO_EXTENSIONS=1``), wire encoding against protobuf objects,
+the XdsCache on against off. Fleet runs start a real server process, connect
+the simulated fleet over ADS, and read the server's CPU time and memory from
+/proc. Results go to ``bench/results/<suite>.json``; ``bench.report`` turns
+them into ``docs/benchmarks.md`` and its plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.fleet import EDS, RDS, Fleet, ProxySpec
+from bench.scenario import Scenario, write_yaml
+from bench.server import ServerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "bench" / "scenarios"
+RESULTS = ROOT / "bench" / "results"
+DEBOUNCE = "100ms"
+DEBOUNCE_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the server: its label, environment and extra flags."""
+
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()
+
+
+COMPILED = Variant("compiled")
+PURE = Variant("pure-python", {"MESHPILOT_NO_EXTENSIONS": "1"})
+NO_CACHE = Variant("compiled, no XdsCache", args=("--xds-cache-size", "0"))
+
+
+@dataclass(frozen=True)
+class FleetJob:
+    scenario: Scenario
+    variants: tuple[Variant, ...]
+    #: New streams per second while the fleet connects; None keeps istiod's default.
+    connect_rate: int | None = 1000
+    steady_seconds: float = 10.0
+    changes: bool = True
+
+
+@dataclass(frozen=True)
+class StormJob:
+    scenario: Scenario
+    #: Sample /ready this often while the fleet reconnects.
+    ready_interval: float = 0.05
+    timeout: float = 900.0
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    micro_min_time: float
+    fleet: tuple[FleetJob, ...]
+    storm: tuple[StormJob, ...]
+
+
+def _scenario(file: str, **overrides: Any) -> Scenario:
+    """A scenario from bench/scenarios, with some fields replaced (a scaled-down quick run)."""
+    base = Scenario.load(SCENARIOS / f"{file}.yaml")
+    return Scenario(**{**base.__dict__, **overrides})
+
+
+def suites() -> dict[str, Suite]:
+    return {
+        "quick": Suite(
+            "quick",
+            micro_min_time=0.1,
+            fleet=(
+                FleetJob(
+                    _scenario("http", services=200, proxies=400, name="http-200"),
+                    (COMPILED, PURE, NO_CACHE),
+                    steady_seconds=5,
+                ),
+            ),
+            storm=(StormJob(_scenario("storm", proxies=1000, name="storm-1000")),),
+        ),
+        "full": Suite(
+            "full",
+            micro_min_time=0.2,
+            fleet=(
+                FleetJob(_scenario("http"), (COMPILED, PURE, NO_CACHE)),
+                FleetJob(_scenario("tcp"), (COMPILED,)),
+                FleetJob(_scenario("scoped"), (COMPILED,)),
+                FleetJob(_scenario("eds-1"), (COMPILED, PURE)),
+                FleetJob(_scenario("eds-100"), (COMPILED, PURE)),
+                FleetJob(_scenario("eds-1000"), (COMPILED, PURE)),
+            ),
+            storm=(StormJob(_scenario("storm")),),
+        ),
+    }
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(q * len(ordered) + 0.999999)))
+    return ordered[rank - 1]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {
+        "p50": percentile(values, 0.5),
+        "p90": percentile(values, 0.9),
+        "p99": percentile(values, 0.99),
+        "max": max(values),
+    }
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _specs(scenario: Scenario) -> list[ProxySpec]:
+    out = []
+    for i in range(scenario.proxies):
+        node_id, ip, namespace, labels = scenario.proxy(i)
+        metadata = {
+            "NAMESPACE": namespace,
+            "LABELS": labels,
+            "ISTIO_VERSION": "1.28.0",
+            "CLUSTER_ID": "Kubernetes",
+            "INSTANCE_IPS": ip,
+        }
+        out.append(ProxySpec(node_id, metadata))
+    return out
+
+
+def _histogram(metrics: dict[str, float], name: str) -> dict[str, float]:
+    """Count and sum of a Prometheus histogram, over all label values."""
+    count = sum(v for k, v in metrics.items() if k.startswith(name + "_count"))
+    total = sum(v for k, v in metrics.items() if k.startswith(name + "_sum"))
+    return {"count": count, "sum": total, "mean": total / count if count else 0.0}
+
+
+def _counter(metrics: dict[str, float], name: str) -> dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        if key.startswith(name):
+            label = key[len(name) :].replace("_total", "").strip("{}") or "all"
+            out[label] = value
+    return out
+
+
+def _push_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """What the server reported for one change: pushes, skips, push and send times."""
+
+    def delta(name: str, kind: Callable[[dict[str, float], str], dict[str, float]]) -> dict[str, float]:
+        a, b = kind(before, name), kind(after, name)
+        return {
+            k: round(v - a.get(k, 0.0), 6) for k, v in b.items() if k in ("count", "sum") or v != a.get(k)
+        }
+
+    return {
+        "pushes": delta("pilot_xds_pushes", _counter),
+        "unchanged_skipped": delta("meshpilot_xds_unchanged_skipped", _counter),
+        "push_time_seconds": delta("pilot_xds_push_time", _histogram),
+        "send_time_seconds": delta("pilot_xds_send_time", _histogram),
+        "queue_time_seconds": delta("pilot_proxy_queue_time", _histogram),
+        "config_size_bytes": delta("pilot_xds_config_size_bytes", _histogram),
+    }
+
+
+# -- fleet runs ------------------------------------------------------------------------
+
+
+def _change(
+    server: ServerProcess,
+    fleet: Fleet,
+    marker: bytes,
+    type_url: str,
+    expected: int,
+    write: Callable[[], None],
+) -> dict[str, Any]:
+    """Make a change and time, per proxy, from the write to the response that carries ``marker``."""
+    fleet.arm(marker, type_url)
+    before = server.metrics()
+    cpu = server.cpu_seconds()
+    started = time.time()
+    write()
+    times = fleet.wait_marker(expected, 120)
+    cpu = server.cpu_seconds() - cpu
+    seen = [t - started for t in times if t is not None]
+    time.sleep(1)  # let the last ACKs and metrics land
+    out: dict[str, Any] = {
+        "proxies": expected,
+        "converged": len(seen),
+        "server_cpu_seconds": round(cpu, 3),
+        "server": _push_metrics(before, server.metrics()),
+    }
+    if seen:
+        first = min(seen)
+        out["from_write_seconds"] = summary(seen)
+        # From the first proxy's copy: the fan-out once the push has started.
+        out["fan_out_seconds"] = summary([t - first for t in seen])
+        out["first_seconds"] = first
+        out["latencies_ms"] = sorted(round(t * 1000, 1) for t in seen)
+    return out
+
+
+def run_fleet(job: FleetJob, variant: Variant, workdir: Path) -> dict[str, Any]:
+    scenario = job.scenario
+    config = workdir / "config"
+    scenario.write(config)
+    args = ["--debounce-after", DEBOUNCE, *variant.args]
+    if job.connect_rate is not None:
+        args += ["--max-requests-per-second", str(job.connect_rate)]
+    server = ServerProcess(config, workdir, extra=args, env=variant.env)
+    result: dict[str, Any] = {"scenario": scenario.name, "variant": variant.name}
+    fleet: Fleet | None = None
+    try:
+        result["ready_seconds"] = round(server.start(), 3)
+        result["rss_after_load_mib"] = round(server.memory()["rss_mib"], 1)
+        cpu = server.cpu_seconds()
+        fleet = Fleet(server.target, _specs(scenario), scenario.route_names())
+        fleet.start()
+        result["sync_seconds"] = round(fleet.wait_synced(1200), 3)
+        result["sync_server_cpu_seconds"] = round(server.cpu_seconds() - cpu, 3)
+        status = fleet.status()
+        result["sync_bytes_per_proxy"] = int(status["bytes"] / max(1, status["proxies"]))
+        result["empty_configs"] = status["empty_configs"]
+        time.sleep(2)
+        cpu = server.cpu_seconds()
+        time.sleep(job.steady_seconds)
+        result["steady_vcpu"] = round((server.cpu_seconds() - cpu) / job.steady_seconds, 4)
+        memory = server.memory()
+        result["steady_rss_mib"] = round(memory["rss_mib"], 1)
+        if job.changes:
+            new_ip = scenario.endpoint_ip(0, scenario.endpoints_of(0))
+            result["endpoint_added"] = _change(
+                server,
+                fleet,
+                new_ip.encode(),
+                EDS,
+                scenario.proxies,
+                lambda: write_yaml(config / "svc-0.yaml", scenario.service_objects(0, extra_endpoints=1)),
+            )
+            if scenario.protocol != "tcp" and scenario.virtual_services:
+                result["virtual_service_changed"] = _change(
+                    server,
+                    fleet,
+                    b"bench-change1",
+                    RDS,
+                    scenario.proxies,
+                    lambda: write_yaml(
+                        config / "routing.yaml", [scenario.virtual_service(0, marker="change1")]
+                    ),
+                )
+        result["peak_rss_mib"] = round(server.memory()["peak_rss_mib"], 1)
+        status = fleet.status()
+        result["errors"] = status["errors"]
+        result["reconnects"] = status["connects"] - status["proxies"]
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        result["exit_code"] = server.stop()
+    return result
+
+
+# -- reconnect storm -------------------------------------------------------------------
+
+
+class ReadyProbe(threading.Thread):
+    """Polls /ready and records how long each answer took (None: no answer within 5 s)."""
+
+    def __init__(self, server: ServerProcess, interval: float) -> None:
+        super().__init__(daemon=True)
+        self.server = server
+        self.interval = interval
+        self.samples: list[tuple[float, float | None, int]] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            started = time.perf_counter()
+            try:
+                status, _ = self.server.get("/ready", timeout=5)
+                self.samples.append((time.time(), time.perf_counter() - started, status))
+            except OSError:
+                self.samples.append((time.time(), None, 0))
+            self.stopping.wait(self.interval)
+
+
+def _reconnect(
+    server: ServerProcess, fleet: Fleet, job: StormJob, reconnect: Callable[[], None]
+) -> dict[str, Any]:
+    """Make every stream reconnect; time until all are synced again on new streams, probing /ready."""
+    before = fleet.status()
+    metrics_before = server.metrics()
+    pid = server.proc.pid if server.proc is not None else None
+    started = time.time()
+    reconnect()
+    if server.proc is None or server.proc.pid != pid:
+        metrics_before = {}  # a new process counts from zero
+    probe = ReadyProbe(server, job.ready_interval)
+    probe.start()
+    cpu = server.cpu_seconds()
+    try:
+        resync = fleet.wait_synced(job.timeout, since=started)
+    finally:
+        probe.stopping.set()
+        probe.join(10)
+    after = fleet.status()
+    latencies = [s[1] for s in probe.samples if s[1] is not None and s[2] == 200]
+    limited = "meshpilot_xds_rate_limited"
+    metrics = server.metrics()
+    return {
+        "resync_seconds": round(resync, 3),
+        "server_cpu_seconds": round(server.cpu_seconds() - cpu, 3),
+        "stream_attempts": after["connects"] - before["connects"],
+        "client_retries": {code: n - before["retried"].get(code, 0) for code, n in after["retried"].items()},
+        "rate_limited": metrics.get(limited, 0.0) - metrics_before.get(limited, 0.0),
+        "empty_configs": after["empty_configs"] - before["empty_configs"],
+        "errors": after["errors"],
+        "ready_probes": len(probe.samples),
+        "ready_failures": sum(1 for s in probe.samples if s[1] is None or s[2] != 200),
+        "ready_latency_seconds": summary(latencies),
+        "ready_over_100ms": sum(1 for v in latencies if v > 0.1),
+    }
+
+
+def run_storm(job: StormJob, workdir: Path) -> dict[str, Any]:
+    """Every stream reconnects at once, at istiod's default stream rate: streams dropped, then a restart."""
+    scenario = job.scenario
+    config = workdir / "config"
+    scenario.write(config)
+    server = ServerProcess(config, workdir, extra=["--debounce-after", DEBOUNCE])
+    result: dict[str, Any] = {"scenario": scenario.name, "proxies": scenario.proxies}
+    fleet: Fleet | None = None
+    try:
+        server.start()
+        fleet = Fleet(server.target, _specs(scenario), scenario.route_names(), workers=2)
+        fleet.start()
+        result["initial_sync_seconds"] = round(fleet.wait_synced(job.timeout), 3)
+        # The streams drop at once (a load balancer reset) and come back to a running server.
+        result["streams_dropped"] = _reconnect(server, fleet, job, fleet.restart)
+
+        # The server restarts (a rollout); proxies retry while it loads and must get no empty config.
+        def restart() -> None:
+            server.restart()
+
+        result["server_restarted"] = _reconnect(server, fleet, job, restart)
+        result["peak_rss_mib"] = round(server.memory()["peak_rss_mib"], 1)
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        server.stop()
+    return result
+
+
+# -- micro benchmarks ------------------------------------------------------------------
+
+
+def run_micro(pure: bool, min_time: float) -> dict[str, Any]:
+    env = {**os.environ, "BENCH_MIN_TIME": str(min_time)}
+    if pure:
+        env["MESHPILOT_NO_EXTENSIONS"] = "1"
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.micro"], cwd=ROOT, env=env, check=True, capture_output=True, text=True
+    )
+    data: dict[str, Any] = json.loads(out.stdout)
+    return data
+
+
+# -- the suite -------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def run_suite(suite: Suite, only: set[str] | None) -> dict[str, Any]:
+    results: dict[str, Any] = {"suite": suite.name, "machine": machine(), "fleet": [], "storm": []}
+    started = time.time()
+    if not only or "micro" in only:
+        log("micro benchmarks, compiled")
+        results["micro"] = {"compiled": run_micro(False, suite.micro_min_time)}
+        log("micro benchmarks, pure Python")
+        results["micro"]["pure-python"] = run_micro(True, suite.micro_min_time)
+    for job in suite.fleet:
+        if only and job.scenario.name not in only and "fleet" not in only:
+            continue
+        for variant in job.variants:
+            log(f"fleet {job.scenario.name} ({job.scenario.proxies} proxies), {variant.name}")
+            with tempfile.TemporaryDirectory(prefix="meshpilot-bench-") as tmp:
+                result = run_fleet(job, variant, Path(tmp))
+            results["fleet"].append({"scenario_spec": asdict(job.scenario), **result})
+            log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
+    for storm in suite.storm:
+        if only and storm.scenario.name not in only and "storm" not in only:
+            continue
+        log(f"reconnect storm, {storm.scenario.proxies} streams")
+        with tempfile.TemporaryDirectory(prefix="meshpilot-bench-") as tmp:
+            result = run_storm(storm, Path(tmp))
+        results["storm"].append({"scenario_spec": asdict(storm.scenario), **result})
+        log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
+    results["wall_seconds"] = round(time.time() - started, 1)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", choices=sorted(suites()), default="quick")
+    parser.add_argument("--only", nargs="*", help="micro, fleet, storm or scenario names")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-report", action="store_true", help="do not rewrite docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    suite = suites()[args.suite]
+    results = run_suite(suite, set(args.only) if args.only else None)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{suite.name}.json"
+    path.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")
+    log(f"wrote {path} in {results['wall_seconds']} s")
+    if not args.no_report:
+        from bench.report import write_report
+
+        write_report(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
