@@ -47,7 +47,8 @@ class Variant:
 
 COMPILED = Variant("compiled")
 PURE = Variant("pure-python", {"MESHPILOT_NO_EXTENSIONS": "1"})
-NO_CACHE = Variant("compiled, no XdsCache", args=("--xds-cache-size", "0"))
+#: PILOT_XDS_CACHE_SIZE=0: no XdsCache and nothing shared between proxies (the uncached reference).
+NO_CACHE = Variant("compiled, uncached", args=("--xds-cache-size", "0"))
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ class RecordingSink:
     def remove(self, kind: Kind, namespace: str, name: str) -> None:
         del self.objects[(kind, namespace, name)]
         self.events.append(("remove", kind, namespace, name))
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 def vs(name: str, host: str, **extra: Any) -> dict[str, Any]:

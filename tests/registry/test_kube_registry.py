@@ -208,3 +208,40 @@ def test_endpoints_found_by_ip_follow_their_pod_and_indexes_shrink_on_churn() ->
         assert updater.endpoints[HOST] == []
     # Nothing is remembered for objects that are gone.
     assert not registry._by_pod and not registry._by_ip and not registry._by_node
+
+
+def test_a_batch_computes_each_service_once_with_the_same_result() -> None:
+    """Pods applied after their slice in one batch: one endpoint report per service, not one per pod."""
+    docs = [
+        service("reviews", "default", "10.0.0.1", [("http", 9080)], {"app": "reviews"}),
+        endpoint_slice(
+            "s", "default", "reviews", [("http", 9080)], [(f"p{i}", f"10.1.0.{i}") for i in range(1, 51)]
+        ),
+        *[
+            pod(f"p{i}", "default", f"10.1.0.{i}", {"app": "reviews"}, service_account="r")
+            for i in range(1, 51)
+        ],
+    ]
+    plain, batched = Updater(), Updater()
+    apply(KubeRegistry(plain), *docs)
+    registry = KubeRegistry(batched)
+    with registry.batch():
+        apply(registry, *docs)
+        assert batched.eds_calls == 0, "nothing is computed inside the batch"
+    assert batched.eds_calls == 1
+    assert plain.eds_calls > 50
+    assert batched.endpoints[HOST] == plain.endpoints[HOST]
+    assert all(ep.service_account.endswith("/sa/r") for ep in batched.endpoints[HOST])
+
+
+def test_a_service_deleted_in_a_batch_reports_no_endpoints() -> None:
+    updater = Updater()
+    registry = KubeRegistry(updater)
+    with registry.batch():
+        apply(
+            registry,
+            service("reviews", "default", "10.0.0.1", [("http", 9080)], {"app": "reviews"}),
+            endpoint_slice("s", "default", "reviews", [("http", 9080)], [("p1", "10.1.0.1")]),
+        )
+        registry.remove(Kind.SERVICE, "default", "reviews")
+    assert HOST not in updater.endpoints

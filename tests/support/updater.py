@@ -14,6 +14,7 @@ class Updater:
         self.endpoints: dict[str, list[Endpoint]] = {}
         self.services: list[tuple[str, bool]] = []
         self.proxies: list[str] = []
+        self.eds_calls = 0
 
     def config_update(self, request: PushRequest) -> None:
         pass
@@ -22,6 +23,7 @@ class Updater:
         self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]
     ) -> None:
         self.endpoints[hostname] = list(endpoints)
+        self.eds_calls += 1
 
     def service_update(self, shard: ShardKey, hostname: str, namespace: str, deleted: bool) -> None:
         self.services.append((hostname, deleted))

@@ -211,3 +211,17 @@ def test_outputs_kept_across_snapshots_follow_their_inputs(type_url: TypeUrl) ->
             model.env.refresh_proxy(proxy, model.push)
             shared = _generate(model, proxy, XdsCache(1000), type_url, frozenset())
             assert shared == _alone(model, proxy, type_url, frozenset()), proxy.id
+
+
+def test_with_the_cache_off_nothing_is_shared() -> None:
+    """PILOT_XDS_CACHE_SIZE=0: every proxy's config is built for it alone, memos included."""
+    model = build(mesh_objects())
+    built: list[str] = []
+    for share, expected in ((True, 2), (False, 6)):
+        built.clear()
+        model.env.share_outputs = share
+        push = model.env.build_push_context(f"share-{share}", keep_lasting=False)
+        for _ in range(3):
+            push.memoized("snapshot", lambda: built.append("snapshot"))
+            push.memoized_lasting("lasting", lambda: built.append("lasting"))
+        assert len(built) == expected

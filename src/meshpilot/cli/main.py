@@ -95,7 +95,10 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--xds-cache-size",
         type=int,
         default=int(cache_default),
-        help="XdsCache entries per type; 0 disables it (default $PILOT_XDS_CACHE_SIZE or 60000)",
+        help=(
+            "XdsCache entries per type; 0 turns off the cache and all sharing of generated config "
+            "(default $PILOT_XDS_CACHE_SIZE or 60000)"
+        ),
     )
     p.add_argument(
         "--max-requests-per-second",

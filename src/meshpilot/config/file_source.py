@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -39,6 +40,10 @@ class ObjectSink(Protocol):
     def upsert(self, obj: Decoded) -> None: ...
 
     def remove(self, kind: Kind, namespace: str, name: str) -> None: ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Group the changes of one sync: derived state (endpoints) is computed once, at the end."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,8 @@ class FileSource:
         self._sink = sink
         self._default_namespace = default_namespace
         self._files: dict[Path, _FileState] = {}
+        #: The files defining each object, so settling a key does not visit every file.
+        self._defined_in: dict[ObjectKey, set[Path]] = {}
         self._effective: dict[ObjectKey, tuple[Path, Decoded]] = {}
 
     @property
@@ -129,14 +136,19 @@ class FileSource:
             old = self._files.pop(path, None)
             if old is not None:
                 touched.update(old.objects)
+                for key in old.objects:
+                    self._defined_in[key].discard(path)
             if path not in found:
                 log.info("config file %s removed", path)
                 continue
             state = self._read(path, found[path], old)
             self._files[path] = state
             touched.update(state.objects)
-        for key in sorted(touched, key=lambda k: (k[0].value, k[1], k[2])):
-            self._settle(key)
+            for key in state.objects:
+                self._defined_in.setdefault(key, set()).add(path)
+        with self._sink.batch():
+            for key in sorted(touched, key=lambda k: (k[0].value, k[1], k[2])):
+                self._settle(key)
 
     def _read(self, path: Path, signature: tuple[int, int, int], old: _FileState | None) -> _FileState:
         previous = old.objects if old is not None else {}
@@ -194,9 +206,10 @@ class FileSource:
 
     def _settle(self, key: ObjectKey) -> None:
         """Make the sink hold the winning definition of ``key``, or nothing."""
-        definitions = sorted(
-            (path, state.objects[key]) for path, state in self._files.items() if key in state.objects
-        )
+        paths = self._defined_in.get(key, set())
+        definitions = sorted((path, self._files[path].objects[key]) for path in paths)
+        if not paths:
+            self._defined_in.pop(key, None)
         current = self._effective.get(key)
         if not definitions:
             if current is not None:

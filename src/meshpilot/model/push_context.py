@@ -61,8 +61,11 @@ class PushContext:
         domain_suffix: str = "cluster.local",
         service_accounts: Mapping[tuple[str, str], frozenset[str]] | None = None,
         lasting: dict[Hashable, Any] | None = None,
+        share_outputs: bool = True,
     ) -> None:
         self.version = version
+        #: False: every proxy's config is built for it alone (the XdsCache is off too).
+        self.share_outputs = share_outputs
         self.mesh = mesh
         #: Stable hash of the MeshConfig: part of the cache keys of everything that reads it.
         self.mesh_fingerprint = hash_value(mesh)
@@ -175,6 +178,8 @@ class PushContext:
         memo is bounded: a long run of endpoint-only pushes (whose keys carry
         the EndpointIndex generation) cannot make it grow without end.
         """
+        if not self.share_outputs:
+            return make()
         try:
             return self._memo[key]  # type: ignore[no-any-return]
         except KeyError:
@@ -193,6 +198,8 @@ class PushContext:
         as a proxy's inbound listeners: a VirtualService change then does not
         rebuild them for every proxy.
         """
+        if not self.share_outputs:
+            return make()
         full_key = (key, self.mesh_fingerprint, self.domain_suffix)
         try:
             return self._lasting[full_key]  # type: ignore[no-any-return]

@@ -25,12 +25,15 @@ class MeshEnvironment:
         index: EndpointIndex,
         mesh: Any,
         domain_suffix: str = "cluster.local",
+        share_outputs: bool = True,
     ) -> None:
         self.store = store
         self.registry = registry
         self.index = index
         self.mesh = mesh
         self.domain_suffix = domain_suffix
+        #: Whether proxies share generated outputs (off with the XdsCache: nothing shared at all).
+        self.share_outputs = share_outputs
         #: PushContext.memoized_lasting's store, handed from snapshot to snapshot.
         self._lasting: dict[Hashable, Any] = {}
 
@@ -50,6 +53,7 @@ class MeshEnvironment:
             domain_suffix=self.domain_suffix,
             service_accounts=accounts,
             lasting=self._lasting if keep_lasting else {},
+            share_outputs=self.share_outputs,
         )
 
     def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:

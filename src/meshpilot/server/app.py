@@ -13,6 +13,7 @@ import logging
 import signal
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import grpc
@@ -64,6 +65,9 @@ class ObjectRouter:
         else:
             self.kube.remove(kind, namespace, name)
 
+    def batch(self) -> AbstractContextManager[None]:
+        return self.kube.batch()
+
 
 def load_mesh_config(settings: DiscoverySettings) -> Any:
     if settings.mesh_config is None:
@@ -96,6 +100,10 @@ class DiscoveryApp:
             index=self.index,
             mesh=mesh,
             domain_suffix=settings.domain,
+            # PILOT_XDS_CACHE_SIZE=0 turns off every kind of sharing: each proxy's config is
+            # built for it alone, as istiod builds it with its cache off (a way to rule the
+            # cache and memo out when config looks wrong).
+            share_outputs=settings.xds_cache_size > 0,
         )
         self.server = DiscoveryServer(
             self.env,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from meshpilot.config.core_objects import (
@@ -74,6 +76,9 @@ class KubeRegistry:
         # service_targets per Pod, valid while the Pod object and the services are the same:
         # every full push asks again for every proxy, and few pushes change either.
         self._services_generation = 0
+        # Inside batch(): services whose endpoints are recomputed when the batch ends.
+        self._batch_depth = 0
+        self._pending: set[tuple[str, str]] = set()
         self._targets: dict[tuple[str, str], tuple[KubePod, int, list[ServiceTarget]]] = {}
 
     # -- ObjectSink ------------------------------------------------------------
@@ -236,7 +241,28 @@ class KubeRegistry:
             found |= self._by_ip.get(ip, set())
         return found
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Apply many objects, computing each touched service's endpoints once at the end.
+
+        Without it, loading a file of a thousand pods after their EndpointSlice
+        recomputes the whole service once per pod.
+        """
+        self._batch_depth += 1
+        try:
+            yield
+        finally:
+            self._batch_depth -= 1
+            if self._batch_depth == 0 and self._pending:
+                # A service deleted in the batch reports nothing; one not yet created
+                # reports its endpoints when it is (see _upsert_service).
+                pending, self._pending = self._pending, set()
+                self._refresh_services({key for key in pending if key in self._kube_services})
+
     def _refresh_services(self, keys: set[tuple[str, str]]) -> None:
+        if self._batch_depth:
+            self._pending |= keys
+            return
         for namespace, name in sorted(keys):
             if name:
                 self._refresh_endpoints(namespace, name)
