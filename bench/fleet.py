@@ -16,7 +16,7 @@ import multiprocessing.connection
 import os
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,9 +57,10 @@ class SimProxy:
     #: When the current stream was opened (time.time()).
     connected_at: float = 0.0
     empty_configs: int = 0
-    errors: list[str] = field(default_factory=list)
-    #: Streams that ended with a status the proxy retries (UNAVAILABLE, RESOURCE_EXHAUSTED), by code.
-    retried: dict[str, int] = field(default_factory=dict)
+    #: Streams that ended with a status, by code (Envoy retries them all, with backoff).
+    ended: dict[str, int] = field(default_factory=dict)
+    #: The details of the first few, for the report.
+    samples: list[str] = field(default_factory=list)
     bytes_received: int = 0
     stopping: bool = False
 
@@ -151,10 +152,11 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
                     outgoing.put_nowait(_request(proxy, RDS, proxy.route_names, first=False))
                 proxy.acked.add(type_url)
         except grpc.aio.AioRpcError as err:
-            if err.code() in RETRY_CODES:
-                proxy.retried[err.code().name] = proxy.retried.get(err.code().name, 0) + 1
-            elif not proxy.stopping:
-                proxy.errors.append(f"{err.code().name}: {err.details()}")
+            if not proxy.stopping:
+                code = err.code().name
+                proxy.ended[code] = proxy.ended.get(code, 0) + 1
+                if len(proxy.samples) < 3 and err.code() not in RETRY_CODES:
+                    proxy.samples.append(f"{code}: {err.details()}")
         finally:
             outgoing.put_nowait(None)
             call.cancel()
@@ -162,6 +164,14 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
             return
         await asyncio.sleep(backoff * (0.5 + random.random()))
         backoff = min(backoff * 2, 10)
+
+
+def _sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for count in counts:
+        for key, n in count.items():
+            out[key] = out.get(key, 0) + n
+    return out
 
 
 class Worker:
@@ -198,11 +208,8 @@ class Worker:
             "synced": sum(p.synced and p.connected_at >= since for p in self.proxies),
             "connects": sum(p.connects for p in self.proxies),
             "empty_configs": sum(p.empty_configs for p in self.proxies),
-            "errors": [e for p in self.proxies for e in p.errors][:5],
-            "retried": {
-                code: sum(p.retried.get(code, 0) for p in self.proxies)
-                for code in ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
-            },
+            "ended": _sum_counts(p.ended for p in self.proxies),
+            "samples": [e for p in self.proxies for e in p.samples][:5],
             "bytes": sum(p.bytes_received for p in self.proxies),
         }
 
@@ -293,14 +300,13 @@ class Fleet:
     def status(self, since: float = 0.0) -> dict[str, Any]:
         """Totals over the workers; "synced" counts proxies synced on a stream opened after ``since``."""
         replies = self._all("status", since)
-        out: dict[str, Any] = {"errors": [], "retried": {}}
+        out: dict[str, Any] = {"samples": []}
         for reply in replies:
             for key, value in reply.items():
-                if key == "retried":
-                    for code, n in value.items():
-                        out["retried"][code] = out["retried"].get(code, 0) + n
+                if key == "ended":
+                    out["ended"] = _sum_counts([out.get("ended", {}), value])
                 else:
-                    out[key] = out.get(key, 0 if key != "errors" else []) + value
+                    out[key] = out.get(key, 0 if key != "samples" else []) + value
         return out
 
     def wait_synced(self, timeout: float, since: float = 0.0) -> float:

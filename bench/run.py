@@ -275,7 +275,8 @@ def run_fleet(job: FleetJob, variant: Variant, workdir: Path) -> dict[str, Any]:
                 )
         result["peak_rss_mib"] = round(server.memory()["peak_rss_mib"], 1)
         status = fleet.status()
-        result["errors"] = status["errors"]
+        result["streams_ended"] = status.get("ended", {})
+        result["stream_end_samples"] = status["samples"]
         result["reconnects"] = status["connects"] - status["proxies"]
     finally:
         if fleet is not None:
@@ -338,7 +339,7 @@ def _reconnect(
         "client_retries": {code: n - before["retried"].get(code, 0) for code, n in after["retried"].items()},
         "rate_limited": metrics.get(limited, 0.0) - metrics_before.get(limited, 0.0),
         "empty_configs": after["empty_configs"] - before["empty_configs"],
-        "errors": after["errors"],
+        "stream_end_samples": after["samples"],
         "ready_probes": len(probe.samples),
         "ready_failures": sum(1 for s in probe.samples if s[1] is None or s[2] != 200),
         "ready_latency_seconds": summary(latencies),
