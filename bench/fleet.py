@@ -162,8 +162,10 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
             call.cancel()
         if proxy.stopping:
             return
-        await asyncio.sleep(backoff * (0.5 + random.random()))
-        backoff = min(backoff * 2, 10)
+        # Envoy's xDS retry: a random wait up to a ceiling that doubles from 0.5 s to 30 s,
+        # back to 0.5 s once a stream got a response.
+        await asyncio.sleep(random.uniform(0, backoff))
+        backoff = min(backoff * 2, 30.0)
 
 
 def _sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:

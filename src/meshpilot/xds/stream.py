@@ -22,7 +22,7 @@ from meshpilot.networking import wire
 from meshpilot.xds import protocol, request_head
 from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.dependencies import proxy_needs_push
-from meshpilot.xds.generators.base import GenerationContext, digest_of
+from meshpilot.xds.generators.base import GenerationContext, digest_of, names_of
 from meshpilot.xds.types import PUSH_ORDER, TypeUrl, parse_type_url
 
 if TYPE_CHECKING:
@@ -160,7 +160,8 @@ class AdsStream:
             conn, type_url, list(request.resource_names), request.response_nonce, error, digest
         )
         metrics = self.server.metrics
-        short = TypeUrl(type_url).short if parse_type_url(type_url) else type_url
+        known = parse_type_url(type_url)
+        short = known.short if known is not None else type_url
         if decision.verdict is protocol.Verdict.NACK:
             metrics.xds_rejects.labels(type=short).inc()
             log.warning(
@@ -195,7 +196,8 @@ class AdsStream:
         ordered: list[str] = [t for t in PUSH_ORDER if t in conn.watched]
         ordered += [t for t in conn.watched if t not in ordered]
         for type_url in ordered:
-            generator = self.server.generators.get(TypeUrl(type_url)) if parse_type_url(type_url) else None
+            known = parse_type_url(type_url)
+            generator = self.server.generators.get(known) if known is not None else None
             if generator is None or not generator.needs_push(request):
                 continue
             await self._send(type_url, request, None, pushed=True)
@@ -229,19 +231,20 @@ class AdsStream:
         if pushed and digest is not None and digest == watch.digest_sent:
             # SotW lets a server stay silent when nothing changed; Envoy would
             # only compare and drop the same config again.
-            metrics.unchanged_skipped.labels(type=known.short).inc()
+            metrics.for_type(known.short).unchanged_skipped.inc()
             return
         version = request.push.version
         nonce = f"{version}{uuid.uuid4()}"
         payload = wire.discovery_response(version, type_url, nonce, [r.payload for r in resources])
-        metrics.push_time.labels(type=known.short).observe(time.monotonic() - started)
+        by_type = metrics.for_type(known.short)
+        by_type.push_time.observe(time.monotonic() - started)
         sent_at = time.monotonic()
         await self.context.write(payload)
         metrics.send_time.observe(time.monotonic() - sent_at)
-        metrics.xds_pushes.labels(type=known.short).inc()
-        metrics.config_size.labels(type=known.short).observe(len(payload))
+        by_type.pushes.inc()
+        by_type.config_size.observe(len(payload))
         _record_sent(
-            watch, version, nonce, {r.name for r in resources}, partial=names is not None or not request.full
+            watch, version, nonce, names_of(resources), partial=names is not None or not request.full
         )
         watch.digest_sent = digest
         if known is TypeUrl.CLUSTER:
@@ -252,12 +255,14 @@ class AdsStream:
                 eds.always_respond = True
 
 
-def _record_sent(watch: WatchedResource, version: str, nonce: str, names: set[str], *, partial: bool) -> None:
+def _record_sent(
+    watch: WatchedResource, version: str, nonce: str, names: frozenset[str], *, partial: bool
+) -> None:
     watch.nonce_sent = nonce
     watch.version_sent = version
     watch.last_sent = time.time()
     if not partial:
-        watch.sent_names = frozenset(names)
+        watch.sent_names = names
     elif not names <= watch.sent_names:
         # An endpoint push usually resends names the proxy has: no new set then.
         watch.sent_names = watch.sent_names | names

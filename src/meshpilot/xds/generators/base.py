@@ -48,11 +48,19 @@ class ResourceList(list[Resource]):
     payloads again. Treated as immutable once made.
     """
 
-    __slots__ = ("_digest",)
+    __slots__ = ("_digest", "_names")
 
     def __init__(self, items: Iterable[Resource] = (), digest: int | None = None) -> None:
         super().__init__(items)
         self._digest = digest
+        self._names: frozenset[str] | None = None
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The resource names, one set however many proxies are sent the list."""
+        if self._names is None:
+            self._names = frozenset(r.name for r in self)
+        return self._names
 
     @property
     def digest(self) -> int:
@@ -68,6 +76,10 @@ class ResourceList(list[Resource]):
 
 def digest_of(resources: list[Resource]) -> int:
     return resources.digest if isinstance(resources, ResourceList) else ResourceList(resources).digest
+
+
+def names_of(resources: list[Resource]) -> frozenset[str]:
+    return resources.names if isinstance(resources, ResourceList) else frozenset(r.name for r in resources)
 
 
 @dataclass(frozen=True, slots=True)

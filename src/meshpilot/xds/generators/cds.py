@@ -9,8 +9,6 @@ by the proxies that serve the same ports.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.cluster import (
@@ -91,13 +89,9 @@ class ClusterGenerator:
 
 
 class _Others(ResourceList):
-    """BlackHole, Passthrough and inbound clusters, with their names."""
+    """BlackHole, Passthrough and inbound clusters."""
 
-    __slots__ = ("names",)
-
-    def __init__(self, items: Iterable[Resource]) -> None:
-        super().__init__(items)
-        self.names = frozenset(r.name for r in self)
+    __slots__ = ()
 
 
 def _outbound_payload(encoder: OutboundClusterEncoder, spec: OutboundSpec) -> bytes:
