@@ -200,13 +200,15 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
     runs = results.get("fleet") or []
     if not runs:
         return []
+    rate = runs[0].get("connect_rate") or "istiod's default number of"
     out = ["### Simulated fleets", ""]
     out.append(
         "A real `meshpilot discovery` process on the scenario's config directory; the simulator's "
-        "sidecars (separate processes, real ADS streams, every response ACKed) connect at 1,000 new "
-        "streams/s. Changes are file writes: 'from write' includes the file watch (about 50 ms) and the "
-        "100 ms debounce; 'fan-out' is measured from the first proxy's copy, so it shows the push itself. "
-        "Server CPU is user+system time from /proc; RSS is resident memory (peak: VmHWM)."
+        f"sidecars (separate processes, real ADS streams, every response ACKed) connect at {rate} new "
+        "streams/s (`--max-requests-per-second`). Changes are file writes: 'from write' includes the file "
+        "watch (about 50 ms), reading the file and the 100 ms debounce; 'fan-out' is measured from the "
+        "first proxy's copy, so it shows the push itself. Server CPU is user+system time from /proc; RSS "
+        "is resident memory (peak: VmHWM, over the whole run)."
     )
     out.append("")
     rows = []
@@ -294,9 +296,12 @@ def storm_section(results: dict[str, Any]) -> list[str]:
     out = ["### Reconnect storms", ""]
     out.append(
         "Every stream reconnects at once, at istiod's default stream rate (25 new streams/s on 2 CPUs; "
-        "streams over the rate wait up to 1 s, then get RESOURCE_EXHAUSTED and retry with backoff). "
-        "First all streams drop while the server runs; then the server restarts. /ready is polled every "
-        "50 ms throughout."
+        "streams over the rate wait up to 1 s, then get RESOURCE_EXHAUSTED and retry with Envoy's "
+        "backoff: a random wait under a ceiling doubling from 0.5 s to 30 s). First all streams drop "
+        "while the server runs; then the server restarts (UNAVAILABLE until it has loaded its config). "
+        "/ready is polled every 50 ms throughout. The Python gRPC client sees a few of the refused "
+        "streams end with INTERNAL instead of RESOURCE_EXHAUSTED (a client-side race when the server "
+        "refuses a stream whose first request is in flight); they are retried the same way."
     )
     out.append("")
     rows = []
@@ -311,6 +316,7 @@ def storm_section(results: dict[str, Any]) -> list[str]:
                     data.get("server_cpu_seconds"),
                     data.get("stream_attempts"),
                     data.get("rate_limited"),
+                    ", ".join(f"{k} {v}" for k, v in sorted((data.get("streams_ended") or {}).items())),
                     data.get("empty_configs"),
                     _get(data, "ready_latency_seconds", "p50"),
                     _get(data, "ready_latency_seconds", "p99"),
@@ -327,6 +333,7 @@ def storm_section(results: dict[str, Any]) -> list[str]:
             "server CPU s",
             "stream attempts",
             "refused by rate",
+            "streams ended (client view)",
             "empty configs",
             "/ready p50 s",
             "/ready p99 s",

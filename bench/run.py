@@ -56,7 +56,7 @@ class FleetJob:
     scenario: Scenario
     variants: tuple[Variant, ...]
     #: New streams per second while the fleet connects; None keeps istiod's default.
-    connect_rate: int | None = 1000
+    connect_rate: int | None = 100
     steady_seconds: float = 10.0
     changes: bool = True
 
@@ -233,7 +233,11 @@ def run_fleet(job: FleetJob, variant: Variant, workdir: Path) -> dict[str, Any]:
     if job.connect_rate is not None:
         args += ["--max-requests-per-second", str(job.connect_rate)]
     server = ServerProcess(config, workdir, extra=args, env=variant.env)
-    result: dict[str, Any] = {"scenario": scenario.name, "variant": variant.name}
+    result: dict[str, Any] = {
+        "scenario": scenario.name,
+        "variant": variant.name,
+        "connect_rate": job.connect_rate,
+    }
     fleet: Fleet | None = None
     try:
         result["ready_seconds"] = round(server.start(), 3)
