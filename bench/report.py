@@ -269,7 +269,8 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
                             f"{k} {int(v)}"
                             for k, v in sorted((server.get("unchanged_skipped") or {}).items())
                         ),
-                        _get(server, "send_time_seconds", "mean"),
+                        _mean_ms(server.get("push_time_seconds")),
+                        _mean_ms(server.get("send_time_seconds")),
                     ]
                 )
     if skipped:
@@ -277,7 +278,10 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
             "**What each change sent** (responses by type; responses not sent because the proxy held them)",
             "",
         ]
-        out += _table(["scenario", "server", "change", "sent", "unchanged, not sent", "mean send s"], skipped)
+        out += _table(
+            ["scenario", "server", "change", "sent", "unchanged, not sent", "mean push ms", "mean send ms"],
+            skipped,
+        )
     for image in images:
         out += [f"![{Path(image).stem}]({image})", ""]
     return out
@@ -344,6 +348,13 @@ def storm_section(results: dict[str, Any]) -> list[str]:
         rows,
     )
     return out
+
+
+def _mean_ms(histogram: dict[str, float] | None) -> float | None:
+    """Mean of the observations a change added: the change in sum over the change in count."""
+    if not histogram or not histogram.get("count"):
+        return None
+    return round(1000 * histogram["sum"] / histogram["count"], 3)
 
 
 # -- plots -----------------------------------------------------------------------------

@@ -174,9 +174,12 @@ def _push_metrics(before: dict[str, float], after: dict[str, float]) -> dict[str
 
     def delta(name: str, kind: Callable[[dict[str, float], str], dict[str, float]]) -> dict[str, float]:
         a, b = kind(before, name), kind(after, name)
-        return {
-            k: round(v - a.get(k, 0.0), 6) for k, v in b.items() if k in ("count", "sum") or v != a.get(k)
-        }
+        out = {k: round(v - a.get(k, 0.0), 6) for k, v in b.items() if k != "mean" and v != a.get(k)}
+        if "count" in b:
+            # A histogram: the mean of what this change observed, not a difference of means.
+            count = b["count"] - a.get("count", 0.0)
+            out["mean"] = round((b["sum"] - a.get("sum", 0.0)) / count, 6) if count else 0.0
+        return out
 
     return {
         "pushes": delta("pilot_xds_pushes", _counter),
@@ -340,7 +343,9 @@ def _reconnect(
         "resync_seconds": round(resync, 3),
         "server_cpu_seconds": round(server.cpu_seconds() - cpu, 3),
         "stream_attempts": after["connects"] - before["connects"],
-        "client_retries": {code: n - before["retried"].get(code, 0) for code, n in after["retried"].items()},
+        "streams_ended": {
+            code: n - before.get("ended", {}).get(code, 0) for code, n in after.get("ended", {}).items()
+        },
         "rate_limited": metrics.get(limited, 0.0) - metrics_before.get(limited, 0.0),
         "empty_configs": after["empty_configs"] - before["empty_configs"],
         "stream_end_samples": after["samples"],
