@@ -20,6 +20,7 @@ import ipaddress
 from collections.abc import Collection, Iterable
 
 from meshpilot.model.service import Port, Registry, Resolution, Service
+from meshpilot.networking.wire_py import _len, varint
 
 _SVC = ".svc."
 
@@ -113,19 +114,6 @@ def services_on_port(
         known.add(svc.hostname)
         known.add(svc.hostname + suffix)
     return by_host, ports, known
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _len(field: int, payload: bytes) -> bytes:
-    return varint(field << 3 | 2) + varint(len(payload)) + payload
 
 
 def default_virtual_hosts(
