@@ -179,15 +179,30 @@ def _sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
 class Worker:
     """The proxies of one worker process, driven by commands from the runner."""
 
-    def __init__(self, target: str, specs: list[ProxySpec], route_names: list[str], per_channel: int) -> None:
+    def __init__(
+        self,
+        target: str,
+        specs: list[ProxySpec],
+        route_names: list[str],
+        per_channel: int,
+        own_connections: bool = False,
+    ) -> None:
         self.target = target
         self.proxies = [SimProxy(spec, route_names) for spec in specs]
         self.per_channel = per_channel
+        self.own_connections = own_connections
         self.tasks: list[asyncio.Task[None]] = []
         self.channels: list[grpc.aio.Channel] = []
 
     async def start(self) -> None:
-        options = [("grpc.max_receive_message_length", 1 << 30), ("grpc.enable_retries", 0)]
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", 1 << 30),
+            ("grpc.enable_retries", 0),
+        ]
+        if self.own_connections:
+            # gRPC shares one connection among channels with equal arguments (its global
+            # subchannel pool); a local pool gives each channel its own, as each Envoy has.
+            options.append(("grpc.use_local_subchannel_pool", 1))
         for i, proxy in enumerate(self.proxies):
             if i % self.per_channel == 0:
                 self.channels.append(grpc.aio.insecure_channel(self.target, options=options))
@@ -256,8 +271,9 @@ def _worker_main(
     specs: list[ProxySpec],
     route_names: list[str],
     per_channel: int,
+    own_connections: bool,
 ) -> None:
-    asyncio.run(_serve(conn, Worker(target, specs, route_names, per_channel)))
+    asyncio.run(_serve(conn, Worker(target, specs, route_names, per_channel, own_connections)))
 
 
 class Fleet:
@@ -271,7 +287,11 @@ class Fleet:
         *,
         workers: int = 0,
         per_channel: int = 1,
+        own_connections: bool = False,
     ) -> None:
+        """``per_channel`` streams share a gRPC channel. Channels share one HTTP/2 connection per
+        worker process unless ``own_connections``: then each channel has its own, as real sidecars do
+        (the server then does more work per push; see bench/notes.md)."""
         count = workers or max(1, min(os.cpu_count() or 1, len(specs) // 200 + 1))
         ctx = multiprocessing.get_context("spawn")
         self.conns: list[multiprocessing.connection.Connection] = []
@@ -280,7 +300,9 @@ class Fleet:
             parent, child = ctx.Pipe()
             share = specs[w::count]
             process = ctx.Process(
-                target=_worker_main, args=(child, target, share, route_names, per_channel), daemon=True
+                target=_worker_main,
+                args=(child, target, share, route_names, per_channel, own_connections),
+                daemon=True,
             )
             process.start()
             self.conns.append(parent)

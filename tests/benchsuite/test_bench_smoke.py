@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from bench import report
-from bench.run import COMPILED, FleetJob, StormJob, run_fleet, run_storm
+from bench.fleet import Fleet
+from bench.run import COMPILED, FleetJob, StormJob, _specs, run_fleet, run_storm
 from bench.scenario import Scenario
+from bench.server import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -51,3 +53,37 @@ def test_storm_run_resyncs_every_stream_after_a_drop_and_a_restart(tmp_path: Pat
     rendered = "\n".join(report.storm_section({"storm": [{"scenario_spec": TINY.__dict__, **result}]}))
     assert "streams dropped" in rendered
     assert "server restarted" in rendered
+
+
+def _established_to(port: int) -> int:
+    """Client-side TCP connections to ``port`` on this host, from /proc/net (gRPC may use IPv6 sockets)."""
+    count = 0
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            remote, state = fields[2], fields[3]
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("own_connections", [False, True])
+def test_fleet_connections_are_shared_or_one_per_proxy(tmp_path: Path, own_connections: bool) -> None:
+    config = tmp_path / "config"
+    TINY.write(config)
+    server = ServerProcess(config, tmp_path)
+    fleet: Fleet | None = None
+    try:
+        server.start()
+        fleet = Fleet(
+            server.target, _specs(TINY), TINY.route_names(), workers=1, own_connections=own_connections
+        )
+        fleet.start()
+        fleet.wait_synced(60)
+        expected = TINY.proxies if own_connections else 1
+        assert _established_to(server.grpc_port) == expected
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        server.stop()
