@@ -204,10 +204,11 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
     out = ["### Simulated fleets", ""]
     out.append(
         "A real `meshpilot discovery` process on the scenario's config directory; the simulator's "
-        f"sidecars (separate processes, real ADS streams, every response ACKed) connect at {rate} new "
-        "streams/s (`--max-requests-per-second`). Changes are file writes: 'from write' includes the file "
-        "watch (about 50 ms), reading the file and the 100 ms debounce; 'fan-out' is measured from the "
-        "first proxy's copy, so it shows the push itself. Server CPU is user+system time from /proc; RSS "
+        "sidecars (separate processes, real ADS streams, each on its own connection as an Envoy's is, "
+        f"every response ACKed) connect at {rate} new streams/s (`--max-requests-per-second`). "
+        "Changes are file writes: 'from write' includes the file watch (about 50 ms), reading the "
+        "file and the 100 ms debounce; 'fan-out' is measured from the first proxy's copy, so it shows "
+        "the push itself. Server CPU is user+system time from /proc; RSS "
         "is resident memory (peak: VmHWM, over the whole run)."
     )
     out.append("")

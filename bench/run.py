@@ -246,7 +246,7 @@ def run_fleet(job: FleetJob, variant: Variant, workdir: Path) -> dict[str, Any]:
         result["ready_seconds"] = round(server.start(), 3)
         result["rss_after_load_mib"] = round(server.memory()["rss_mib"], 1)
         cpu = server.cpu_seconds()
-        fleet = Fleet(server.target, _specs(scenario), scenario.route_names())
+        fleet = Fleet(server.target, _specs(scenario), scenario.route_names(), own_connections=True)
         fleet.start()
         result["sync_seconds"] = round(fleet.wait_synced(1200), 3)
         result["sync_server_cpu_seconds"] = round(server.cpu_seconds() - cpu, 3)
@@ -366,7 +366,9 @@ def run_storm(job: StormJob, workdir: Path) -> dict[str, Any]:
     fleet: Fleet | None = None
     try:
         server.start()
-        fleet = Fleet(server.target, _specs(scenario), scenario.route_names(), workers=2)
+        fleet = Fleet(
+            server.target, _specs(scenario), scenario.route_names(), workers=2, own_connections=True
+        )
         fleet.start()
         result["initial_sync_seconds"] = round(fleet.wait_synced(job.timeout), 3)
         # The streams drop at once (a load balancer reset) and come back to a running server.
