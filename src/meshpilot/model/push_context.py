@@ -180,15 +180,7 @@ class PushContext:
         """
         if not self.share_outputs:
             return make()
-        try:
-            return self._memo[key]  # type: ignore[no-any-return]
-        except KeyError:
-            pass
-        if len(self._memo) >= _MEMO_LIMIT:
-            self._memo.clear()
-        value = make()
-        self._memo[key] = value
-        return value
+        return _remembered(self._memo, key, make)
 
     def memoized_lasting(self, key: Hashable, make: Callable[[], T]) -> T:
         """``make()``'s result for ``key``, kept across snapshots.
@@ -200,16 +192,7 @@ class PushContext:
         """
         if not self.share_outputs:
             return make()
-        full_key = (key, self.mesh_fingerprint, self.domain_suffix)
-        try:
-            return self._lasting[full_key]  # type: ignore[no-any-return]
-        except KeyError:
-            pass
-        if len(self._lasting) >= _MEMO_LIMIT:
-            self._lasting.clear()
-        value = make()
-        self._lasting[full_key] = value
-        return value
+        return _remembered(self._lasting, (key, self.mesh_fingerprint, self.domain_suffix), make)
 
     # -- sidecar scopes -------------------------------------------------------------
 
@@ -239,3 +222,16 @@ class PushContext:
             scope = build_scope(self, namespace, sidecar)
             self._scopes[key] = scope
         return scope
+
+
+def _remembered(store: dict[Hashable, Any], key: Hashable, make: Callable[[], T]) -> T:
+    """``store[key]``, made on a miss; a full store is emptied first, so it stays bounded."""
+    try:
+        return store[key]  # type: ignore[no-any-return]
+    except KeyError:
+        pass
+    if len(store) >= _MEMO_LIMIT:
+        store.clear()
+    value = make()
+    store[key] = value
+    return value
