@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.backends import Backend
+from support.backends import Backend, TcpBackend
 from support.certs import TestCA
 from support.kube import write
 from support.processes import Envoy, Meshpilot, Process, Sds, free_port, sidecar_bootstrap
@@ -27,7 +27,7 @@ class MeshHarness:
         self.config_dir = tmp / "config"
         self.config_dir.mkdir()
         self.processes: list[Process] = []
-        self.backends: list[Backend] = []
+        self.backends: list[Backend | TcpBackend] = []
         self.meshpilot: Meshpilot | None = None
 
     def write(self, name: str, docs: list[Mapping[str, Any]]) -> Path:
@@ -89,6 +89,11 @@ class MeshHarness:
 
     def backend(self, name: str, host: str, port: int) -> Backend:
         backend = Backend(name, host, port).start()
+        self.backends.append(backend)
+        return backend
+
+    def tcp_backend(self, name: str, host: str, port: int) -> TcpBackend:
+        backend = TcpBackend(name, host, port).start()
         self.backends.append(backend)
         return backend
 

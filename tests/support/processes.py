@@ -33,11 +33,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def http_get(
-    host: str, port: int, path: str, headers: Mapping[str, str] | None = None, timeout: float = 5.0
+    host: str,
+    port: int,
+    path: str,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 5.0,
+    method: str = "GET",
 ) -> tuple[int, bytes, dict[str, str]]:
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("GET", path, headers=dict(headers or {}))
+        conn.request(method, path, headers=dict(headers or {}))
         response = conn.getresponse()
         return response.status, response.read(), {k.lower(): v for k, v in response.getheaders()}
     finally:
