@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 from integration.conftest import MeshHarness
-from support.backends import Backend
 from support import certs
+from support.backends import Backend
 from support.kube import istio, workload
 from support.processes import http_get
 from support.wait import eventually
