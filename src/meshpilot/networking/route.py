@@ -137,11 +137,12 @@ def route_cache_parts(scope: SidecarScope, name: str, domain_suffix: str) -> Rou
         # Route hash policies come from the DestinationRules of the services
         # and destinations: their rules are inputs, and a change evicts.
         hashed = []
-        for host in sorted({s.hostname for s in services} | destinations):
-            rule = scope.destination_rule(host)
-            if rule is not None and _has_consistent_hash(rule):
-                hashed.append(rule.fingerprint)
-                dependencies.update(c.key for c in rule.configs)
+        hashing = _hashing_rules(scope)
+        wanted = {s.hostname.lower() for s in services} | {d.lower() for d in destinations}
+        for host in sorted(wanted & hashing.keys()):
+            rule = hashing[host]
+            hashed.append(rule.fingerprint)
+            dependencies.update(c.key for c in rule.configs)
         fingerprint = hash_value(
             ([s.fingerprint for s in services], vs_parts, scope.outbound_traffic_policy, hashed)
         )
@@ -253,20 +254,34 @@ def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener:
             table.add(f"{svc.hostname}:{port}", domains, expanded, routes)
     # Services a DestinationRule hashes get their default host with a hash
     # policy here, as protobuf; the wire-encoded default hosts carry none.
-    for svc in services.values():
-        if svc.hostname in table.covered or svc.resolution is Resolution.ALIAS or not table.is_http(svc):
+    for hostname, rule in _hashing_rules(scope).items():
+        hashed = services.get(hostname)
+        if hashed is None or hashed.hostname in table.covered or hashed.resolution is Resolution.ALIAS:
             continue
-        policy = hash_policy(service_consistent_hash(scope.destination_rule(svc.hostname), port))
+        policy = hash_policy(service_consistent_hash(rule, port)) if table.is_http(hashed) else None
         if policy is None:
             continue
         route = default_route(
-            names.outbound_cluster(port, "", svc.hostname), f"{svc.hostname}:{port}/*", push.mesh
+            names.outbound_cluster(port, "", hashed.hostname), f"{hashed.hostname}:{port}/*", push.mesh
         )
         route.route.hash_policy.append(policy)
-        table.covered.add(svc.hostname)
-        domains, expanded = virtual_host_domains(svc, proxy)
-        table.add(f"{svc.hostname}:{port}", domains, expanded, [route])
+        table.covered.add(hashed.hostname)
+        domains, expanded = virtual_host_domains(hashed, proxy)
+        table.add(f"{hashed.hostname}:{port}", domains, expanded, [route])
     return table
+
+
+def _hashing_rules(scope: SidecarScope) -> dict[str, MergedDestinationRule]:
+    """The scope's DestinationRules that hash, by lowercased host: usually none, so services cost nothing."""
+    found = scope.memo.get("hashing-rules")
+    if found is None:
+        found = {
+            host.lower(): rule
+            for host, rule in scope.destination_rules.items()
+            if rule is not None and _has_consistent_hash(rule)
+        }
+        scope.memo["hashing-rules"] = found
+    return found  # type: ignore[return-value]
 
 
 def _hash_lookup(scope: SidecarScope, namespace: str, domain_suffix: str) -> LookupHash:
