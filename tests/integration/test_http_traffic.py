@@ -102,7 +102,7 @@ def _config(mesh: MeshHarness) -> None:
     mesh.write("client.yaml", workload("client", "default", "10.96.0.10", PORT, {"client-1": CLIENT_IP}))
     versions = {name: name.rsplit("-", 1)[1] for name in REVIEWS}
     mesh.write("reviews.yaml", workload("reviews", "default", "10.96.0.20", PORT, REVIEWS, versions=versions))
-    mesh.write("shadow.yaml", workload("shadow", "default", "10.96.0.40", PORT, {"shadow-1": "127.0.0.41"}))
+    mesh.write("shadow.yaml", workload("shadow", "default", "10.96.0.40", PORT, {"shadow-1": "127.0.0.91"}))
     mesh.write("flaky.yaml", workload("flaky", "default", "10.96.0.50", PORT, FLAKY))
     mesh.write("slow.yaml", workload("slow", "default", "10.96.0.60", PORT, {"slow-1": "127.0.0.61"}))
     mesh.write("hashed.yaml", workload("hashed", "default", "10.96.0.70", PORT, HASHED))
@@ -231,7 +231,7 @@ def traffic(tmp_path_factory: pytest.TempPathFactory, ca: certs.TestCA) -> Itera
     try:
         _config(mesh)
         backends = {}
-        for group in (REVIEWS, FLAKY, HASHED, {"shadow-1": "127.0.0.41", "slow-1": "127.0.0.61"}):
+        for group in (REVIEWS, FLAKY, HASHED, {"shadow-1": "127.0.0.91", "slow-1": "127.0.0.61"}):
             for name, ip in group.items():
                 backends[name] = mesh.backend(name, ip, PORT)
         for name, ip in {
