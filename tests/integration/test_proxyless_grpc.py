@@ -84,11 +84,15 @@ def client(mesh, servers) -> Iterator[GrpcClient]:
     grpc_client = GrpcClient(mesh.tmp, "client", path, trace="xds_client")
     try:
         yield grpc_client
-    except BaseException:
-        print(grpc_client.log())
-        raise
     finally:
         grpc_client.stop()
+
+
+def rejected(mesh) -> float:
+    """NACKs meshpilot counted: gRPC rejects any resource it cannot use."""
+    return sum(
+        v for k, v in mesh.meshpilot.metrics().items() if k.startswith("pilot_total_xds_rejects_total")
+    )
 
 
 def answers(client: GrpcClient, n: int, target: str = REVIEWS, metadata=()) -> Counter[str]:
@@ -97,7 +101,7 @@ def answers(client: GrpcClient, n: int, target: str = REVIEWS, metadata=()) -> C
     return names
 
 
-def test_calls_reach_the_service_dialled(client, servers) -> None:
+def test_calls_reach_the_service_dialled(mesh, client, servers) -> None:
     assert answers(client, 10, "xds:///ratings.default.svc.cluster.local:9080") == Counter({"ratings-v1": 10})
     # The short name resolves in the client's namespace, as istiod resolves it.
     assert answers(client, 10, "xds:///ratings:9080") == Counter({"ratings-v1": 10})
@@ -106,6 +110,7 @@ def test_calls_reach_the_service_dialled(client, servers) -> None:
     assert set(spread) == {"reviews-v1", "reviews-v2"}
     assert min(spread.values()) >= 10
     assert servers["ratings-v1"].calls == 20
+    assert rejected(mesh) == 0
 
 
 def test_weighted_routes_split_calls(mesh, client) -> None:
@@ -122,6 +127,7 @@ def test_weighted_routes_split_calls(mesh, client) -> None:
     # 80/20 with 400 calls: the standard deviation is 8 calls (2%); allow 3.5 of them.
     assert abs(spread["reviews-v1"] / n - 0.8) <= 0.07, spread
     assert set(spread) == {"reviews-v1", "reviews-v2"}
+    assert rejected(mesh) == 0
 
 
 def test_a_metadata_match_routes_to_a_subset(mesh, client) -> None:
@@ -138,6 +144,7 @@ def test_a_metadata_match_routes_to_a_subset(mesh, client) -> None:
     eventually(lambda: answers(client, 20) == Counter({"reviews-v1": 20}), timeout=15, what="default to v1")
     assert answers(client, 20, metadata=[("end-user", "jason")]) == Counter({"reviews-v2": 20})
     assert answers(client, 20, metadata=[("end-user", "someone-else")]) == Counter({"reviews-v1": 20})
+    assert rejected(mesh) == 0
 
 
 def test_a_destination_rule_subset_selects_endpoints_by_label(mesh, client) -> None:
@@ -152,6 +159,7 @@ def test_a_destination_rule_subset_selects_endpoints_by_label(mesh, client) -> N
     eventually(
         lambda: answers(client, 20) == Counter({"reviews-v2": 20}), timeout=15, what="subset stable is v2"
     )
+    assert rejected(mesh) == 0
 
 
 def test_a_virtual_service_change_moves_a_running_client(mesh, client) -> None:
@@ -166,3 +174,4 @@ def test_a_virtual_service_change_moves_a_running_client(mesh, client) -> None:
     )
     # One process and one channel throughout: the pushes reached a running client.
     assert client.proc.pid == pid and client.proc.poll() is None
+    assert rejected(mesh) == 0
