@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from support.grpc_mesh import GrpcClient, NameServer, write_bootstrap
+from support.grpc_mesh import GrpcClient, NameServer, write_bootstrap, xds_server
 from support.kube import istio, workload
 from support.wait import eventually
 
@@ -48,6 +48,17 @@ def servers() -> Iterator[dict[str, NameServer]]:
             server.stop()
 
 
+def node_metadata(ip: str, labels: dict[str, str]) -> dict[str, object]:
+    return {
+        "GENERATOR": "grpc",
+        "NAMESPACE": "default",
+        "INSTANCE_IPS": ip,
+        "CLUSTER_ID": "Kubernetes",
+        "ISTIO_VERSION": "1.28.0",
+        "LABELS": labels,
+    }
+
+
 @pytest.fixture
 def client(mesh, servers) -> Iterator[GrpcClient]:
     mesh.write("namespace.yaml", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}])
@@ -72,14 +83,7 @@ def client(mesh, servers) -> Iterator[GrpcClient]:
         mesh.tmp / "grpc-bootstrap.json",
         xds_port=mp.grpc_port,
         node_id=f"sidecar~{CLIENT_IP}~grpc-client.default~default.svc.cluster.local",
-        metadata={
-            "GENERATOR": "grpc",
-            "NAMESPACE": "default",
-            "INSTANCE_IPS": CLIENT_IP,
-            "CLUSTER_ID": "Kubernetes",
-            "ISTIO_VERSION": "1.28.0",
-            "LABELS": {"app": "grpc-client"},
-        },
+        metadata=node_metadata(CLIENT_IP, {"app": "grpc-client"}),
     )
     grpc_client = GrpcClient(mesh.tmp, "client", path, trace="xds_client")
     try:
@@ -175,3 +179,43 @@ def test_a_virtual_service_change_moves_a_running_client(mesh, client) -> None:
     # One process and one channel throughout: the pushes reached a running client.
     assert client.proc.pid == pid and client.proc.poll() is None
     assert rejected(mesh) == 0
+
+
+def test_an_xds_server_serves_with_the_listener_meshpilot_sends(mesh, client) -> None:
+    # A third reviews pod whose server is xDS-enabled: it serves only once it has its listener.
+    mesh.write(
+        "reviews.yaml",
+        workload(
+            "reviews",
+            "default",
+            "10.96.0.20",
+            9080,
+            {"reviews-v1": "127.0.0.41", "reviews-v2": "127.0.0.42", "reviews-v3": "127.0.0.44"},
+            versions={"reviews-v1": "v1", "reviews-v2": "v2", "reviews-v3": "v3"},
+            port_name="grpc",
+        ),
+    )
+    path = write_bootstrap(
+        mesh.tmp / "grpc-server-bootstrap.json",
+        xds_port=mesh.meshpilot.grpc_port,
+        node_id="sidecar~127.0.0.44~reviews-v3.default~default.svc.cluster.local",
+        metadata=node_metadata("127.0.0.44", {"app": "reviews", "version": "v3"}),
+    )
+    server = xds_server(mesh.tmp, "reviews-v3", "127.0.0.44", 9080, path)
+    try:
+        mesh.write(
+            "routing.yaml",
+            [
+                reviews_rule([*SUBSETS, {"name": "v3", "labels": {"version": "v3"}}]),
+                reviews_routes({"route": [to("v3")]}),
+            ],
+        )
+
+        def served_by_v3() -> bool:
+            names, _ = client.calls(REVIEWS, 5)
+            return names == Counter({"reviews-v3": 5})
+
+        eventually(served_by_v3, timeout=20, what=f"the xDS server serving:\n{server.log()}")
+        assert rejected(mesh) == 0
+    finally:
+        server.stop()

@@ -2,8 +2,10 @@
 
 The client runs in its own process because gRPC reads its xDS bootstrap
 (``GRPC_XDS_BOOTSTRAP``) once per process; run as a script, this file is
-that client. It keeps one channel per target for its whole life, so a test
-can change config while it runs, and takes orders as JSON lines on stdin:
+that client (or, with ``--serve NAME HOST PORT``, an xDS-enabled server that
+takes its listener from meshpilot before it serves). The client keeps one
+channel per target for its whole life, so a test can change config while it
+runs, and takes orders as JSON lines on stdin:
 ``{"target": ..., "calls": N, "metadata": [[key, value], ...]}``. For each
 it answers one line, ``{"names": {server name: count}, "errors": {code: count}}``.
 """
@@ -35,10 +37,12 @@ INBOUND_TEMPLATE = "xds.istio.io/grpc/lds/inbound/%s"
 class NameServer:
     """A real gRPC server on host:port whose one method answers the server's name."""
 
-    def __init__(self, name: str, host: str, port: int) -> None:
+    def __init__(self, name: str, host: str, port: int, *, xds: bool = False) -> None:
         self.name = name
         self.address = f"{host}:{port}"
         self.calls = 0
+        #: An xDS server asks for ``xds.istio.io/grpc/lds/inbound/HOST:PORT`` and serves only once it has it.
+        self.xds = xds
         self._server: grpc.Server | None = None
 
     def _answer(self, request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -46,7 +50,7 @@ class NameServer:
         return self.name.encode()
 
     def start(self) -> NameServer:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), xds=self.xds)
         handler = grpc.method_handlers_generic_handler(
             SERVICE, {METHOD: grpc.unary_unary_rpc_method_handler(self._answer)}
         )
@@ -88,7 +92,9 @@ def write_bootstrap(path: Path, **kwargs: Any) -> Path:
 class GrpcClient:
     """The xDS client process, driven line by line; its log holds gRPC's own messages."""
 
-    def __init__(self, workdir: Path, name: str, bootstrap_path: Path, trace: str = "") -> None:
+    def __init__(
+        self, workdir: Path, name: str, bootstrap_path: Path, trace: str = "", args: Sequence[str] = ()
+    ) -> None:
         self.name = name
         self.log_path = workdir / f"grpc-{name}.log"
         env = {**os.environ, "GRPC_XDS_BOOTSTRAP": str(bootstrap_path), "GRPC_VERBOSITY": "ERROR"}
@@ -96,7 +102,7 @@ class GrpcClient:
             env.update(GRPC_TRACE=trace, GRPC_VERBOSITY="DEBUG")
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve())],
+            [sys.executable, str(Path(__file__).resolve()), *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -181,5 +187,27 @@ def _serve_orders() -> None:
             channel.close()
 
 
+def xds_server(workdir: Path, name: str, host: str, port: int, bootstrap_path: Path) -> GrpcClient:
+    """An xDS-enabled NameServer in its own process (its own bootstrap), stopped like a client."""
+    return GrpcClient(
+        workdir,
+        name,
+        bootstrap_path,
+        trace="xds_server_config_fetcher",
+        args=["--serve", name, host, str(port)],
+    )
+
+
+def _serve_as_xds_server(name: str, host: str, port: int) -> None:
+    server = NameServer(name, host, port, xds=True).start()
+    try:
+        sys.stdin.read()  # until the test closes stdin
+    finally:
+        server.stop()
+
+
 if __name__ == "__main__":
-    _serve_orders()
+    if sys.argv[1:2] == ["--serve"]:
+        _serve_as_xds_server(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        _serve_orders()
