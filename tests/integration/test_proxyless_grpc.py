@@ -140,7 +140,12 @@ def test_a_metadata_match_routes_to_a_subset(mesh, client) -> None:
         [
             reviews_rule(),
             reviews_routes(
-                {"match": [{"headers": {"end-user": {"exact": "jason"}}}], "route": [to("v2")]},
+                {
+                    "match": [{"headers": {"end-user": {"exact": "jason"}}}],
+                    "route": [to("v2")],
+                    # gRPC has no CORS filter; its per-route config must not reach the client.
+                    "corsPolicy": {"allowOrigins": [{"exact": "https://example.com"}]},
+                },
                 {"route": [to("v1")]},
             ),
         ],

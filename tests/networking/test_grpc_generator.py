@@ -256,10 +256,12 @@ def test_virtual_service_routes_keep_matches_weights_and_subsets() -> None:
                     "route": [{"destination": {"host": "reviews", "subset": "v2"}}],
                 },
                 {
+                    "fault": {"abort": {"httpStatus": 503, "percentage": {"value": 1}}},
+                    "corsPolicy": {"allowOrigins": [{"exact": "https://example.com"}]},
                     "route": [
                         {"destination": {"host": "reviews", "subset": "v1"}, "weight": 75},
                         {"destination": {"host": "reviews", "subset": "v2"}, "weight": 25},
-                    ]
+                    ],
                 },
             ],
         },
@@ -277,6 +279,8 @@ def test_virtual_service_routes_keep_matches_weights_and_subsets() -> None:
         (REVIEWS_V1, 75),
         (REVIEWS_V2, 25),
     ]
+    # gRPC has the fault filter but no CORS filter, and rejects a route config naming one.
+    assert list(weighted.typed_per_filter_config) == ["envoy.filters.http.fault"]
 
 
 def test_other_services_on_the_port_are_left_out(model: Model) -> None:

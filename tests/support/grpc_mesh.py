@@ -32,6 +32,8 @@ METHOD = "Name"
 #: The full method path the client calls (no proto: bytes in, bytes out).
 METHOD_PATH = f"/{SERVICE}/{METHOD}"
 INBOUND_TEMPLATE = "xds.istio.io/grpc/lds/inbound/%s"
+#: Seconds one call may take, waiting for xDS included.
+CALL_TIMEOUT = 5
 
 
 class NameServer:
@@ -116,9 +118,11 @@ class GrpcClient:
         n: int,
         metadata: Sequence[tuple[str, str]] = (),
         *,
-        timeout: float = 60.0,
+        timeout: float | None = None,
     ) -> tuple[Counter[str], Counter[str]]:
         """Make ``n`` unary calls to ``target``: (answers by server name, errors by status code)."""
+        if timeout is None:
+            timeout = CALL_TIMEOUT * n + 10  # every call may time out, and each is counted
         assert self.proc.stdin is not None and self.proc.stdout is not None
         order = {"target": target, "calls": n, "metadata": [list(m) for m in metadata]}
         self.proc.stdin.write((json.dumps(order) + "\n").encode())
@@ -175,7 +179,7 @@ def _serve_orders() -> None:
             for _ in range(int(order["calls"])):
                 try:
                     # wait_for_ready: the first call waits for xDS instead of failing fast.
-                    answer = call(b"", metadata=metadata, timeout=5, wait_for_ready=True)
+                    answer = call(b"", metadata=metadata, timeout=CALL_TIMEOUT, wait_for_ready=True)
                     names[answer.decode()] += 1
                 except grpc.RpcError as err:
                     errors[err.code().name] += 1

@@ -11,6 +11,11 @@ route), with three differences istiod makes for proxyless clients:
   reads, instead of ``max_grpc_timeout``;
 - only the name and the virtual hosts are set; gRPC ignores the rest.
 
+One difference from istiod: per-route configs of filters the API listener
+does not have (CORS from a VirtualService ``corsPolicy``) are dropped. gRPC
+rejects the whole route configuration over one filter type it does not
+know, so istiod's output leaves a client with no routes at all.
+
 Like istiod's master branch (1.28 sends every service on the port), only the
 virtual host of the requested service is kept, so a change to another
 service on the same port does not change this configuration.
@@ -56,8 +61,21 @@ def _serves(vhost: Any, host: str) -> bool:
     return False
 
 
+#: The HTTP filters of gRPC's API listener that take per-route config.
+_LISTENER_FILTERS = frozenset({"envoy.filters.http.fault"})
+
+
+def _drop_unknown_filter_configs(configs: Any) -> None:
+    for name in [n for n in configs if n not in _LISTENER_FILTERS]:
+        del configs[name]
+
+
 def _for_proxyless(route: Any) -> None:
-    """A VirtualService route's timeout as gRPC reads it (istiod's setTimeout for proxyless)."""
+    """A route as gRPC can take it: known filter configs, the timeout as max_stream_duration."""
+    _drop_unknown_filter_configs(route.typed_per_filter_config)
+    for weighted in route.route.weighted_clusters.clusters:
+        _drop_unknown_filter_configs(weighted.typed_per_filter_config)
+    # istiod's setTimeout for proxyless clients: gRPC reads max_stream_duration.
     if route.WhichOneof("action") != "route" or "istio" not in route.metadata.filter_metadata:
         # Default routes are built without the proxy and keep max_grpc_timeout, as in istiod.
         return
@@ -81,6 +99,7 @@ def build_grpc_route_configuration(proxy: Proxy, push: PushContext, name: str) -
         domains = with_ports(list(vhost.domains), port)
         del vhost.domains[:]
         vhost.domains.extend(domains)
+        _drop_unknown_filter_configs(vhost.typed_per_filter_config)
         for route in vhost.routes:
             _for_proxyless(route)
         out.virtual_hosts.append(vhost)
