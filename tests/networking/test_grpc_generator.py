@@ -25,6 +25,7 @@ from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.grpc_listeners import fqdn_for, parse_listener_names
 from meshpilot.server.metrics import Metrics
+from meshpilot.xds.cache import XdsCache
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators import sidecar_generators
 from meshpilot.xds.generators.base import GenerationContext
@@ -391,6 +392,30 @@ def test_the_generator_metadata_chooses_the_generators(model: Model) -> None:
     assert {t: type(g) for t, g in sidecar_set.items()} == {
         t: type(g) for t, g in sidecar_generators().items()
     }
+
+
+def test_sidecar_and_grpc_resources_of_one_name_stay_apart_with_the_cache(model: Model) -> None:
+    cache = XdsCache(100, Metrics())
+    sidecar = model.proxy("sidecar~10.1.0.11~productpage-v1.default~default.svc.cluster.local")
+    client = grpc_proxy(model)
+
+    def cluster_for(proxy: Proxy, generator: Any) -> Any:
+        ctx = GenerationContext(proxy, model.push, model.index, PushRequest(push=model.push), cache)
+        watch = WatchedResource(TypeUrl.CLUSTER, names=frozenset({REVIEWS}))
+        for resource in generator.generate(ctx, watch, None) or []:
+            if resource.name == REVIEWS:
+                message = cluster_pb2.Cluster()
+                assert resource.message().Unpack(message)
+                return message
+        raise AssertionError("no reviews cluster")
+
+    sidecar_generator = sidecar_generators()[TypeUrl.CLUSTER]
+    for _ in range(2):  # the second round reads whatever the first one cached
+        assert cluster_for(sidecar, sidecar_generator).transport_socket_matches  # auto mTLS
+        grpc_cluster = cluster_for(client, GrpcClusterGenerator())
+        assert not grpc_cluster.transport_socket_matches
+        assert grpc_cluster.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN
+        assert not grpc_cluster.HasField("circuit_breakers")
 
 
 def test_which_changes_push_which_grpc_types() -> None:
