@@ -124,7 +124,7 @@ def test_weighted_routes_split_calls(mesh, client) -> None:
         # The old config sends half the calls to v1; the new one 80%.
         return answers(client, 50)["reviews-v1"] >= 35
 
-    eventually(split_applied, timeout=15, what="the weighted route applied")
+    eventually(split_applied, timeout=30, what="the weighted route applied")
     n = 400
     spread = answers(client, n)
     assert sum(spread.values()) == n
@@ -150,7 +150,7 @@ def test_a_metadata_match_routes_to_a_subset(mesh, client) -> None:
             ),
         ],
     )
-    eventually(lambda: answers(client, 20) == Counter({"reviews-v1": 20}), timeout=15, what="default to v1")
+    eventually(lambda: answers(client, 20) == Counter({"reviews-v1": 20}), timeout=30, what="default to v1")
     assert answers(client, 20, metadata=[("end-user", "jason")]) == Counter({"reviews-v2": 20})
     assert answers(client, 20, metadata=[("end-user", "someone-else")]) == Counter({"reviews-v1": 20})
     assert rejected(mesh) == 0
@@ -160,13 +160,13 @@ def test_a_destination_rule_subset_selects_endpoints_by_label(mesh, client) -> N
     stable = [{"name": "stable", "labels": {"version": "v1"}}]
     mesh.write("routing.yaml", [reviews_rule(stable), reviews_routes({"route": [to("stable")]})])
     eventually(
-        lambda: answers(client, 20) == Counter({"reviews-v1": 20}), timeout=15, what="subset stable is v1"
+        lambda: answers(client, 20) == Counter({"reviews-v1": 20}), timeout=30, what="subset stable is v1"
     )
     # The same subset name, now selecting other labels: only the DestinationRule changes.
     stable[0]["labels"] = {"version": "v2"}
     mesh.write("routing.yaml", [reviews_rule(stable), reviews_routes({"route": [to("stable")]})])
     eventually(
-        lambda: answers(client, 20) == Counter({"reviews-v2": 20}), timeout=15, what="subset stable is v2"
+        lambda: answers(client, 20) == Counter({"reviews-v2": 20}), timeout=30, what="subset stable is v2"
     )
     assert rejected(mesh) == 0
 
@@ -174,12 +174,12 @@ def test_a_destination_rule_subset_selects_endpoints_by_label(mesh, client) -> N
 def test_a_virtual_service_change_moves_a_running_client(mesh, client) -> None:
     pid = client.proc.pid
     mesh.write("routing.yaml", [reviews_rule(), reviews_routes({"route": [to("v1")]})])
-    eventually(lambda: answers(client, 20) == Counter({"reviews-v1": 20}), timeout=15, what="all on v1")
+    eventually(lambda: answers(client, 20) == Counter({"reviews-v1": 20}), timeout=30, what="all on v1")
     mesh.write("routing.yaml", [reviews_rule(), reviews_routes({"route": [to("v2")]})])
-    eventually(lambda: answers(client, 20) == Counter({"reviews-v2": 20}), timeout=15, what="all on v2")
+    eventually(lambda: answers(client, 20) == Counter({"reviews-v2": 20}), timeout=30, what="all on v2")
     mesh.remove("routing.yaml")
     eventually(
-        lambda: set(answers(client, 20)) == {"reviews-v1", "reviews-v2"}, timeout=15, what="both again"
+        lambda: set(answers(client, 20)) == {"reviews-v1", "reviews-v2"}, timeout=30, what="both again"
     )
     # One process and one channel throughout: the pushes reached a running client.
     assert client.proc.pid == pid and client.proc.poll() is None
@@ -220,7 +220,10 @@ def test_an_xds_server_serves_with_the_listener_meshpilot_sends(mesh, client) ->
             names, _ = client.calls(REVIEWS, 5)
             return names == Counter({"reviews-v3": 5})
 
-        eventually(served_by_v3, timeout=20, what=f"the xDS server serving:\n{server.log()}")
+        try:
+            eventually(served_by_v3, timeout=30, what="the xDS server serving")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{server.log()}") from err
         assert rejected(mesh) == 0
     finally:
         server.stop()

@@ -33,7 +33,7 @@ METHOD = "Name"
 METHOD_PATH = f"/{SERVICE}/{METHOD}"
 INBOUND_TEMPLATE = "xds.istio.io/grpc/lds/inbound/%s"
 #: Seconds one call may take, waiting for xDS included.
-CALL_TIMEOUT = 5
+CALL_TIMEOUT = 3
 
 
 class NameServer:
