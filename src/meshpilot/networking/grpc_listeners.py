@@ -28,6 +28,8 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 
+from meshpilot.model import labels
+from meshpilot.model.endpoint import TLS_MODE_ISTIO
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.service import Service
 from meshpilot.networking import grpc_tls, names
@@ -37,8 +39,6 @@ log = logging.getLogger(__name__)
 
 #: The resource name prefix a gRPC xDS server asks for (istio-agent's grpc bootstrap template).
 INBOUND_PREFIX = "xds.istio.io/grpc/lds/inbound/"
-#: The label injection puts on pods that take mTLS.
-TLS_MODE_LABEL = "security.istio.io/tlsMode"
 
 
 @dataclass(slots=True)
@@ -97,9 +97,10 @@ def fqdn_for(name: str, proxy: Proxy) -> str:
     return ""
 
 
-def parse_listener_names(names_: Iterable[str], proxy: Proxy) -> ListenerRequest:
+def parse_listener_names(requested_names: Iterable[str], proxy: Proxy) -> ListenerRequest:
+    """The hosts and ports asked for (a name both as asked and as FQDN), and the server listeners."""
     out = ListenerRequest()
-    for name in sorted(names_):
+    for name in sorted(requested_names):
         if name.startswith(INBOUND_PREFIX):
             out.inbound.append(name)
             continue
@@ -197,7 +198,7 @@ def inbound_listener(name: str, proxy: Proxy) -> Any | None:
         return None
     # No PeerAuthentication yet, so every port is PERMISSIVE; gRPC cannot serve
     # both on one port, so (as istiod) workloads that take mTLS get STRICT, others plaintext.
-    mtls = proxy.labels.get(TLS_MODE_LABEL) == "istio"
+    mtls = proxy.labels.get(labels.TLS_MODE) == TLS_MODE_ISTIO
     chain = inbound_filter_chain("mtls" if mtls else "plaintext", mtls)
     # Listener filters and use_original_dst must stay unset: gRPC rejects them.
     return listener_pb2.Listener(name=name, address=_address(host, port), filter_chains=[chain])
