@@ -12,7 +12,9 @@ from support.wait import eventually
 
 pytestmark = [pytest.mark.integration]
 
-CLIENT_IP = "127.0.0.50"
+# Addresses of their own (127.0.5.0/24): other suites' servers bind 127.0.0.x:9080.
+
+CLIENT_IP = "127.0.5.50"
 REVIEWS = "xds:///reviews.default.svc.cluster.local:9080"
 SUBSETS = [{"name": "v1", "labels": {"version": "v1"}}, {"name": "v2", "labels": {"version": "v2"}}]
 
@@ -37,9 +39,9 @@ def servers() -> Iterator[dict[str, NameServer]]:
     started: dict[str, NameServer] = {}
     try:
         for name, ip in (
-            ("reviews-v1", "127.0.0.41"),
-            ("reviews-v2", "127.0.0.42"),
-            ("ratings-v1", "127.0.0.43"),
+            ("reviews-v1", "127.0.5.41"),
+            ("reviews-v2", "127.0.5.42"),
+            ("ratings-v1", "127.0.5.43"),
         ):
             started[name] = NameServer(name, ip, 9080).start()
         yield started
@@ -69,14 +71,14 @@ def client(mesh, servers) -> Iterator[GrpcClient]:
             "default",
             "10.96.0.20",
             9080,
-            {"reviews-v1": "127.0.0.41", "reviews-v2": "127.0.0.42"},
+            {"reviews-v1": "127.0.5.41", "reviews-v2": "127.0.5.42"},
             versions={"reviews-v1": "v1", "reviews-v2": "v2"},
             port_name="grpc",
         ),
     )
     mesh.write(
         "ratings.yaml",
-        workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.43"}, port_name="grpc"),
+        workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.5.43"}, port_name="grpc"),
     )
     mp = mesh.start_meshpilot()
     path = write_bootstrap(
@@ -195,7 +197,7 @@ def test_an_xds_server_serves_with_the_listener_meshpilot_sends(mesh, client) ->
             "default",
             "10.96.0.20",
             9080,
-            {"reviews-v1": "127.0.0.41", "reviews-v2": "127.0.0.42", "reviews-v3": "127.0.0.44"},
+            {"reviews-v1": "127.0.5.41", "reviews-v2": "127.0.5.42", "reviews-v3": "127.0.5.44"},
             versions={"reviews-v1": "v1", "reviews-v2": "v2", "reviews-v3": "v3"},
             port_name="grpc",
         ),
@@ -203,10 +205,10 @@ def test_an_xds_server_serves_with_the_listener_meshpilot_sends(mesh, client) ->
     path = write_bootstrap(
         mesh.tmp / "grpc-server-bootstrap.json",
         xds_port=mesh.meshpilot.grpc_port,
-        node_id="sidecar~127.0.0.44~reviews-v3.default~default.svc.cluster.local",
-        metadata=node_metadata("127.0.0.44", {"app": "reviews", "version": "v3"}),
+        node_id="sidecar~127.0.5.44~reviews-v3.default~default.svc.cluster.local",
+        metadata=node_metadata("127.0.5.44", {"app": "reviews", "version": "v3"}),
     )
-    server = xds_server(mesh.tmp, "reviews-v3", "127.0.0.44", 9080, path)
+    server = xds_server(mesh.tmp, "reviews-v3", "127.0.5.44", 9080, path)
     try:
         mesh.write(
             "routing.yaml",

@@ -52,7 +52,10 @@ class NameServer:
         return self.name.encode()
 
     def start(self) -> NameServer:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), xds=self.xds)
+        # No SO_REUSEPORT (gRPC's default): a port taken by anyone else must fail the bind, not share.
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2), options=[("grpc.so_reuseport", 0)], xds=self.xds
+        )
         handler = grpc.method_handlers_generic_handler(
             SERVICE, {METHOD: grpc.unary_unary_rpc_method_handler(self._answer)}
         )
