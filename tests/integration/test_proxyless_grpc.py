@@ -13,7 +13,6 @@ from support.wait import eventually
 pytestmark = [pytest.mark.integration]
 
 # Addresses of their own (127.0.5.0/24): other suites' servers bind 127.0.0.x:9080.
-
 CLIENT_IP = "127.0.5.50"
 REVIEWS = "xds:///reviews.default.svc.cluster.local:9080"
 SUBSETS = [{"name": "v1", "labels": {"version": "v1"}}, {"name": "v2", "labels": {"version": "v2"}}]
