@@ -1,9 +1,18 @@
-"""DestinationRules indexed by host, merged and looked up as istiod does."""
+"""DestinationRules indexed by host, merged and looked up as istiod does.
+
+istiod keeps three indexes (``setDestinationRules``): rules each namespace
+sees locally, rules each namespace exports, and the root namespace's private
+rules. A proxy looks in its own namespace first, then in the service's
+namespace's exports, then in the root namespace's exports. Rules for one host
+merge into one entry when their exportTo and workload selectors agree; rules
+that cannot merge stay separate entries, and the proxy's labels pick among
+them (``SidecarScope.DestinationRule``).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +20,7 @@ from meshpilot.model import visibility
 from meshpilot.model.config import Config
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.hosts import most_specific_match, resolve_short_name
+from meshpilot.model.labels import selector_matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +35,8 @@ class MergedDestinationRule:
     host: str
     configs: tuple[Config, ...]
     export_to: frozenset[str]
+    #: The first rule's workloadSelector labels; None for a rule without one.
+    selector: Mapping[str, str] | None = None
     #: Stable hash of the contributing configs: part of the cache keys of what reads the rule.
     fingerprint: int = field(init=False, compare=False, repr=False)
 
@@ -60,21 +72,69 @@ class MergedDestinationRule:
     def first(self) -> Config:
         return self.configs[0]
 
+    @property
+    def namespace(self) -> str:
+        return self.configs[0].namespace
+
+    def with_config(self, config: Config) -> MergedDestinationRule:
+        return MergedDestinationRule(self.host, (*self.configs, config), self.export_to, self.selector)
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        return self.selector is not None and selector_matches(self.selector, labels)
+
+
+def rule_selector(config: Config) -> dict[str, str] | None:
+    spec = config.spec
+    return dict(spec.workload_selector.match_labels) if spec.HasField("workload_selector") else None
+
+
+def _sort_key(config: Config) -> tuple[int, str, str, str]:
+    # Rules with a workload selector first, then oldest first (istiod's
+    # sortConfigBySelectorAndCreationTime): the first rule's traffic policy wins a merge.
+    return (
+        0 if config.spec.HasField("workload_selector") else 1,
+        config.meta.creation_timestamp or "~",
+        config.name,
+        config.namespace,
+    )
+
 
 class _HostRules:
+    """Merged entries per host in one index (istiod's consolidatedDestRules)."""
+
     def __init__(self) -> None:
-        self.by_host: dict[str, list[Config]] = defaultdict(list)
+        self.by_host: dict[str, list[MergedDestinationRule]] = defaultdict(list)
 
-    def add(self, host: str, config: Config) -> None:
-        self.by_host[host].append(config)
+    def merge(self, host: str, config: Config, export_to: frozenset[str]) -> None:
+        """Add ``config`` as istiod's mergeDestinationRule does (enhanced merge on, its default)."""
+        entries = self.by_host[host]
+        selector = rule_selector(config)
+        separate = True
+        for index, entry in enumerate(entries):
+            if export_to == entry.export_to:
+                separate = False
+            elif entry.export_to and export_to >= entry.export_to:
+                separate = True
+            else:
+                continue
+            if selector is not None and entry.selector is not None and dict(entry.selector) != selector:
+                separate = True
+                continue
+            if (selector is None) == (entry.selector is None):
+                # Both without a selector, or both with the same one: one merged entry.
+                separate = False
+            # The later rule adds its new subsets (and a traffic policy if the entry had none).
+            entries[index] = entry.with_config(config)
+        if separate:
+            entries.append(MergedDestinationRule(host, (config,), export_to, selector))
 
-    def lookup(self, host: str) -> list[Config]:
+    def lookup(self, host: str) -> list[MergedDestinationRule]:
         match = most_specific_match(host, list(self.by_host))
         return self.by_host[match] if match is not None else []
 
 
 class DestinationRuleIndex:
-    """Rules local to each namespace and rules each namespace exports."""
+    """Rules local to each namespace, rules each namespace exports, the root namespace's private rules."""
 
     def __init__(
         self,
@@ -87,45 +147,56 @@ class DestinationRuleIndex:
         self.root_namespace = root_namespace
         self._local: dict[str, _HostRules] = defaultdict(_HostRules)
         self._exported: dict[str, _HostRules] = defaultdict(_HostRules)
-        self._export_to: dict[tuple[str, str], frozenset[str]] = {}
-        default = frozenset(default_export_to)
-        for config in configs:
+        self._root_local = _HostRules()
+        defaults = frozenset(default_export_to) or frozenset({visibility.PUBLIC})
+        for config in sorted(configs, key=_sort_key):
             spec = config.spec
-            if spec.HasField("workload_selector"):
-                # Workload-scoped rules apply only to selected workloads; not indexed here.
-                continue
-            host = resolve_short_name(spec.host, config.namespace, domain_suffix)
-            export_to = visibility.export_set(spec.export_to, default)
-            self._export_to[(config.namespace, config.name)] = export_to
-            if visibility.visible_to(export_to, config.namespace, config.namespace):
-                self._local[config.namespace].add(host, config)
-            if export_to - {visibility.PRIVATE, config.namespace}:
-                self._exported[config.namespace].add(host, config)
+            namespace = config.namespace
+            host = resolve_short_name(spec.host, namespace, domain_suffix)
+            # A rule with a workload selector never leaves its namespace.
+            export_to = (
+                frozenset({visibility.PRIVATE})
+                if spec.HasField("workload_selector")
+                else frozenset(spec.export_to)
+            )
+            if (
+                not export_to
+                or visibility.PUBLIC in export_to
+                or visibility.PRIVATE in export_to
+                or namespace in export_to
+            ):
+                self._local[namespace].merge(host, config, export_to)
+            private_only = (not export_to and visibility.PRIVATE in defaults) or (
+                len(export_to) == 1 and (visibility.PRIVATE in export_to or namespace in export_to)
+            )
+            if not private_only:
+                self._exported[namespace].merge(host, config, export_to)
+            elif namespace == root_namespace:
+                self._root_local.merge(host, config, export_to)
 
-    def lookup(self, proxy_namespace: str, host: str, service_namespace: str) -> MergedDestinationRule | None:
-        """The rule for ``host`` as seen by proxies in ``proxy_namespace``.
+    def lookup(self, proxy_namespace: str, host: str, service_namespace: str) -> list[MergedDestinationRule]:
+        """The rule entries for ``host`` as seen by proxies in ``proxy_namespace``.
 
-        Rules in the proxy's own namespace come first, then rules exported by
-        the service's namespace, then by the root namespace.
+        The proxy's own namespace comes first (for the root namespace, only its
+        private rules, so its catch-all exported rules do not shadow a
+        service's own), then rules exported by the service's namespace, then
+        by the root namespace.
         """
-        local = self._local.get(proxy_namespace)
+        in_root = proxy_namespace == self.root_namespace
+        local = self._root_local if in_root else self._local.get(proxy_namespace)
         if local is not None:
             found = local.lookup(host)
             if found:
-                return self._merged(host, found)
+                return found
         for owner in (service_namespace, self.root_namespace):
             exported = self._exported.get(owner)
             if exported is None:
                 continue
-            found = [
-                c
-                for c in exported.lookup(host)
-                if visibility.visible_to(self._export_to[(c.namespace, c.name)], c.namespace, proxy_namespace)
+            visible = [
+                e
+                for e in exported.lookup(host)
+                if not e.export_to or visibility.PUBLIC in e.export_to or proxy_namespace in e.export_to
             ]
-            if found:
-                return self._merged(host, found)
-        return None
-
-    def _merged(self, host: str, configs: list[Config]) -> MergedDestinationRule:
-        export_to = self._export_to[(configs[0].namespace, configs[0].name)]
-        return MergedDestinationRule(host, tuple(configs), export_to)
+            if visible:
+                return visible
+        return []

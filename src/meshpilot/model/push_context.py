@@ -15,12 +15,12 @@ from meshpilot.model import visibility
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.delegation import merge_delegates
-from meshpilot.model.destination_rules import DestinationRuleIndex, MergedDestinationRule
+from meshpilot.model.destination_rules import DestinationRuleIndex, MergedDestinationRule, rule_selector
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.kind import Kind
 from meshpilot.model.labels import selector_matches
 from meshpilot.model.proxy import Proxy
-from meshpilot.model.service import Service
+from meshpilot.model.service import Registry, Service
 from meshpilot.model.sidecar_scope import SidecarScope, build_scope
 
 MESH_GATEWAY = "mesh"
@@ -42,9 +42,10 @@ class VirtualServiceEntry:
     delegates: frozenset[ConfigKey] = frozenset()
 
 
-def _selector(sidecar: Config) -> dict[str, str]:
+def _selector(sidecar: Config) -> dict[str, str] | None:
+    """The Sidecar's workloadSelector labels; an empty selector (not None) selects every workload."""
     spec = sidecar.spec
-    return dict(spec.workload_selector.labels) if spec.HasField("workload_selector") else {}
+    return dict(spec.workload_selector.labels) if spec.HasField("workload_selector") else None
 
 
 def _order(config: Config) -> tuple[str, str, str]:
@@ -77,21 +78,28 @@ class PushContext:
         self._service_accounts = service_accounts or {}
         self._accounts_sorted: dict[tuple[str, str], tuple[str, ...]] = {}
 
-        # Services: the first service for a (hostname, namespace) wins; registries
-        # are given in priority order (Kubernetes before ServiceEntries).
+        # Services: the first (oldest) service for a (hostname, namespace) wins, except
+        # that a Kubernetes Service displaces a ServiceEntry of the same name, so a
+        # ServiceEntry cannot squat on a Kubernetes hostname (istiod's initServiceRegistry).
         self._by_host_ns: dict[str, dict[str, Service]] = defaultdict(dict)
-        ordered: list[Service] = []
         for svc in sorted(services, key=lambda s: (s.creation_timestamp or "~", s.hostname, s.namespace)):
-            if svc.namespace not in self._by_host_ns[svc.hostname]:
+            existing = self._by_host_ns[svc.hostname].get(svc.namespace)
+            if existing is None or (
+                existing.registry is not Registry.KUBERNETES and svc.registry is Registry.KUBERNETES
+            ):
                 self._by_host_ns[svc.hostname][svc.namespace] = svc
-                ordered.append(svc)
-        self.services: tuple[Service, ...] = tuple(ordered)
-        self._default_service_export = frozenset(mesh.default_service_export_to) or frozenset({"*"})
+        self.services: tuple[Service, ...] = tuple(
+            sorted(
+                (s for by_ns in self._by_host_ns.values() for s in by_ns.values()),
+                key=lambda s: (s.creation_timestamp or "~", s.hostname, s.namespace),
+            )
+        )
+        self._default_service_export = tuple(mesh.default_service_export_to)
         self._services_visible: dict[str, list[Service]] = {}
 
-        default_vs_export = frozenset(mesh.default_virtual_service_export_to) or frozenset({"*"})
+        default_vs_export = tuple(mesh.default_virtual_service_export_to)
         self.virtual_services: list[VirtualServiceEntry] = []
-        merged = merge_delegates(self.configs(Kind.VIRTUAL_SERVICE), default_vs_export)
+        merged = merge_delegates(self.configs(Kind.VIRTUAL_SERVICE), frozenset(default_vs_export))
         for config in sorted(merged.configs, key=_order):
             spec = config.spec
             gateways = frozenset(spec.gateways) or frozenset({MESH_GATEWAY})
@@ -107,10 +115,16 @@ class PushContext:
             root_namespace=mesh.root_namespace,
             domain_suffix=domain_suffix,
         )
+        # Workload-selected rules per namespace: proxies they select get scopes of their own.
+        self._selector_rules: dict[str, list[tuple[Config, dict[str, str]]]] = defaultdict(list)
+        for config in self.configs(Kind.DESTINATION_RULE):
+            selector = rule_selector(config)
+            if selector is not None:
+                self._selector_rules[config.namespace].append((config, selector))
         self._sidecars: dict[str, list[Config]] = defaultdict(list)
         for config in self.configs(Kind.SIDECAR):
             self._sidecars[config.namespace].append(config)
-        self._scopes: dict[tuple[str, str, str], SidecarScope] = {}
+        self._scopes: dict[tuple[str, str, str, frozenset[ConfigKey]], SidecarScope] = {}
         #: Generated outputs shared by proxies that read the same inputs (see ``memoized``).
         self._memo: dict[Hashable, Any] = {}
         #: Outputs that depend on nothing but their key, kept from snapshot to snapshot.
@@ -133,16 +147,21 @@ class PushContext:
         return list(self._by_host_ns.get(hostname, {}).values())
 
     def service_export_to(self, svc: Service) -> frozenset[str]:
-        return svc.export_to or self._default_service_export
+        return visibility.export_set(svc.export_to, self._default_service_export)
 
     def services_visible_to(self, namespace: str) -> list[Service]:
+        """Services ``namespace`` sees: its private ones, those exported to it, then public ones.
+
+        Each group is oldest first; sidecar scopes pick hostnames in this order.
+        """
         found = self._services_visible.get(namespace)
         if found is None:
-            found = [
-                s
-                for s in self.services
-                if visibility.visible_to(self.service_export_to(s), s.namespace, namespace)
-            ]
+            ranked = []
+            for s in self.services:
+                export_to = self.service_export_to(s)
+                if visibility.visible_to(export_to, s.namespace, namespace):
+                    ranked.append((visibility.scope_rank(export_to, s.namespace, namespace), s))
+            found = [s for _, s in sorted(ranked, key=lambda pair: pair[0])]
             self._services_visible[namespace] = found
         return found
 
@@ -159,20 +178,43 @@ class PushContext:
     # -- routing config -------------------------------------------------------------
 
     def virtual_services_visible_to(self, namespace: str) -> list[VirtualServiceEntry]:
-        """VirtualServices for sidecars (gateway ``mesh``) that ``namespace`` sees."""
+        """VirtualServices for sidecars (gateway ``mesh``) that ``namespace`` sees.
+
+        The namespace's private ones first, then those exported to it, then
+        public ones, each oldest first: the first VirtualService for a host wins.
+        """
         found = self._vs_visible.get(namespace)
         if found is None:
-            found = [
-                vs
+            ranked = [
+                (visibility.scope_rank(vs.export_to, vs.config.namespace, namespace), vs)
                 for vs in self.virtual_services
                 if MESH_GATEWAY in vs.gateways
                 and visibility.visible_to(vs.export_to, vs.config.namespace, namespace)
             ]
+            found = [vs for _, vs in sorted(ranked, key=lambda pair: pair[0])]
             self._vs_visible[namespace] = found
         return found
 
-    def destination_rule(self, proxy_namespace: str, svc: Service) -> MergedDestinationRule | None:
-        return self.destination_rules.lookup(proxy_namespace, svc.hostname, svc.namespace)
+    def destination_rule(
+        self, proxy_namespace: str, svc: Service, labels: Mapping[str, str] | None = None
+    ) -> MergedDestinationRule | None:
+        """The rule a proxy in ``proxy_namespace`` (with ``labels``, if known) applies to ``svc``."""
+        entries = self.destination_rules.lookup(proxy_namespace, svc.hostname, svc.namespace)
+        catch_all = None
+        for entry in entries:
+            if entry.selector is None:
+                catch_all = entry
+            elif labels is not None and entry.namespace == proxy_namespace and entry.selects(labels):
+                return entry
+        return catch_all
+
+    def selector_rules_for(self, namespace: str, labels: Mapping[str, str]) -> frozenset[ConfigKey]:
+        """Keys of the workload-selected DestinationRules of ``namespace`` that select ``labels``."""
+        return frozenset(
+            config.key
+            for config, selector in self._selector_rules.get(namespace, ())
+            if selector_matches(selector, labels)
+        )
 
     # -- shared generation results ------------------------------------------------------
 
@@ -211,20 +253,30 @@ class PushContext:
         candidates = self._sidecars.get(namespace, [])
         for config in candidates:
             selector = _selector(config)
-            if selector and selector_matches(selector, labels):
+            if selector is not None and selector_matches(selector, labels):
                 return config
-        for config in [*candidates, *self._sidecars.get(self.mesh.root_namespace, [])]:
-            if not _selector(config):
+        for config in candidates:
+            if _selector(config) is None:
+                return config
+        # The root namespace's first Sidecar without a selector is the mesh-wide default.
+        for config in self._sidecars.get(self.mesh.root_namespace, []):
+            if _selector(config) is None:
                 return config
         return None
 
     def sidecar_scope(self, proxy: Proxy) -> SidecarScope:
         namespace = proxy.config_namespace
         sidecar = self.sidecar_for(namespace, proxy.labels)
-        key = (namespace, sidecar.namespace if sidecar else "", sidecar.name if sidecar else "")
+        selected_rules = self.selector_rules_for(namespace, proxy.labels)
+        key = (
+            namespace,
+            sidecar.namespace if sidecar else "",
+            sidecar.name if sidecar else "",
+            selected_rules,
+        )
         scope = self._scopes.get(key)
         if scope is None:
-            scope = build_scope(self, namespace, sidecar)
+            scope = build_scope(self, namespace, sidecar, selected_rules)
             self._scopes[key] = scope
         return scope
 

@@ -1,21 +1,26 @@
 """SidecarScope: what one sidecar sees, from its Sidecar resource or the defaults.
 
 A scope lists, per egress listener, the services and VirtualServices a proxy
-imports, and the config keys it depends on, so a change outside the scope
-does not push to the proxy.
+imports, the union of services (plus those VirtualServices route to) for its
+clusters, the DestinationRule for each, and the config keys it depends on, so
+a change outside the scope does not push to the proxy. It follows istiod's
+``convertToSidecarScope`` (pilot/pkg/model/sidecar.go).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from meshpilot.model import visibility
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.destination_rules import MergedDestinationRule
-from meshpilot.model.hosts import host_matches
+from meshpilot.model.hosts import host_matches, host_subset_of, is_wildcard, resolve_short_name
 from meshpilot.model.kind import Kind
-from meshpilot.model.service import Resolution, Service
+from meshpilot.model.protocol import Protocol
+from meshpilot.model.service import Registry, Resolution, Service
 
 if TYPE_CHECKING:
     from meshpilot.model.push_context import PushContext, VirtualServiceEntry
@@ -32,9 +37,58 @@ SCOPED_KINDS = frozenset({Kind.SERVICE_ENTRY, Kind.VIRTUAL_SERVICE, Kind.DESTINA
 NAMESPACED_POLICY_KINDS = frozenset(
     {Kind.PEER_AUTHENTICATION, Kind.AUTHORIZATION_POLICY, Kind.REQUEST_AUTHENTICATION, Kind.ENVOY_FILTER}
 )
+_WILDCARD_NAMESPACE = "*"
+_CURRENT_NAMESPACE = "."
 
 
 @dataclass(frozen=True, slots=True)
+class HostImports:
+    """The hosts one egress listener imports from one namespace (istiod's hostClassification)."""
+
+    exact: frozenset[str]
+    hosts: tuple[str, ...]
+
+    def imports_service(self, hostname: str) -> bool:
+        """A service is imported when its hostname lies within an imported host (``*.com`` has ``a.com``)."""
+        if hostname in self.exact:
+            return True
+        return any(
+            host_subset_of(hostname, imported)
+            for imported in self.hosts
+            if is_wildcard(hostname) or is_wildcard(imported)
+        )
+
+    def imports_virtual_service_host(self, host: str) -> bool:
+        """A VirtualService host is imported when it overlaps an imported host, either way round."""
+        if host in self.exact:
+            return True
+        wild = is_wildcard(host)
+        return any(host_matches(host, imported) for imported in self.hosts if wild or is_wildcard(imported))
+
+
+def parse_egress_hosts(hosts: Iterable[str], config_namespace: str) -> dict[str, HostImports]:
+    """``ns/host`` entries grouped by namespace; ``.`` is the config namespace.
+
+    Entries without exactly one slash are ignored, as istiod ignores them
+    (validation rejects them first). ``~`` is kept as a namespace no service
+    lives in, so ``~/*`` imports nothing.
+    """
+    exact: dict[str, set[str]] = {}
+    every: dict[str, list[str]] = {}
+    for text in hosts:
+        if text.count("/") != 1:
+            continue
+        namespace, _, host = text.partition("/")
+        if namespace == _CURRENT_NAMESPACE:
+            namespace = config_namespace
+        every.setdefault(namespace, []).append(host)
+        exact.setdefault(namespace, set())
+        if not is_wildcard(host):
+            exact[namespace].add(host)
+    return {ns: HostImports(frozenset(exact[ns]), tuple(hosts_)) for ns, hosts_ in every.items()}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class EgressListener:
     """One egress listener of a Sidecar, with what it imports."""
 
@@ -42,10 +96,19 @@ class EgressListener:
     port: Any | None
     bind: str
     capture_mode: int
-    #: (namespace, host) pairs; namespace "*" means any.
-    hosts: tuple[tuple[str, str], ...]
+    #: What it imports, by namespace ("*" for any namespace).
+    imports: Mapping[str, HostImports]
     services: tuple[Service, ...] = ()
     virtual_services: tuple[VirtualServiceEntry, ...] = ()
+
+    @property
+    def matches_port(self) -> bool:
+        """Services are cut to the listener's port, except on a catch-all or HTTP_PROXY listener."""
+        return (
+            self.port is not None
+            and self.port.number != 0
+            and Protocol.parse(self.port.protocol) is not Protocol.HTTP_PROXY
+        )
 
 
 @dataclass(slots=True)
@@ -55,8 +118,10 @@ class SidecarScope:
     config: Config | None
     egress: tuple[EgressListener, ...]
     ingress: tuple[Any, ...]
-    #: MeshConfig.OutboundTrafficPolicy.Mode number (REGISTRY_ONLY=0, ALLOW_ANY=1).
+    #: OutboundTrafficPolicy.Mode number (REGISTRY_ONLY=0, ALLOW_ANY=1), the Sidecar's or the mesh's.
     outbound_traffic_policy: int
+    #: The Sidecar's outboundTrafficPolicy.egressProxy (a Destination), if any.
+    egress_proxy: Any | None = None
     services: list[Service] = field(default_factory=list)
     destination_rules: dict[str, MergedDestinationRule | None] = field(default_factory=dict)
     dependencies: frozenset[ConfigKey] = frozenset()
@@ -95,10 +160,12 @@ class SidecarScope:
             found = self.memo["has_dns"] = any(s.resolution in dns for s in self.services)
         return bool(found)
 
-    def egress_listener_for_port(self, port: int) -> EgressListener | None:
-        """The first listener with this port, or the catch-all one."""
+    def egress_listener_for_port(self, port: int, bind: str = "") -> EgressListener | None:
+        """The listener with this port (a unix socket listener by its bind), or the catch-all one."""
         for listener in self.egress:
-            if listener.port is None or listener.port.number == port:
+            if listener.port is None:
+                return listener
+            if listener.port.number == port and (port != 0 or listener.bind == bind):
                 return listener
         return None
 
@@ -107,95 +174,274 @@ class SidecarScope:
         return bool(self.ingress)
 
 
-def _parse_hosts(hosts: list[str], config_namespace: str) -> tuple[tuple[str, str], ...]:
-    out = []
-    for text in hosts:
-        namespace, _, host = text.partition("/")
-        if namespace == ".":
-            namespace = config_namespace
-        out.append((namespace, host))
+# -- selecting what an egress listener imports ---------------------------------------
+
+
+def _matching_port(svc: Service, listener: EgressListener) -> Service | None:
+    if not listener.matches_port or listener.port is None:
+        return svc
+    port = svc.port(listener.port.number)
+    if port is None:
+        return None
+    return svc if len(svc.ports) == 1 else dataclasses.replace(svc, ports=(port,))
+
+
+def _select_services(
+    services: list[Service], listener: EgressListener, config_namespace: str
+) -> tuple[Service, ...]:
+    """Visible services the listener's hosts import, one namespace per hostname."""
+    imports = listener.imports
+    wildcard = imports.get(_WILDCARD_NAMESPACE)
+    chosen: list[Service] = []
+    for svc in services:
+        own = imports.get(svc.namespace)
+        if own is not None and own.imports_service(svc.hostname):
+            found = _matching_port(svc, listener)
+            if found is not None:
+                chosen.append(found)
+                continue
+        if wildcard is not None and wildcard.imports_service(svc.hostname):
+            found = _matching_port(svc, listener)
+            if found is not None:
+                chosen.append(found)
+    # One namespace per hostname: the config namespace wins; otherwise the
+    # first seen, unless a Kubernetes service comes later (a ServiceEntry may
+    # not squat on a Kubernetes hostname).
+    owner: dict[str, tuple[str, bool]] = {}
+    for svc in chosen:
+        candidate = (svc.namespace, svc.registry is Registry.KUBERNETES)
+        current = owner.get(svc.hostname)
+        displaces = current is not None and (
+            svc.namespace == config_namespace
+            or (not current[1] and candidate[1] and current[0] != config_namespace)
+        )
+        if current is None or displaces:
+            owner[svc.hostname] = candidate
+    out: list[Service] = []
+    seen: set[tuple[str, str]] = set()
+    for svc in chosen:
+        key = (svc.hostname, svc.namespace)
+        if owner[svc.hostname][0] == svc.namespace and key not in seen:
+            seen.add(key)
+            out.append(svc)
     return tuple(out)
 
 
-def _selects(hosts: tuple[tuple[str, str], ...], namespace: str, hostname: str) -> bool:
-    return any(ns != "~" and (ns in ("*", namespace)) and host_matches(host, hostname) for ns, host in hosts)
+def _select_virtual_services(
+    entries: list[VirtualServiceEntry], listener: EgressListener
+) -> tuple[VirtualServiceEntry, ...]:
+    """VirtualServices with a host the listener imports from the VirtualService's namespace or ``*``."""
+    imports = listener.imports
+    wildcard = imports.get(_WILDCARD_NAMESPACE)
+    out = []
+    for vs in entries:
+        candidates = [h for h in (imports.get(vs.config.namespace), wildcard) if h is not None]
+        if any(c.imports_virtual_service_host(host) for c in candidates for host in vs.hosts):
+            out.append(vs)
+    return tuple(out)
 
 
-def build_scope(push: PushContext, namespace: str, sidecar: Config | None) -> SidecarScope:
-    """The scope of proxies in ``namespace`` selected by ``sidecar`` (None: the default)."""
-    mesh_policy = push.mesh.outbound_traffic_policy.mode
+def virtual_service_destinations(
+    vs: Config, config_namespace: str, domain_suffix: str
+) -> dict[str, set[int]]:
+    """Hosts a VirtualService sends traffic to, with their ports (0: no port given).
+
+    HTTP routes whose matches all name another source namespace are left out:
+    they never apply to proxies of ``config_namespace``.
+    """
+    spec = vs.spec
+    out: dict[str, set[int]] = {}
+
+    def add(destination: Any) -> None:
+        host = resolve_short_name(destination.host, vs.namespace, domain_suffix)
+        port = destination.port.number if destination.HasField("port") else 0
+        out.setdefault(host, set()).add(port)
+
+    for http in spec.http:
+        applies = True
+        for match in http.match:
+            if match.source_namespace:
+                if match.source_namespace == config_namespace:
+                    applies = True
+                    break
+                applies = False
+        if not applies:
+            continue
+        for route in http.route:
+            if route.HasField("destination"):
+                add(route.destination)
+        if http.HasField("mirror"):
+            add(http.mirror)
+        for mirror in http.mirrors:
+            if mirror.HasField("destination"):
+                add(mirror.destination)
+    for routes in (spec.tcp, spec.tls):
+        for rule in routes:
+            for route in rule.route:
+                if route.HasField("destination"):
+                    add(route.destination)
+    return out
+
+
+def _matching_destination_ports(svc: Service, ports: set[int]) -> Service | None:
+    if not ports or 0 in ports:
+        return svc
+    found = tuple(p for p in svc.ports if p.port in ports)
+    if len(found) == len(svc.ports):
+        return svc
+    return dataclasses.replace(svc, ports=found) if found else None
+
+
+# -- assembling the scope -----------------------------------------------------------------
+
+
+class _ServiceUnion:
+    """The scope's services across listeners, merged per hostname as istiod's appendSidecarServices."""
+
+    def __init__(self) -> None:
+        self.services: list[Service] = []
+        self.index: dict[str, int] = {}
+
+    def add(self, svc: Service | None) -> None:
+        if svc is None:
+            return
+        position = self.index.get(svc.hostname)
+        if position is None:
+            self.index[svc.hostname] = len(self.services)
+            self.services.append(svc)
+            return
+        existing = self.services[position]
+        if existing is svc:
+            return
+        existing_kube = existing.registry is Registry.KUBERNETES
+        new_kube = svc.registry is Registry.KUBERNETES
+        if existing_kube and not new_kube:
+            return
+        if new_kube and not existing_kube:
+            self.services[position] = svc
+            return
+        if existing.ports == svc.ports or not _can_merge(existing, svc):
+            return
+        numbers = {p.port for p in existing.ports}
+        extra = tuple(p for p in svc.ports if p.port not in numbers)
+        self.services[position] = dataclasses.replace(existing, ports=existing.ports + extra)
+
+
+def _can_merge(a: Service, b: Service) -> bool:
+    return (
+        a.namespace == b.namespace
+        and a.resolution is b.resolution
+        and a.registry is b.registry
+        and a.labels == b.labels
+        and a.selector == b.selector
+        and a.export_to == b.export_to
+    )
+
+
+def _egress_specs(sidecar: Config | None) -> list[tuple[Any | None, str, int, list[str]]]:
+    default: list[tuple[Any | None, str, int, list[str]]] = [(None, "", CAPTURE_DEFAULT, ["*/*"])]
     if sidecar is None:
-        raw_egress: list[tuple[Any | None, str, int, list[str]]] = [(None, "", CAPTURE_DEFAULT, ["*/*"])]
-        ingress: tuple[Any, ...] = ()
-        policy = mesh_policy
-        name = DEFAULT_SCOPE_NAME
-    else:
+        return default
+    return [
+        (e.port if e.HasField("port") else None, e.bind, e.capture_mode, list(e.hosts))
+        for e in sidecar.spec.egress
+    ] or default
+
+
+def build_scope(
+    push: PushContext,
+    namespace: str,
+    sidecar: Config | None,
+    selector_rules: frozenset[ConfigKey] = frozenset(),
+) -> SidecarScope:
+    """The scope of proxies in ``namespace`` selected by ``sidecar`` (None: the default).
+
+    ``selector_rules`` names the DestinationRules with a workload selector
+    that apply to these proxies: proxies that differ in them get different
+    scopes, so everything built from a scope is right for each of its proxies.
+    """
+    policy = push.mesh.outbound_traffic_policy.mode
+    egress_proxy = None
+    ingress: tuple[Any, ...] = ()
+    name = DEFAULT_SCOPE_NAME
+    if sidecar is not None:
         spec = sidecar.spec
-        raw_egress = [
-            (e.port if e.HasField("port") else None, e.bind, e.capture_mode, list(e.hosts))
-            for e in spec.egress
-        ] or [(None, "", CAPTURE_DEFAULT, ["*/*"])]
         ingress = tuple(spec.ingress)
-        policy = (
-            spec.outbound_traffic_policy.mode if spec.HasField("outbound_traffic_policy") else mesh_policy
-        )
         name = sidecar.name
+        if spec.HasField("outbound_traffic_policy"):
+            policy = spec.outbound_traffic_policy.mode
+            if spec.outbound_traffic_policy.HasField("egress_proxy"):
+                egress_proxy = spec.outbound_traffic_policy.egress_proxy
 
     visible_services = push.services_visible_to(namespace)
     visible_vs = push.virtual_services_visible_to(namespace)
     egress = []
-    for port, bind, capture, hosts_text in raw_egress:
-        hosts = _parse_hosts(hosts_text, namespace)
-        chosen: dict[str, Service] = {}
-        for svc in visible_services:
-            if not _selects(hosts, svc.namespace, svc.hostname):
-                continue
-            current = chosen.get(svc.hostname)
-            # One service per hostname: the proxy's own namespace wins, then the oldest.
-            if current is None or (svc.namespace == namespace and current.namespace != namespace):
-                chosen[svc.hostname] = svc
-        services = []
-        for svc in chosen.values():
-            if port is not None:
-                matching = svc.port(port.number)
-                if matching is None:
-                    continue
-                svc = dataclasses.replace(svc, ports=(matching,))
-            services.append(svc)
-        vses = tuple(
-            vs for vs in visible_vs if any(_selects(hosts, vs.config.namespace, h) for h in vs.hosts)
+    for port, bind, capture, hosts_text in _egress_specs(sidecar):
+        listener = EgressListener(port, bind, capture, parse_egress_hosts(hosts_text, namespace))
+        listener = dataclasses.replace(
+            listener,
+            services=_select_services(visible_services, listener, namespace),
+            virtual_services=_select_virtual_services(visible_vs, listener),
         )
-        egress.append(EgressListener(port, bind, capture, hosts, tuple(services), vses))
+        egress.append(listener)
 
-    scope = SidecarScope(name, namespace, sidecar, tuple(egress), ingress, policy)
+    scope = SidecarScope(name, namespace, sidecar, tuple(egress), ingress, policy, egress_proxy)
     deps: set[ConfigKey] = set()
     if sidecar is not None:
         deps.add(sidecar.key)
-    # The scope's services are the union over listeners; a service imported by
-    # several listeners keeps the union of the ports they import.
-    ports_by_host: dict[str, set[int]] = {}
-    originals: dict[str, Service] = {}
+    union = _ServiceUnion()
     for listener in scope.egress:
+        # Services the hosts name explicitly first, so a VirtualService destination cannot displace them.
         for svc in listener.services:
-            if svc.hostname not in originals:
-                original = push.service(svc.hostname, svc.namespace)
-                originals[svc.hostname] = original if original is not None else svc
-            ports_by_host.setdefault(svc.hostname, set()).update(p.port for p in svc.ports)
-            deps.add(ConfigKey(Kind.SERVICE_ENTRY, svc.hostname, svc.namespace))
+            union.add(svc)
         for vs in listener.virtual_services:
             deps.add(vs.config.key)
+            # The scope depends on the delegates merged into its VirtualServices too.
             deps.update(vs.delegates)
-    for hostname, original in originals.items():
-        wanted = ports_by_host[hostname]
-        svc = original
-        if len(wanted) != len(original.ports):
-            svc = dataclasses.replace(original, ports=tuple(p for p in original.ports if p.port in wanted))
-        scope._by_host[hostname] = svc
+            destinations = virtual_service_destinations(vs.config, namespace, push.domain_suffix)
+            for host, ports in destinations.items():
+                union.add(_destination_service(push, host, namespace, listener, ports))
+    for svc in union.services:
+        scope._by_host[svc.hostname] = svc
         scope.services.append(svc)
-    for svc in scope.services:
-        rule = push.destination_rule(namespace, svc)
-        scope.destination_rules[svc.hostname] = rule
-        if rule is not None:
-            deps.update(c.key for c in rule.configs)
+        entries = push.destination_rules.lookup(namespace, svc.hostname, svc.namespace)
+        scope.destination_rules[svc.hostname] = _pick_rule(entries, namespace, selector_rules)
+        for entry in entries:
+            deps.update(c.key for c in entry.configs)
+        deps.add(ConfigKey(Kind.SERVICE_ENTRY, svc.hostname, svc.namespace))
     scope.dependencies = frozenset(deps)
     return scope
+
+
+def _destination_service(
+    push: PushContext, host: str, namespace: str, listener: EgressListener, ports: set[int]
+) -> Service | None:
+    """The service a VirtualService destination names, as the scope imports it."""
+    by_namespace = {s.namespace: s for s in push.services_for_hostname(host)}
+    svc = by_namespace.get(namespace)
+    if svc is None:
+        # Not in the config namespace: the first visible namespace, alphabetically.
+        visible = sorted(
+            ns
+            for ns, s in by_namespace.items()
+            if visibility.visible_to(push.service_export_to(s), s.namespace, namespace)
+        )
+        if not visible:
+            return None
+        svc = by_namespace[visible[0]]
+    if listener.matches_port:
+        return _matching_port(svc, listener)
+    return _matching_destination_ports(svc, ports)
+
+
+def _pick_rule(
+    entries: list[MergedDestinationRule], namespace: str, selector_rules: frozenset[ConfigKey]
+) -> MergedDestinationRule | None:
+    """A selector rule of the scope's namespace that applies, else the last rule without a selector."""
+    catch_all = None
+    for entry in entries:
+        if entry.selector is None:
+            catch_all = entry
+        elif entry.namespace == namespace and entry.first.key in selector_rules:
+            return entry
+    return catch_all
