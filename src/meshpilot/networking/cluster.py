@@ -266,7 +266,8 @@ def inbound_cluster(
 def _inbound_clusters(proxy: Proxy, mesh: Any) -> list[Any]:
     scope = proxy.sidecar_scope
     if scope is not None and scope.has_ingress:
-        return [_ingress_cluster(proxy, mesh, ingress) for ingress in scope.ingress]
+        built = (_ingress_cluster(proxy, mesh, ingress) for ingress in scope.ingress)
+        return [c for c in built if c is not None]
     if proxy.interception_mode is InterceptionMode.NONE:
         return []
     by_port: dict[int, list[ServiceTarget]] = {}
@@ -283,27 +284,38 @@ def _inbound_clusters(proxy: Proxy, mesh: Any) -> list[Any]:
 
 
 def parse_default_endpoint(text: str, proxy: Proxy) -> tuple[str, int] | None:
-    """A Sidecar ingress ``defaultEndpoint``: ``127.0.0.1:8080``, ``0.0.0.0:8080`` or ``unix://path``."""
-    if not text:
-        return None
+    """Where a Sidecar ingress ``defaultEndpoint`` sends traffic, as istiod resolves it.
+
+    ``127.0.0.1:P`` / ``[::1]:P`` is loopback, ``0.0.0.0:P`` the proxy's first
+    IPv4 address (loopback if it has none), ``[::]:P`` its first IPv6 address
+    (``::1`` if none), ``unix://path`` the socket. None when ``text`` cannot be
+    parsed (validation rejects that first).
+    """
     if text.startswith("unix://"):
         return (text, 0)
-    host, _, port_text = text.rpartition(":")
-    host = host.strip("[]")
-    try:
-        port = int(port_text)
-    except ValueError:
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
         return None
-    if host in ("0.0.0.0", "::"):
-        host = proxy.ip
+    host = host.removeprefix("[").removesuffix("]")
+    port = int(port_text)
+    if host == "0.0.0.0":
+        host = next((ip for ip in proxy.ip_addresses if ":" not in ip), "127.0.0.1")
+    elif host == "::":
+        host = next((ip for ip in proxy.ip_addresses if ":" in ip), "::1")
     return (host, port)
 
 
-def _ingress_cluster(proxy: Proxy, mesh: Any, ingress: Any) -> Any:
+def _ingress_cluster(proxy: Proxy, mesh: Any, ingress: Any) -> Any | None:
     number = ingress.port.number
     protocol = Protocol.parse(ingress.port.protocol)
-    targets = [t.service for t in proxy.service_targets if t.target_port == number]
-    endpoint = parse_default_endpoint(ingress.default_endpoint, proxy)
+    endpoint = None
+    if ingress.default_endpoint:
+        endpoint = parse_default_endpoint(ingress.default_endpoint, proxy)
+        if endpoint is None:
+            return None  # istiod skips the cluster rather than guess
+    # The first service whose target port this is names the cluster's telemetry metadata
+    # (istiod's findOrCreateService; its stand-in for no service carries none).
+    targets = [t.service for t in proxy.service_targets if t.target_port == number][:1]
     return inbound_cluster(proxy, mesh, number, protocol, targets, endpoint=endpoint)
 
 

@@ -31,6 +31,8 @@ from meshpilot.networking.tls import istio_mutual_downstream, tls_transport_sock
 ISTIO_HTTP_ALPNS = ("istio-http/1.0", "istio-http/1.1", "istio-h2")
 ISTIO_TCP_ALPNS = ("istio-peer-exchange", "istio")
 ALL_ISTIO_ALPNS = ("istio", "istio-peer-exchange", *ISTIO_HTTP_ALPNS)
+#: The bootstrap's health and Prometheus listeners, which a wildcard-bound port would clash with.
+_STATIC_LISTENER_PORTS = frozenset({15021, 15090})
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,23 +200,27 @@ def _service_targets(proxy: Proxy) -> list[InboundPort]:
 
 
 def _ingress_ports(proxy: Proxy) -> list[tuple[InboundPort, Any]]:
+    """The Sidecar's ingress listeners as inbound ports, as istiod's buildInboundChainConfigs."""
     scope = proxy.sidecar_scope
     assert scope is not None
+    # Without a bind, a listener takes the proxy's global unicast address, else the wildcard.
     bind_default = _global_unicast(proxy) or WILDCARD
+    # Sidecar ports have no real hostname; telemetry and the route decorator use the Sidecar's name.
+    hostname = f"{scope.name}.{scope.namespace}"
     out = []
+    seen: set[int] = set()
     for ingress in scope.ingress:
         number = ingress.port.number
+        protocol = Protocol.parse(ingress.port.protocol)
+        if number in seen or not _ingress_can_bind(proxy, ingress, protocol):
+            continue
+        seen.add(number)
         bind = ingress.bind or bind_default
-        hostname = f"{scope.name}.{scope.namespace}"
-        for target in proxy.service_targets:
-            if target.target_port == number:
-                hostname = target.service.hostname
-                break
         out.append(
             (
                 InboundPort(
                     port=number,
-                    protocol=Protocol.parse(ingress.port.protocol),
+                    protocol=protocol,
                     cluster=names.inbound_cluster(number),
                     hostname=hostname,
                     service_port=number,
@@ -224,6 +230,15 @@ def _ingress_ports(proxy: Proxy) -> list[tuple[InboundPort, Any]]:
             )
         )
     return out
+
+
+def _ingress_can_bind(proxy: Proxy, ingress: Any, protocol: Protocol) -> bool:
+    """istiod's CanBindToPort: no privileged port for an unprivileged pod, no clash with Envoy's own."""
+    number = ingress.port.number
+    if _ingress_binds_port(proxy, ingress) and number < 1024 and proxy.metadata.unprivileged_pod:
+        return False
+    on_wildcard = ingress.bind == WILDCARD or (not ingress.bind and protocol.is_http)
+    return not (on_wildcard and number in _STATIC_LISTENER_PORTS)
 
 
 def _ingress_binds_port(proxy: Proxy, ingress: Any) -> bool:
