@@ -249,6 +249,15 @@ def test_an_empty_selector_selects_every_workload_before_the_namespace_default()
     assert scope_of(docs).name == "z-empty"
 
 
+def test_gateways_never_take_a_sidecar() -> None:
+    docs = [*base(), pod("gw-1", "shop", "10.1.0.9", {"app": "gw"}), sidecar("default", "shop", ["./*"])]
+    model = build(docs)
+    gateway = model.proxy(f"router~10.1.0.9~gw-1.shop~shop.{SUFFIX}").sidecar_scope
+    assert gateway is not None
+    assert gateway.name == DEFAULT_SCOPE_NAME
+    assert hosts(gateway) == ALL
+
+
 def test_a_root_sidecar_with_a_selector_is_not_the_mesh_default() -> None:
     root = istio(
         "Sidecar",

@@ -19,7 +19,7 @@ from meshpilot.model.destination_rules import DestinationRuleIndex, MergedDestin
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.kind import Kind
 from meshpilot.model.labels import selector_matches
-from meshpilot.model.proxy import Proxy
+from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.service import Registry, Service
 from meshpilot.model.sidecar_scope import SidecarScope, build_scope
 
@@ -266,7 +266,8 @@ class PushContext:
 
     def sidecar_scope(self, proxy: Proxy) -> SidecarScope:
         namespace = proxy.config_namespace
-        sidecar = self.sidecar_for(namespace, proxy.labels)
+        # Gateways and waypoints never take a Sidecar resource (istiod's DefaultSidecarScopeForGateway).
+        sidecar = self.sidecar_for(namespace, proxy.labels) if proxy.type is NodeType.SIDECAR else None
         selected_rules = self.selector_rules_for(namespace, proxy.labels)
         key = (
             namespace,
