@@ -276,3 +276,31 @@ def test_ingress_clusters_by_default_endpoint() -> None:
     assert unix.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.pipe.path == "/var/run/app.sock"
     passthrough = found["inbound|9083||"]
     assert passthrough.type == cluster_pb2.Cluster.ORIGINAL_DST
+
+
+def test_sidecar_connection_pools_limit_inbound_clusters() -> None:
+    pool = {"tcp": {"maxConnections": 7}}
+    model = with_sidecar(
+        {
+            "inboundConnectionPool": pool,
+            "ingress": [
+                ingress(9080, defaultEndpoint="127.0.0.1:8080"),
+                ingress(
+                    9090,
+                    defaultEndpoint="127.0.0.1:8090",
+                    connectionPool={"http": {"http1MaxPendingRequests": 3, "idleTimeout": "5s"}},
+                ),
+            ],
+        }
+    )
+    found = clusters(model, INTERCEPTION_MODE="NONE")
+    whole = found["inbound|9080||"].circuit_breakers.thresholds[0]
+    assert whole.max_connections.value == 7
+    own = found["inbound|9090||"].circuit_breakers.thresholds[0]
+    assert own.max_pending_requests.value == 3, "an ingress listener's own pool wins"
+    assert own.max_connections.value == 2**32 - 1
+    # Without ingress listeners the Sidecar's pool still applies to the service ports.
+    captured = clusters(with_sidecar({"inboundConnectionPool": pool}), INTERCEPTION_MODE="REDIRECT")
+    assert captured["inbound|9080||"].circuit_breakers.thresholds[0].max_connections.value == 7
+    plain = clusters(build(mesh_objects()), INTERCEPTION_MODE="REDIRECT")
+    assert plain["inbound|9080||"].circuit_breakers.thresholds[0].max_connections.value == 2**32 - 1

@@ -173,6 +173,23 @@ class SidecarScope:
     def has_ingress(self) -> bool:
         return bool(self.ingress)
 
+    def inbound_connection_pool(self, port: int) -> Any | None:
+        """The connection pool for inbound traffic to ``port``: its ingress listener's, else the Sidecar's."""
+        if self.config is None:
+            return None
+        for ingress in self.ingress:
+            if ingress.port.number == port and ingress.HasField("connection_pool"):
+                return ingress.connection_pool
+        spec = self.config.spec
+        return spec.inbound_connection_pool if spec.HasField("inbound_connection_pool") else None
+
+    @property
+    def inbound_pool_key(self) -> tuple[str, int] | None:
+        """Identifies the Sidecar's inbound connection pools, for keys of what is built from them."""
+        if self.config is None or not self.config.spec.HasField("inbound_connection_pool"):
+            return None
+        return (str(self.config.key), self.config.spec_hash)
+
 
 # -- selecting what an egress listener imports ---------------------------------------
 

@@ -235,8 +235,13 @@ def inbound_cluster(
     services: list[Service],
     *,
     endpoint: tuple[str, int] | None = None,
+    pool: Any | None = None,
 ) -> Any:
-    """``inbound|port||``: to the app, by original destination or a fixed endpoint."""
+    """``inbound|port||``: to the app, by original destination or a fixed endpoint.
+
+    ``pool`` is the Sidecar's connection pool for the port (istiod's
+    InboundConnectionPoolForPort): its limits protect the app.
+    """
     name = names.inbound_cluster(port)
     cluster = cluster_pb2.Cluster(name=name, alt_stat_name=names.stat_name(name))
     cluster.connect_timeout.CopyFrom(mesh.connect_timeout)
@@ -257,9 +262,10 @@ def inbound_cluster(
     services_meta = [{"host": s.hostname, "name": s.name, "namespace": s.namespace} for s in services]
     if services_meta:
         cluster.metadata.filter_metadata["istio"].update({"services": services_meta})
-    _set_protocol_options(
-        cluster, tp.http_protocol_options_for(protocol.is_http2, protocol is Protocol.UNSUPPORTED)
-    )
+    options = tp.http_protocol_options_for(protocol.is_http2, protocol is Protocol.UNSUPPORTED)
+    if pool is not None:
+        tp.apply_connection_pool(cluster, pool, options)
+    _set_protocol_options(cluster, options)
     return cluster
 
 
@@ -279,7 +285,9 @@ def _inbound_clusters(proxy: Proxy, mesh: Any) -> list[Any]:
         targets = by_port[port]
         services = [t.service for t in targets if t.port.port == targets[0].port.port]
         endpoint = ("127.0.0.1", port) if localhost_mode else None
-        out.append(inbound_cluster(proxy, mesh, port, targets[0].port.protocol, services, endpoint=endpoint))
+        pool = scope.inbound_connection_pool(port) if scope is not None else None
+        protocol = targets[0].port.protocol
+        out.append(inbound_cluster(proxy, mesh, port, protocol, services, endpoint=endpoint, pool=pool))
     return out
 
 
@@ -316,7 +324,9 @@ def _ingress_cluster(proxy: Proxy, mesh: Any, ingress: Any) -> Any | None:
     # The first service whose target port this is names the cluster's telemetry metadata
     # (istiod's findOrCreateService; its stand-in for no service carries none).
     targets = [t.service for t in proxy.service_targets if t.target_port == number][:1]
-    return inbound_cluster(proxy, mesh, number, protocol, targets, endpoint=endpoint)
+    scope = proxy.sidecar_scope
+    pool = scope.inbound_connection_pool(number) if scope is not None else None
+    return inbound_cluster(proxy, mesh, number, protocol, targets, endpoint=endpoint, pool=pool)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,12 +49,12 @@ class ClusterGenerator:
         outbound, seen = push.memoized(
             ("cds-out", id(scope), proxy.capabilities, generation), lambda: self._outbound(ctx)
         )
-        others_key = ("cds-in", proxy.capabilities, proxy.inbound_signature)
+        others_key = ("cds-in", proxy.capabilities, proxy.inbound_signature, scope.inbound_pool_key)
         if scope.has_ingress:
             # Sidecar ingress endpoints come from the scope and may name the proxy's own address.
             others = push.memoized((others_key, id(scope), proxy.ip), lambda: self._others(ctx))
         else:
-            # Without a Sidecar, these read only what the key names (and the mesh).
+            # Without ingress listeners, these read only what the key names (and the mesh).
             others = push.memoized_lasting(others_key, lambda: self._others(ctx))
         if seen.isdisjoint(others.names):
             return ResourceList.joined(outbound, others)
