@@ -105,10 +105,11 @@ def _proxies(model: Model) -> list[Any]:
     ]
 
 
+@pytest.mark.parametrize("selector_rule", [False, True], ids=["", "selector-dr"])
 @pytest.mark.parametrize("source_matching", [False, True], ids=["plain", "source-matching-vs"])
 @pytest.mark.parametrize("type_url", [TypeUrl.CLUSTER, TypeUrl.ENDPOINT, TypeUrl.LISTENER, TypeUrl.ROUTE])
 def test_a_shared_cache_gives_every_proxy_exactly_what_it_would_get_uncached(
-    type_url: TypeUrl, source_matching: bool
+    type_url: TypeUrl, source_matching: bool, selector_rule: bool
 ) -> None:
     """If a cache or memo key missed an input, some proxy would be served another proxy's entry here."""
     docs = [
@@ -135,6 +136,21 @@ def test_a_shared_cache_gives_every_proxy_exactly_what_it_would_get_uncached(
                         },
                         {"route": [{"destination": {"host": "reviews", "subset": "v1"}}]},
                     ],
+                },
+            )
+        )
+    if selector_rule:
+        # Only productpage v2 takes this rule: its v2 subset means other pods than the shared rule's.
+        docs.append(
+            istio(
+                "DestinationRule",
+                "reviews-for-v2",
+                "default",
+                {
+                    "host": "reviews",
+                    "workloadSelector": {"matchLabels": {"version": "v2"}},
+                    "trafficPolicy": {"tls": {"mode": "DISABLE"}},
+                    "subsets": [{"name": "v2", "labels": {"version": "v1"}}],
                 },
             )
         )
@@ -194,6 +210,7 @@ def test_outputs_kept_across_snapshots_follow_their_inputs(type_url: TypeUrl) ->
     productpage = service(
         "productpage", "default", "10.96.0.10", [("grpc", 9080), ("tcp-x", 7777)], {"app": "productpage"}
     )
+    limits = istio("Sidecar", "limits", "default", {"inboundConnectionPool": {"tcp": {"maxConnections": 9}}})
     changes = [
         # The proxy's own service changes protocol and gains a port.
         lambda: model.env.registry.workloads[0].upsert(decode_object(productpage).obj),  # type: ignore[attr-defined]
@@ -203,6 +220,8 @@ def test_outputs_kept_across_snapshots_follow_their_inputs(type_url: TypeUrl) ->
             "mesh",
             apply_mesh_config("inboundTrafficPolicy:\n  mode: LOCALHOST\nprotocolDetectionTimeout: 3s\n"),
         ),
+        # A Sidecar limits inbound connections.
+        lambda: model.env.store.upsert(decode_object(limits).obj),
     ]
     for change in changes:
         change()
