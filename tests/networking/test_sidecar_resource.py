@@ -304,3 +304,15 @@ def test_sidecar_connection_pools_limit_inbound_clusters() -> None:
     assert captured["inbound|9080||"].circuit_breakers.thresholds[0].max_connections.value == 7
     plain = clusters(build(mesh_objects()), INTERCEPTION_MODE="REDIRECT")
     assert plain["inbound|9080||"].circuit_breakers.thresholds[0].max_connections.value == 2**32 - 1
+
+
+def test_egress_proxy_takes_unknown_tcp_traffic() -> None:
+    policy = {"mode": "ALLOW_ANY", "egressProxy": {"host": "egress.example.com", "port": {"number": 8443}}}
+    model = with_sidecar({"egress": [{"hosts": ["./*"]}], "outboundTrafficPolicy": policy})
+    found = listeners(model, INTERCEPTION_MODE="REDIRECT")
+    virtual = found["virtualOutbound"]
+    catch_all = next(c for c in virtual.filter_chains if c.name == "virtualOutbound-catchall-tcp")
+    assert tcp_cluster(catch_all) == "outbound|8443||egress.example.com"
+    http = found["0.0.0.0_9080"]
+    assert http.default_filter_chain.name == "PassthroughFilterChain"
+    assert tcp_cluster(http.default_filter_chain) == "outbound|8443||egress.example.com"

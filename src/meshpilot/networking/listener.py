@@ -247,9 +247,7 @@ class OutboundBuilder:
         return [self._listener(self.entries[key]) for key in sorted(self.entries, key=lambda k: (k[1], k[0]))]
 
     def _passthrough_chain(self) -> Chain:
-        scope = self.proxy.sidecar_scope
-        blocked = scope is not None and scope.outbound_traffic_policy == REGISTRY_ONLY
-        cluster = names.BLACKHOLE_CLUSTER if blocked else names.PASSTHROUGH_CLUSTER
+        cluster = catch_all_cluster(self.proxy)
         return Chain(
             lambda: [tcp_proxy(cluster)],
             listener_components_pb2.FilterChainMatch(),
@@ -304,6 +302,22 @@ def _render(chain: Chain, *, connect_timeout: bool) -> Any:
     return out
 
 
+def catch_all_cluster(proxy: Proxy) -> str:
+    """Where TCP to unknown destinations goes, as istiod's buildOutboundCatchAllNetworkFiltersOnly.
+
+    Nowhere under REGISTRY_ONLY; otherwise out as it came, or to the Sidecar's
+    egressProxy when it names one.
+    """
+    scope = proxy.sidecar_scope
+    if scope is not None and scope.outbound_traffic_policy == REGISTRY_ONLY:
+        return names.BLACKHOLE_CLUSTER
+    egress = scope.egress_proxy if scope is not None else None
+    if egress is None or not egress.host:
+        return names.PASSTHROUGH_CLUSTER
+    port = egress.port.number if egress.HasField("port") else 0
+    return names.outbound_cluster(port, egress.subset, egress.host)
+
+
 def tls_inspector() -> Any:
     return listener_components_pb2.ListenerFilter(
         name="envoy.filters.listener.tls_inspector",
@@ -320,9 +334,7 @@ def http_inspector() -> Any:
 def virtual_outbound(proxy: Proxy, push: PushContext) -> Any:
     """0.0.0.0:15001, where capture sends outbound traffic; dispatches by original destination."""
     port = push.mesh.proxy_listen_port
-    scope = proxy.sidecar_scope
-    blocked = scope is not None and scope.outbound_traffic_policy == REGISTRY_ONLY
-    catchall = names.BLACKHOLE_CLUSTER if blocked else names.PASSTHROUGH_CLUSTER
+    catchall = catch_all_cluster(proxy)
     listener = listener_pb2.Listener(
         name=names.VIRTUAL_OUTBOUND,
         address=address_pb2.Address(
