@@ -170,19 +170,21 @@ def test_outbound_traffic_policy_of_the_mesh_and_of_a_sidecar(mesh, tmp_path, me
     for envoy, ip, mode in [(plain, "127.0.93.11", mesh_mode), (override, "127.0.93.12", other)]:
         # A known host works either way.
         assert call(ip, "reviews") == (200, "reviews-v1")
-        before = passthrough_requests(envoy)
-        status, body = call(ip, "unknown.example.com")
-        if mode == "REGISTRY_ONLY":
-            # The block_all virtual host answers 502 itself; nothing is sent anywhere.
-            assert route_vhosts(envoy, "9080") == {f"{REVIEWS}:9080", "block_all"}
-            assert status == 502 and body == ""
-            assert passthrough_requests(envoy) == before
-        else:
-            assert route_vhosts(envoy, "9080") == {f"{REVIEWS}:9080", "allow_any"}
-            # Passed through: the PassthroughCluster took the request (it has no
-            # original destination on a bound listener, so Envoy answers 503).
-            assert status == 503
-            assert passthrough_requests(envoy) == before + 1
+        # An unknown host, and a known one outside the Sidecar's "./*".
+        for host in ("unknown.example.com", BILLING):
+            before = passthrough_requests(envoy)
+            status, body = call(ip, host)
+            if mode == "REGISTRY_ONLY":
+                # The block_all virtual host answers 502 itself; nothing is sent anywhere.
+                assert route_vhosts(envoy, "9080") == {f"{REVIEWS}:9080", "block_all"}
+                assert (status, body) == (502, "")
+                assert passthrough_requests(envoy) == before
+            else:
+                assert route_vhosts(envoy, "9080") == {f"{REVIEWS}:9080", "allow_any"}
+                # Passed through: the PassthroughCluster took the request (it has no
+                # original destination on a bound listener, so Envoy answers 503).
+                assert status == 503
+                assert passthrough_requests(envoy) == before + 1
         assert envoy.rejected_updates() == {}
 
 
