@@ -316,3 +316,28 @@ def test_egress_proxy_takes_unknown_tcp_traffic() -> None:
     http = found["0.0.0.0_9080"]
     assert http.default_filter_chain.name == "PassthroughFilterChain"
     assert tcp_cluster(http.default_filter_chain) == "outbound|8443||egress.example.com"
+
+
+def test_merged_rules_take_tls_from_a_later_rule_when_the_first_has_no_policy() -> None:
+    ratings = "ratings.other.svc.cluster.local"
+    docs = [
+        *mesh_objects(),
+        istio(
+            "DestinationRule",
+            "a-subsets",
+            "other",
+            {"host": ratings, "subsets": [{"name": "v1", "labels": {"v": "1"}}]},
+        ),
+        istio(
+            "DestinationRule",
+            "b-tls",
+            "other",
+            {"host": ratings, "trafficPolicy": {"tls": {"mode": "DISABLE"}}},
+        ),
+    ]
+    found = clusters(build(docs), INTERCEPTION_MODE="REDIRECT")
+    cluster = found[f"outbound|9080||{ratings}"]
+    assert not cluster.transport_socket_matches, "TLS DISABLE from the second rule: no auto mTLS"
+    assert f"outbound|9080|v1|{ratings}" in found
+    plain = clusters(build(mesh_objects()), INTERCEPTION_MODE="REDIRECT")[f"outbound|9080||{ratings}"]
+    assert plain.transport_socket_matches, "auto mTLS without any rule"

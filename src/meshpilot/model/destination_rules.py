@@ -39,6 +39,7 @@ class MergedDestinationRule:
     selector: Mapping[str, str] | None = None
     #: Stable hash of the contributing configs: part of the cache keys of what reads the rule.
     fingerprint: int = field(init=False, compare=False, repr=False)
+    _spec: Any = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         parts = tuple((str(c.key), c.spec_hash) for c in self.configs)
@@ -71,6 +72,27 @@ class MergedDestinationRule:
     @property
     def first(self) -> Config:
         return self.configs[0]
+
+    @property
+    def spec(self) -> Any:
+        """The merged DestinationRule as istiod holds it.
+
+        The first rule, with the later rules' new subsets appended and the
+        first traffic policy among them if the first rule has none.
+        """
+        if self._spec is None:
+            if len(self.configs) == 1:
+                merged = self.configs[0].spec
+            else:
+                merged = type(self.configs[0].spec)()
+                merged.CopyFrom(self.configs[0].spec)
+                del merged.subsets[:]
+                merged.subsets.extend(self.subsets)
+                policy = self.traffic_policy
+                if policy is not None and not merged.HasField("traffic_policy"):
+                    merged.traffic_policy.CopyFrom(policy)
+            object.__setattr__(self, "_spec", merged)
+        return self._spec
 
     @property
     def namespace(self) -> str:

@@ -123,7 +123,7 @@ def build_outbound_cluster(
         cluster.dns_lookup_family = _dns_family(proxy)
         cluster.respect_dns_ttl = True
         cluster.dns_refresh_rate.CopyFrom(mesh.dns_refresh_rate)
-        tls_mode = eds.destination_tls_mode(rule.first.spec if rule else None, subset, port.port)
+        tls_mode = eds.destination_tls_mode(rule.spec if rule else None, subset, port.port)
         cluster.load_assignment.CopyFrom(
             eds.load_assignment(name, eds.locality_groups(endpoints, tls_mode=tls_mode))
         )

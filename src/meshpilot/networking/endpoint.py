@@ -171,7 +171,7 @@ def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
         if found is None:
             return None
         subset_labels = dict(found.labels)
-    mode = destination_tls_mode(rule.first.spec if rule else None, subset, port_number)
+    mode = destination_tls_mode(rule.spec if rule else None, subset, port_number)
     rule_keys = tuple(c.key for c in rule.configs) if rule is not None else ()
     return ClaInputs(svc, port.name, subset_labels, wire.NO_TLS_MODE if mode is None else mode, rule_keys)
 
