@@ -19,11 +19,14 @@ def export_set(export_to: Iterable[str], default: Iterable[str]) -> frozenset[st
 
     A mesh default is honoured only for ``.`` and ``*`` (private wins): any
     other default value exports to nobody, as istiod files such objects nowhere.
+    An unset (empty) default is public.
     """
     values = frozenset(export_to)
     if values:
         return values
     defaults = frozenset(default)
+    if not defaults:
+        return frozenset({PUBLIC})
     if PRIVATE in defaults:
         return frozenset({PRIVATE})
     if PUBLIC in defaults:
