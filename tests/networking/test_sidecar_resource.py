@@ -341,3 +341,21 @@ def test_merged_rules_take_tls_from_a_later_rule_when_the_first_has_no_policy() 
     assert f"outbound|9080|v1|{ratings}" in found
     plain = clusters(build(mesh_objects()), INTERCEPTION_MODE="REDIRECT")[f"outbound|9080||{ratings}"]
     assert plain.transport_socket_matches, "auto mTLS without any rule"
+
+
+def test_egress_proxy_takes_unknown_http_traffic_on_the_allow_any_host() -> None:
+    from meshpilot.networking.route import build_route_configuration, encode_route_configuration
+
+    policy = {"mode": "ALLOW_ANY", "egressProxy": {"host": "egress.example.com", "port": {"number": 8443}}}
+    model = with_sidecar({"egress": [{"hosts": ["./*"]}], "outboundTrafficPolicy": policy})
+    proxy = model.proxy(CLIENT, {"INTERCEPTION_MODE": "REDIRECT"})
+    config = build_route_configuration(proxy, model.push, "9080")
+    catch_all = config.virtual_hosts[-1]
+    assert catch_all.name == "allow_any"
+    assert catch_all.routes[0].route.cluster == "outbound|8443||egress.example.com"
+    encoded = type(config).FromString(encode_route_configuration(proxy, model.push, "9080"))
+    assert encoded == config
+    # Without an egressProxy the same host passes traffic through.
+    plain = with_sidecar({"egress": [{"hosts": ["./*"]}], "outboundTrafficPolicy": {"mode": "ALLOW_ANY"}})
+    plain_config = build_route_configuration(plain.proxy(CLIENT), plain.push, "9080")
+    assert plain_config.virtual_hosts[-1].routes[0].route.cluster == "PassthroughCluster"

@@ -28,6 +28,7 @@ from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking import names, vhosts, vhosts_py
 from meshpilot.networking.http_routes import (
     LookupHash,
+    destination_cluster,
     destination_consistent_hash,
     hash_policy,
     retry_policy,
@@ -61,7 +62,27 @@ def default_route(cluster: str, operation: str, mesh: Any) -> Any:
     return route
 
 
-def catch_all_virtual_host(proxy: Proxy) -> Any:
+def _catch_all_cluster(proxy: Proxy, port: int) -> str:
+    """PassthroughCluster, or the Sidecar's egressProxy as a route destination on ``port``."""
+    scope = proxy.sidecar_scope
+    egress = scope.egress_proxy if scope is not None else None
+    if scope is None or egress is None or not egress.host:
+        return names.PASSTHROUGH_CLUSTER
+    return destination_cluster(egress, scope.service(egress.host), port)
+
+
+def _catch_all_key(proxy: Proxy, port: int) -> tuple[object, bytes, int] | None:
+    """What the catch-all host depends on: the outbound policy and, when set, the egressProxy."""
+    scope = proxy.sidecar_scope
+    if scope is None:
+        return None
+    egress = scope.egress_proxy
+    if egress is None or not egress.host:
+        return (scope.outbound_traffic_policy, b"", 0)
+    return (scope.outbound_traffic_policy, egress.SerializeToString(deterministic=True), port)
+
+
+def catch_all_virtual_host(proxy: Proxy, port: int = 0) -> Any:
     scope = proxy.sidecar_scope
     if scope is not None and scope.outbound_traffic_policy == REGISTRY_ONLY:
         route = rc.Route(name=names.BLOCK_ALL_VHOST, match=rc.RouteMatch(prefix="/"))
@@ -70,7 +91,7 @@ def catch_all_virtual_host(proxy: Proxy) -> Any:
             name=names.BLOCK_ALL_VHOST, domains=["*"], routes=[route], include_request_attempt_count=True
         )
     route = rc.Route(name=names.ALLOW_ANY_VHOST, match=rc.RouteMatch(prefix="/"))
-    route.route.cluster = names.PASSTHROUGH_CLUSTER
+    route.route.cluster = _catch_all_cluster(proxy, port)
     route.route.timeout.CopyFrom(duration(0))
     route.route.max_grpc_timeout.CopyFrom(duration(0))
     return rc.VirtualHost(
@@ -144,7 +165,13 @@ def route_cache_parts(scope: SidecarScope, name: str, domain_suffix: str) -> Rou
             hashed.append(rule.fingerprint)
             dependencies.update(c.key for c in rule.configs)
         fingerprint = hash_value(
-            ([s.fingerprint for s in services], vs_parts, scope.outbound_traffic_policy, hashed)
+            (
+                [s.fingerprint for s in services],
+                vs_parts,
+                scope.outbound_traffic_policy,
+                scope.egress_proxy.SerializeToString(deterministic=True) if scope.egress_proxy else b"",
+                hashed,
+            )
         )
         parts = RouteCacheParts(fingerprint, frozenset(dependencies), source_sensitive)
     scope.memo[memo_key] = parts
@@ -328,7 +355,7 @@ def build_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any
         out.virtual_hosts.extend(sorted(chosen, key=lambda v: v.name))
         return out
     out.virtual_hosts.extend(sorted(vhosts, key=lambda v: v.name))
-    out.virtual_hosts.append(catch_all_virtual_host(proxy))
+    out.virtual_hosts.append(catch_all_virtual_host(proxy, port))
     return out
 
 
@@ -364,8 +391,8 @@ def encode_route_configuration(proxy: Proxy, push: PushContext, name: str) -> by
     encoded.sort(key=_by_name)
     header = push.memoized(("route-header", name), lambda: _serialize(_route_header(name)))
     catch_all = push.memoized(
-        ("route-catch-all", proxy.sidecar_scope.outbound_traffic_policy if proxy.sidecar_scope else None),
-        lambda: _serialize(catch_all_virtual_host(proxy)),
+        ("route-catch-all", _catch_all_key(proxy, port)),
+        lambda: _serialize(catch_all_virtual_host(proxy, port)),
     )
     return vhosts.route_configuration(header, [body for _, body in encoded], catch_all)
 
