@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from envoy.config.core.v3 import protocol_pb2
@@ -26,8 +28,38 @@ HCM = "envoy.filters.network.http_connection_manager"
 TCP_PROXY = "envoy.filters.network.tcp_proxy"
 
 
-def tcp_proxy(cluster: str, stat_prefix: str | None = None) -> Any:
-    config = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix or cluster, cluster=cluster)
+@dataclass(frozen=True, slots=True)
+class TcpProxyOptions:
+    """tcp_proxy settings a DestinationRule's connection pool and load balancer give."""
+
+    #: Durations as the DestinationRule holds them (google.protobuf.Duration), or None.
+    idle_timeout: Any | None = None
+    max_connection_duration: Any | None = None
+    #: consistentHash.useSourceIp: the same client keeps its upstream among weighted clusters.
+    hash_source_ip: bool = False
+
+
+def tcp_proxy(
+    cluster: str,
+    stat_prefix: str | None = None,
+    *,
+    weighted: Sequence[tuple[str, int]] = (),
+    options: TcpProxyOptions | None = None,
+) -> Any:
+    """A tcp_proxy to one cluster, or to ``weighted`` (cluster, weight) pairs when given."""
+    config = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix or cluster)
+    if weighted:
+        for name, weight in weighted:
+            config.weighted_clusters.clusters.add(name=name, weight=weight)
+    else:
+        config.cluster = cluster
+    if options is not None:
+        if options.idle_timeout is not None:
+            config.idle_timeout.CopyFrom(options.idle_timeout)
+        if options.max_connection_duration is not None:
+            config.max_downstream_connection_duration.CopyFrom(options.max_connection_duration)
+        if options.hash_source_ip:
+            config.hash_policy.add().source_ip.SetInParent()
     return listener_components_pb2.Filter(name=TCP_PROXY, typed_config=pack(config))
 
 

@@ -9,8 +9,7 @@ and a TCP service on one address become a sniffed listener holding both.
 from __future__ import annotations
 
 import enum
-import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +22,20 @@ from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.mesh import REGISTRY_ONLY
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import InterceptionMode, Proxy
-from meshpilot.model.push_context import PushContext
+from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.model.service import Port, Resolution, Service
 from meshpilot.model.sidecar_scope import CAPTURE_NONE, EgressListener
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import names
 from meshpilot.networking.filters import http_connection_manager, tcp_proxy
 from meshpilot.networking.protobuf import boolean, duration, pack, uint32
+from meshpilot.networking.tcp_routes import (
+    RouteChain,
+    RouteContext,
+    filter_chain_match,
+    match_conflict_key,
+    service_chains,
+)
 
 WILDCARD = "0.0.0.0"
 LOCALHOST = "127.0.0.1"
@@ -62,13 +68,16 @@ class Chain:
     name: str = ""
     http: bool = False
     transport_socket: Any | None = None
+    #: Filter chain metadata (the VirtualService a route chain came from).
+    metadata: Any | None = None
 
     @property
     def match_all(self) -> bool:
         return self.match is None or not self.match.ByteSize()
 
-    def match_key(self) -> bytes:
-        return b"" if self.match is None else self.match.SerializeToString(deterministic=True)
+    def match_key(self) -> tuple[object, ...]:
+        """Equal for chains Envoy cannot tell apart (the second would be rejected)."""
+        return match_conflict_key(self.match)
 
 
 @dataclass(slots=True)
@@ -95,18 +104,8 @@ def _http_chain(proxy: Proxy, bind: str, port: int, rds: str, *, alpn: bool) -> 
     return Chain(build, match, http=True)
 
 
-def _tcp_chain(cluster: str, match: Any | None = None) -> Chain:
-    return Chain(lambda: [tcp_proxy(cluster)], match)
-
-
-def _tcp_match(address: str) -> Any | None:
-    """A prefix_ranges match for a CIDR-addressed ServiceEntry; None for plain addresses."""
-    if "/" not in address:
-        return None
-    net = ipaddress.ip_network(address, strict=False)
-    match = listener_components_pb2.FilterChainMatch()
-    match.prefix_ranges.add(address_prefix=str(net.network_address), prefix_len=uint32(net.prefixlen))
-    return match
+def _route_chain(route: RouteChain) -> Chain:
+    return Chain(route.build, filter_chain_match(route.sni_hosts, route.cidrs), metadata=route.metadata)
 
 
 class OutboundBuilder:
@@ -135,7 +134,14 @@ class OutboundBuilder:
                 listen_port = egress.port.number if egress.port is not None else port.port
                 protocol = override or port.protocol
                 self._add_service_port(
-                    svc, port, listen_port, protocol, bind, bind_to_port, egress.port is None
+                    svc,
+                    port,
+                    listen_port,
+                    protocol,
+                    bind,
+                    bind_to_port,
+                    egress.port is None,
+                    egress.virtual_services,
                 )
 
     def lock_all(self) -> None:
@@ -152,20 +158,22 @@ class OutboundBuilder:
         bind: str,
         bind_to_port: bool,
         catch_all: bool,
+        virtual_services: Sequence[VirtualServiceEntry],
     ) -> None:
         kind = listener_protocol(protocol)
-        cluster = names.outbound_cluster(port.port, "", svc.hostname)
+        targets: list[tuple[str, tuple[str, ...]]]
         if bind:
-            targets = [(bind, None)]
+            targets = [(bind, ())]
         elif kind is ListenerProtocol.HTTP:
-            targets = [(WILDCARD, None)]
+            targets = [(WILDCARD, ())]
         elif svc.is_headless:
-            targets = [(ip, None) for ip in self._headless_addresses(svc, port)]
+            targets = [(ip, ()) for ip in self._headless_addresses(svc, port)]
         elif svc.addresses:
-            targets = [(WILDCARD, _tcp_match(a)) if "/" in a else (a, None) for a in svc.addresses]
+            # A CIDR cannot be bound: it listens on the wildcard and matches the destination range.
+            targets = [(WILDCARD, (a,)) if "/" in a else (a, ()) for a in svc.addresses]
         else:
-            targets = [(WILDCARD, None)]
-        for address, match in targets:
+            targets = [(WILDCARD, ())]
+        for address, cidrs in targets:
             if not self._can_bind(address, listen_port, bind_to_port):
                 continue
             key = (address, listen_port)
@@ -173,7 +181,9 @@ class OutboundBuilder:
             if existing is not None and existing.locked and catch_all:
                 continue
             wildcard = address == WILDCARD and not bind_to_port
-            chains = self._chains(kind, svc, listen_port, address, cluster, match, wildcard)
+            chains = self._chains(
+                kind, svc, protocol, listen_port, address, cidrs, wildcard, virtual_services
+            )
             if existing is None:
                 self.entries[key] = Entry(address, listen_port, bind_to_port, kind, chains)
             else:
@@ -183,20 +193,24 @@ class OutboundBuilder:
         self,
         kind: ListenerProtocol,
         svc: Service,
+        protocol: Protocol,
         port: int,
         address: str,
-        cluster: str,
-        match: Any | None,
+        cidrs: tuple[str, ...],
         wildcard: bool,
+        virtual_services: Sequence[VirtualServiceEntry],
     ) -> list[Chain]:
         if kind is ListenerProtocol.HTTP:
             # On the wildcard address an HTTP chain is chosen by ALPN so other
             # traffic to the port still passes through.
             return [_http_chain(self.proxy, address, port, str(port), alpn=wildcard)]
+        ctx = RouteContext(self.proxy, self.push, port)
+        routes = service_chains(ctx, svc, protocol, address, cidrs, virtual_services)
+        tcp = [_route_chain(r) for r in routes]
         if kind is ListenerProtocol.TCP:
-            return [_tcp_chain(cluster, match)]
+            return tcp
         rds = str(port) if address == WILDCARD else f"{svc.hostname}:{port}"
-        return [_tcp_chain(cluster, match), _http_chain(self.proxy, address, port, rds, alpn=True)]
+        return [*tcp, _http_chain(self.proxy, address, port, rds, alpn=True)]
 
     def _merge(self, entry: Entry, kind: ListenerProtocol, chains: list[Chain]) -> None:
         if entry.protocol is ListenerProtocol.HTTP and kind is ListenerProtocol.HTTP:
@@ -211,7 +225,9 @@ class OutboundBuilder:
                 continue
             if chain.match_key() in existing:
                 continue  # a second service on the same address and port: the first wins
-            entry.chains.insert(0, chain)
+            # TCP chains keep their order, ahead of a sniffed HTTP chain.
+            http_at = next((i for i, c in enumerate(entry.chains) if c.http), len(entry.chains))
+            entry.chains.insert(http_at, chain)
             existing.add(chain.match_key())
         if any(c.http for c in entry.chains) and any(not c.http for c in entry.chains):
             entry.protocol = ListenerProtocol.AUTO
@@ -223,7 +239,7 @@ class OutboundBuilder:
         match = listener_components_pb2.FilterChainMatch(
             application_protocols=list(HTTP_ALPNS), transport_protocol="raw_buffer"
         )
-        return Chain(chain.build, match, chain.name, chain.http)
+        return Chain(chain.build, match, chain.name, chain.http, metadata=chain.metadata)
 
     def _headless_addresses(self, svc: Service, port: Port) -> list[str]:
         """Each endpoint of a headless service gets its own listener, except the proxy itself."""
@@ -297,6 +313,8 @@ def _render(chain: Chain, *, connect_timeout: bool) -> Any:
         out.filter_chain_match.CopyFrom(chain.match)
     if chain.transport_socket is not None:
         out.transport_socket.CopyFrom(chain.transport_socket)
+    if chain.metadata is not None:
+        out.metadata.CopyFrom(chain.metadata)
     if connect_timeout:
         out.transport_socket_connect_timeout.CopyFrom(duration(15))
     return out

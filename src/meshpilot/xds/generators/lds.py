@@ -13,6 +13,7 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.listener import build_outbound_listeners
 from meshpilot.networking.listener_inbound import build_inbound_listeners
+from meshpilot.networking.tcp_routes import source_label_key
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
 from meshpilot.xds.types import TypeUrl
@@ -37,7 +38,7 @@ class ListenerGenerator:
         # Headless services get a listener per endpoint, except the proxy's own address.
         headless = (proxy.ip_addresses, ctx.index.generation) if scope.has_headless else None
         outbound = push.memoized(
-            ("lds-out", id(scope), proxy.capabilities, headless),
+            ("lds-out", id(scope), proxy.capabilities, headless, source_label_key(proxy)),
             lambda: ResourceList(
                 Resource.of(li.name, li) for li in build_outbound_listeners(proxy, push, ctx.index)
             ),
