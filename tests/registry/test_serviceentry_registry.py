@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from support.kube import istio
+from support.kube import pod as kube_pod
 from support.updater import Updater
 
 from meshpilot.config.decode import decode_object
@@ -13,6 +14,7 @@ from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.service import Registry, Resolution
+from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
 
 
@@ -106,3 +108,80 @@ def test_workload_entries_follow_the_selector() -> None:
     assert updater.endpoints["vm.default.svc.cluster.local"] == []
     store.delete(ConfigKey(Kind.SERVICE_ENTRY, "vm", "default"))
     assert updater.services[-1] == ("vm.default.svc.cluster.local", True)
+
+
+def _selecting_entry(resolution: str = "STATIC") -> dict[str, Any]:
+    return istio(
+        "ServiceEntry",
+        "vm",
+        "default",
+        {
+            "hosts": ["vm.example.com"],
+            "location": "MESH_INTERNAL",
+            "ports": [{"number": 80, "name": "http", "protocol": "HTTP", "targetPort": 8080}],
+            "resolution": resolution,
+            "workloadSelector": {"labels": {"app": "vm"}},
+        },
+    )
+
+
+def test_the_selector_picks_pods_too_in_either_order() -> None:
+    store, updater = ConfigStore(), Updater()
+    kube = KubeRegistry(updater)
+    ServiceEntryRegistry(store, updater, pods=kube)
+    early = kube_pod("early", "default", "10.4.0.1", {"app": "vm"}, service_account="vm")
+    early["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": 9090}]
+    kube.upsert(decode_object(early).obj)
+    kube.upsert(decode_object(kube_pod("stranger", "default", "10.4.0.9", {"app": "x"})).obj)
+    add(store, _selecting_entry())
+    endpoints = updater.endpoints["vm.example.com"]
+    # The Pod's named container port wins over the ServiceEntry's targetPort.
+    assert [(e.address, e.port, e.service_account) for e in endpoints] == [
+        ("10.4.0.1", 9090, "spiffe://cluster.local/ns/default/sa/vm")
+    ]
+    kube.upsert(decode_object(kube_pod("late", "default", "10.4.0.2", {"app": "vm"})).obj)
+    add(store, istio("WorkloadEntry", "we-1", "default", {"address": "10.3.0.1", "labels": {"app": "vm"}}))
+    # Pods first, then WorkloadEntries, each by name (istiod's order).
+    assert [(e.address, e.port) for e in updater.endpoints["vm.example.com"]] == [
+        ("10.4.0.1", 9090),
+        ("10.4.0.2", 8080),
+        ("10.3.0.1", 8080),
+    ]
+    kube.remove(Kind.POD, "default", "early")
+    assert [e.address for e in updater.endpoints["vm.example.com"]] == ["10.4.0.2", "10.3.0.1"]
+    relabelled = kube_pod("late", "default", "10.4.0.2", {"app": "other"})
+    kube.upsert(decode_object(relabelled).obj)
+    assert [e.address for e in updater.endpoints["vm.example.com"]] == ["10.3.0.1"]
+
+
+def test_workload_entry_metadata_labels_count_and_win() -> None:
+    store, updater = ConfigStore(), Updater()
+    ServiceEntryRegistry(store, updater)
+    add(store, _selecting_entry())
+    entry = istio("WorkloadEntry", "we-1", "default", {"address": "10.3.0.1", "labels": {"app": "nope"}})
+    entry["metadata"]["labels"] = {"app": "vm", "version": "v1"}
+    add(store, entry)
+    [endpoint] = updater.endpoints["vm.example.com"]
+    assert endpoint.labels["app"] == "vm" and endpoint.labels["version"] == "v1"
+
+
+def test_workloads_addressed_by_name_back_only_dns_entries() -> None:
+    for resolution, expected in (("STATIC", []), ("DNS", ["vm-1.example.com"])):
+        store, updater = ConfigStore(), Updater()
+        ServiceEntryRegistry(store, updater)
+        add(store, _selecting_entry(resolution))
+        add(
+            store,
+            istio(
+                "WorkloadEntry", "vm-1", "default", {"address": "vm-1.example.com", "labels": {"app": "vm"}}
+            ),
+        )
+        assert [e.address for e in updater.endpoints["vm.example.com"]] == expected, resolution
+
+
+def test_services_are_named_after_their_hosts() -> None:
+    store, updater = ConfigStore(), Updater()
+    registry = ServiceEntryRegistry(store, updater)
+    add(store, _selecting_entry())
+    [svc] = registry.services()
+    assert (svc.name, svc.namespace) == ("vm.example.com", "default")

@@ -66,7 +66,7 @@ def build(docs: Iterable[Mapping[str, Any]], mesh_yaml: str | None = None) -> Mo
     index = EndpointIndex()
     updater = _IndexUpdater(index)
     kube = KubeRegistry(updater)
-    entries = ServiceEntryRegistry(store, updater)
+    entries = ServiceEntryRegistry(store, updater, pods=kube)
     mesh = apply_mesh_config(mesh_yaml) if mesh_yaml else default_mesh_config()
     env = MeshEnvironment(store=store, registry=AggregateRegistry([kube], [entries]), index=index, mesh=mesh)
     for doc in docs:

@@ -129,7 +129,7 @@ def build_outbound_cluster(
         )
     elif cluster_type == cluster_pb2.Cluster.ORIGINAL_DST and _passthrough_target_port(svc, port):
         # A ServiceEntry with resolution NONE may send to another port than the one called.
-        override = cluster.lb_config.original_dst_lb_config.upstream_port_override
+        override = cluster.original_dst_lb_config.upstream_port_override
         override.value = _passthrough_target_port(svc, port)
     http_options = _upstream_options(port)
     tp.apply_connection_pool(cluster, policy.connection_pool, http_options)
@@ -144,7 +144,12 @@ def build_outbound_cluster(
 
 
 def _passthrough_target_port(svc: Service, port: Port) -> int:
-    if svc.registry is Registry.EXTERNAL and isinstance(port.target_port, int):
+    """The targetPort of a resolution NONE ServiceEntry port (istiod's PassthroughTargetPorts), else 0.
+
+    Other resolutions keep their targetPort on the endpoints, not the cluster.
+    """
+    passthrough = svc.registry is Registry.EXTERNAL and svc.resolution is Resolution.PASSTHROUGH
+    if passthrough and isinstance(port.target_port, int):
         return port.target_port
     return 0
 

@@ -124,7 +124,11 @@ class DiscoveryApp:
             trust_domain=trust_domain,
         )
         self.service_entries = ServiceEntryRegistry(
-            self.store, self.server, cluster_id=settings.cluster_id, trust_domain=trust_domain
+            self.store,
+            self.server,
+            cluster_id=settings.cluster_id,
+            trust_domain=trust_domain,
+            pods=self.kube,
         )
         self.registry.workloads.append(self.kube)
         self.registry.others.append(self.service_entries)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -80,6 +80,9 @@ class KubeRegistry:
         self._batch_depth = 0
         self._pending: set[tuple[str, str]] = set()
         self._targets: dict[tuple[str, str], tuple[KubePod, int, list[ServiceTarget]]] = {}
+        self._pods_by_ns: dict[str, dict[str, KubePod]] = defaultdict(dict)
+        #: Told of every Pod change (ServiceEntries select Pods too, istiod's workload handlers).
+        self._pod_handlers: list[Callable[[KubePod | None, KubePod | None], None]] = []
 
     # -- ObjectSink ------------------------------------------------------------
 
@@ -107,7 +110,9 @@ class KubeRegistry:
         elif kind is Kind.POD:
             self._targets.pop((namespace, name), None)
             pod = self._pods.pop((namespace, name), None)
+            self._pods_by_ns[namespace].pop(name, None)
             if pod is not None:
+                self._notify_pod(pod, None)
                 for ip in pod.pod_ips:
                     if self._pods_by_ip.get(ip) is pod:
                         del self._pods_by_ip[ip]
@@ -117,6 +122,23 @@ class KubeRegistry:
                 self._refresh_services(set(self._by_node.get(name, ())))
         elif kind is Kind.NAMESPACE:
             self._namespaces.pop(name, None)
+
+    # -- Pods for other registries ----------------------------------------------------
+
+    def add_pod_handler(self, handler: Callable[[KubePod | None, KubePod | None], None]) -> None:
+        self._pod_handlers.append(handler)
+
+    def pods_in(self, namespace: str) -> list[KubePod]:
+        return list(self._pods_by_ns.get(namespace, {}).values())
+
+    def pod_workload_locality(self, pod: KubePod) -> str:
+        return pod_locality(pod, self._nodes.get(pod.node_name))
+
+    def _notify_pod(self, old: KubePod | None, new: KubePod | None) -> None:
+        if old is not None and new is not None and old == new:
+            return
+        for handler in self._pod_handlers:
+            handler(old, new)
 
     # -- queries -------------------------------------------------------------------
 
@@ -222,6 +244,7 @@ class KubeRegistry:
         key = (pod.meta.namespace, pod.meta.name)
         old = self._pods.get(key)
         self._pods[key] = pod
+        self._pods_by_ns[pod.meta.namespace][pod.meta.name] = pod
         if old is not None:
             for ip in old.pod_ips:
                 if self._pods_by_ip.get(ip) is old:
@@ -230,6 +253,7 @@ class KubeRegistry:
             for ip in pod.pod_ips:
                 self._pods_by_ip[ip] = pod
         self._refresh_services(self._services_of_pod(pod) | (self._services_of_pod(old) if old else set()))
+        self._notify_pod(old, pod)
         if old is not None and old.meta.labels != pod.meta.labels:
             for ip in pod.pod_ips:
                 self._updater.proxy_update(self.cluster_id, ip)

@@ -1,10 +1,12 @@
-"""The ServiceEntry registry: services from ServiceEntries, endpoints from them and WorkloadEntries."""
+"""The ServiceEntry registry: services from ServiceEntries, endpoints from them, WorkloadEntries and Pods."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from meshpilot.config.core_objects import KubePod
 from meshpilot.config.store import ConfigEvent, ConfigStore
 from meshpilot.model import labels as wk
 from meshpilot.model.config import Config
@@ -13,15 +15,42 @@ from meshpilot.model.endpoint_index import ShardKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.service import Service
 from meshpilot.model.xds_updater import XdsUpdater
-from meshpilot.registry.serviceentry.conversion import convert_services, inline_endpoints, workload_endpoints
+from meshpilot.registry.serviceentry.conversion import (
+    convert_services,
+    dns_only_address,
+    inline_endpoints,
+    pod_endpoints,
+    pod_selectable,
+    selects_dns_only,
+    workload_endpoints,
+    workload_entry_labels,
+)
 
 log = logging.getLogger(__name__)
 
 PROVIDER = "External"
 
+#: Called with a Pod's old and new version (None when added or removed).
+PodHandler = Callable[[KubePod | None, KubePod | None], None]
+
+
+class PodSource(Protocol):
+    """Pods a ServiceEntry's workloadSelector may pick (the Kubernetes registry)."""
+
+    def pods_in(self, namespace: str) -> list[KubePod]: ...
+
+    def pod_workload_locality(self, pod: KubePod) -> str: ...
+
+    def add_pod_handler(self, handler: PodHandler) -> None: ...
+
+
+def _selector(se: Config) -> dict[str, str] | None:
+    spec: Any = se.spec
+    return dict(spec.workload_selector.labels) if spec.HasField("workload_selector") else None
+
 
 class ServiceEntryRegistry:
-    """Follows ServiceEntry and WorkloadEntry events of a ConfigStore."""
+    """Follows ServiceEntry and WorkloadEntry events of a ConfigStore, and Pod events of ``pods``."""
 
     def __init__(
         self,
@@ -30,16 +59,22 @@ class ServiceEntryRegistry:
         *,
         cluster_id: str = "Kubernetes",
         trust_domain: str = "cluster.local",
+        pods: PodSource | None = None,
     ) -> None:
         self._store = store
         self._updater = updater
+        self._pods = pods
         self.cluster_id = cluster_id
         self.trust_domain = trust_domain
         self.shard = ShardKey(cluster_id, PROVIDER)
         #: (hostname, namespace) -> service; the oldest ServiceEntry defining the host wins.
         self._services: dict[tuple[str, str], Service] = {}
+        #: Namespaces with a ServiceEntry that has a workloadSelector: other Pods concern no one here.
+        self._selecting_namespaces: set[str] = set()
         store.add_handler(self._on_service_entry, Kind.SERVICE_ENTRY)
         store.add_handler(self._on_workload_entry, Kind.WORKLOAD_ENTRY)
+        if pods is not None:
+            pods.add_pod_handler(self._on_pod)
 
     def services(self) -> list[Service]:
         return list(self._services.values())
@@ -49,19 +84,30 @@ class ServiceEntryRegistry:
         for config in (event.old, event.new):
             if config is not None:
                 keys.update((host, config.namespace) for host in config.spec.hosts)
+        namespace = event.config.namespace
+        if any(_selector(se) is not None for se in self._store.configs(Kind.SERVICE_ENTRY, namespace)):
+            self._selecting_namespaces.add(namespace)
+        else:
+            self._selecting_namespaces.discard(namespace)
         self._refresh(keys)
 
     def _on_workload_entry(self, event: ConfigEvent) -> None:
-        namespace = event.config.namespace
+        labels = [workload_entry_labels(we) for we in (event.old, event.new) if we is not None]
+        self._refresh(self._selecting(event.config.namespace, labels))
+
+    def _on_pod(self, old: KubePod | None, new: KubePod | None) -> None:
+        pods = [p for p in (old, new) if p is not None]
+        if pods and pods[0].meta.namespace in self._selecting_namespaces:
+            self._refresh(self._selecting(pods[0].meta.namespace, [p.meta.labels for p in pods]))
+
+    def _selecting(self, namespace: str, label_sets: list[dict[str, str]]) -> set[tuple[str, str]]:
+        """Hosts of the ServiceEntries in ``namespace`` whose workloadSelector matches any label set."""
         keys: set[tuple[str, str]] = set()
         for se in self._store.configs(Kind.SERVICE_ENTRY, namespace):
-            selector = se.spec.workload_selector.labels if se.spec.HasField("workload_selector") else None
-            if selector is None:
-                continue
-            for we in (event.old, event.new):
-                if we is not None and wk.selector_matches(selector, we.spec.labels):
-                    keys.update((host, namespace) for host in se.spec.hosts)
-        self._refresh(keys)
+            selector = _selector(se)
+            if selector is not None and any(wk.selector_matches(selector, labels) for labels in label_sets):
+                keys.update((host, namespace) for host in se.spec.hosts)
+        return keys
 
     def _refresh(self, keys: set[tuple[str, str]]) -> None:
         for hostname, namespace in sorted(keys):
@@ -84,20 +130,46 @@ class ServiceEntryRegistry:
             self._updater.eds_update(self.shard, hostname, namespace, endpoints)
 
     def _endpoints(self, se: Config, service: Service) -> list[Endpoint]:
-        out = inline_endpoints(se, service, cluster_id=self.cluster_id, trust_domain=self.trust_domain)
+        """Inline endpoints, or those of the WorkloadEntries and Pods the selector picks.
+
+        As in istiod, a selector replaces inline endpoints, and workloads addressed
+        by name or unix socket back only DNS ServiceEntries.
+        """
+        selector = _selector(se)
+        if selector is None:
+            return inline_endpoints(se, service, cluster_id=self.cluster_id, trust_domain=self.trust_domain)
         spec: Any = se.spec
-        if spec.HasField("workload_selector"):
-            selector = dict(spec.workload_selector.labels)
-            for we in self._store.configs(Kind.WORKLOAD_ENTRY, se.namespace):
-                if wk.selector_matches(selector, we.spec.labels):
+        ports = list(spec.ports)
+        dns = selects_dns_only(service)
+        out: list[Endpoint] = []
+        # Pods before WorkloadEntries, each by name: istiod's order of selected workloads.
+        if self._pods is not None:
+            for pod in sorted(self._pods.pods_in(se.namespace), key=lambda p: p.meta.name):
+                if pod_selectable(pod) and wk.selector_matches(selector, pod.meta.labels):
                     out.extend(
-                        workload_endpoints(
-                            we.spec,
-                            namespace=we.namespace,
-                            name=we.name,
-                            service_ports=list(spec.ports),
+                        pod_endpoints(
+                            pod,
+                            locality=self._pods.pod_workload_locality(pod),
+                            service_ports=ports,
                             cluster_id=self.cluster_id,
                             trust_domain=self.trust_domain,
                         )
                     )
+        for we in sorted(self._store.configs(Kind.WORKLOAD_ENTRY, se.namespace), key=lambda c: c.name):
+            labels = workload_entry_labels(we)
+            if not wk.selector_matches(selector, labels):
+                continue
+            if dns_only_address(we.spec.address) and not dns:
+                continue
+            out.extend(
+                workload_endpoints(
+                    we.spec,
+                    namespace=we.namespace,
+                    name=we.name,
+                    service_ports=ports,
+                    cluster_id=self.cluster_id,
+                    trust_domain=self.trust_domain,
+                    labels=labels,
+                )
+            )
         return out
