@@ -11,6 +11,7 @@ from support.backends import Backend, TcpBackend
 from support.certs import TestCA
 from support.kube import write
 from support.processes import Envoy, Meshpilot, Process, Sds, free_port, sidecar_bootstrap
+from support.tls_backend import TlsBackend
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +28,7 @@ class MeshHarness:
         self.config_dir = tmp / "config"
         self.config_dir.mkdir()
         self.processes: list[Process] = []
-        self.backends: list[Backend | TcpBackend] = []
+        self.backends: list[Backend | TcpBackend | TlsBackend] = []
         self.meshpilot: Meshpilot | None = None
 
     def write(self, name: str, docs: list[Mapping[str, Any]]) -> Path:
@@ -94,6 +95,12 @@ class MeshHarness:
 
     def tcp_backend(self, name: str, host: str, port: int) -> TcpBackend:
         backend = TcpBackend(name, host, port).start()
+        self.backends.append(backend)
+        return backend
+
+    def tls_backend(self, name: str, host: str, port: int, names: list[str]) -> TlsBackend:
+        """A TLS server, self-signed for ``names``, that answers with its name and the SNI it saw."""
+        backend = TlsBackend(name, host, port, names, self.tmp / "tls").start()
         self.backends.append(backend)
         return backend
 
