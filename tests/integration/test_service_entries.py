@@ -158,3 +158,24 @@ def test_mesh_external_clusters_have_no_istio_mtls_match(mesh) -> None:
     # The endpoint has an identity, yet mesh-external traffic stays plaintext and arrives.
     eventually(lambda: spread(7501, 3) == Counter({"outside-backend": 3}), timeout=10, what="plaintext")
     assert client.rejected_updates() == {}
+
+
+def test_dns_entry_follows_the_workload_entries_it_selects(mesh) -> None:
+    """A DNS entry's endpoints are in its cluster (CDS), so a change must reach Envoy by a config push."""
+    base_config(mesh)
+    selected = entry("dnsselect", 7600, "DNS", workloadSelector={"labels": {"app": "dns-vm"}})
+
+    def vm(name: str, ip: str) -> dict[str, Any]:
+        return istio("WorkloadEntry", name, "default", {"address": ip, "labels": {"app": "dns-vm"}})
+
+    mesh.write("dnsselect.yaml", [selected])
+    mesh.write("dns-vm.yaml", [vm("dns-vm-1", "127.0.0.81")])
+    mesh.tcp_backend("dns-vm-1", "127.0.0.81", 7600)
+    mesh.tcp_backend("dns-vm-2", "127.0.0.82", 7600)
+    client = start_client(mesh)
+    eventually(lambda: spread(7600, 5) == Counter({"dns-vm-1": 5}), timeout=15, what="first workload")
+    # The same WorkloadEntry moves: one update, the endpoint set never empty.
+    mesh.write("dns-vm.yaml", [vm("dns-vm-1", "127.0.0.82")])
+    eventually(lambda: spread(7600, 5) == Counter({"dns-vm-2": 5}), timeout=10, what="moved workload")
+    assert cluster_dump(client, "outbound|7600||dnsselect.mesh.example")["type"] == "STRICT_DNS"
+    assert client.rejected_updates() == {}

@@ -185,3 +185,20 @@ def test_services_are_named_after_their_hosts() -> None:
     add(store, _selecting_entry())
     [svc] = registry.services()
     assert (svc.name, svc.namespace) == ("vm.example.com", "default")
+
+
+def test_endpoint_changes_of_dns_entries_push_config() -> None:
+    """A DNS ServiceEntry's endpoints live in its cluster, so EDS alone cannot deliver them."""
+    for resolution, full_pushes in (("DNS", 1), ("STATIC", 0)):
+        store, updater = ConfigStore(), Updater()
+        ServiceEntryRegistry(store, updater)
+        add(store, _selecting_entry(resolution))
+        add(
+            store, istio("WorkloadEntry", "vm-1", "default", {"address": "10.3.0.1", "labels": {"app": "vm"}})
+        )
+        assert [r.full for r in updater.requests] == [True] * full_pushes, resolution
+        if full_pushes:
+            [request] = updater.requests
+            assert {(k.kind, k.name) for k in request.configs_updated} == {
+                (Kind.SERVICE_ENTRY, "vm.example.com")
+            }

@@ -15,9 +15,10 @@ class Updater:
         self.services: list[tuple[str, bool]] = []
         self.proxies: list[str] = []
         self.eds_calls = 0
+        self.requests: list[PushRequest] = []
 
     def config_update(self, request: PushRequest) -> None:
-        pass
+        self.requests.append(request)
 
     def eds_update(
         self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]

@@ -116,8 +116,9 @@ class Service:
 
     @property
     def is_headless(self) -> bool:
-        """A Kubernetes service with ClusterIP None."""
-        return self.registry is Registry.KUBERNETES and self.resolution is Resolution.PASSTHROUGH
+        """No VIP, traffic to the address called: a Kubernetes service with ClusterIP None, or a
+        ServiceEntry with resolution NONE and no addresses. Its TCP listeners follow its endpoints."""
+        return self.resolution is Resolution.PASSTHROUGH and not self.has_vip
 
     @property
     def has_vip(self) -> bool:

@@ -9,6 +9,7 @@ and a TCP service on one address become a sniffed listener holding both.
 from __future__ import annotations
 
 import enum
+import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ from meshpilot.model.mesh import REGISTRY_ONLY
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
-from meshpilot.model.service import Port, Resolution, Service
+from meshpilot.model.service import Port, Registry, Resolution, Service
 from meshpilot.model.sidecar_scope import CAPTURE_NONE, EgressListener
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import names
@@ -104,6 +105,14 @@ def _http_chain(proxy: Proxy, bind: str, port: int, rds: str, *, alpn: bool) -> 
     return Chain(build, match, http=True)
 
 
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _route_chain(route: RouteChain) -> Chain:
     return Chain(route.build, filter_chain_match(route.sni_hosts, route.cidrs), metadata=route.metadata)
 
@@ -167,7 +176,12 @@ class OutboundBuilder:
         elif kind is ListenerProtocol.HTTP:
             targets = [(WILDCARD, ())]
         elif svc.is_headless:
-            targets = [(ip, ()) for ip in self._headless_addresses(svc, port)]
+            wildcard_only = self._wildcard_headless(svc, port)
+            targets = (
+                [(WILDCARD, ())]
+                if wildcard_only
+                else [(ip, ()) for ip in self._headless_addresses(svc, port)]
+            )
         elif svc.addresses:
             # A CIDR cannot be bound: it listens on the wildcard and matches the destination range.
             targets = [(WILDCARD, (a,)) if "/" in a else (a, ()) for a in svc.addresses]
@@ -241,12 +255,23 @@ class OutboundBuilder:
         )
         return Chain(chain.build, match, chain.name, chain.http, metadata=chain.metadata)
 
+    def _wildcard_headless(self, svc: Service, port: Port) -> bool:
+        """A ServiceEntry with resolution NONE, no addresses, no endpoints and no selector
+        listens on the wildcard; one with endpoints gets a listener per endpoint, as a
+        headless Kubernetes service does (istiod's buildSidecarOutboundListeners)."""
+        if svc.registry is Registry.KUBERNETES or svc.selector is not None:
+            return False
+        return not eds.select_endpoints(self.index, svc, port.name, None)
+
     def _headless_addresses(self, svc: Service, port: Port) -> list[str]:
-        """Each endpoint of a headless service gets its own listener, except the proxy itself."""
+        """Each endpoint IP of a headless service gets its own listener, except the proxy's own.
+
+        Endpoints addressed by name (possible for ServiceEntries) cannot be listened on.
+        """
         own = set(self.proxy.ip_addresses)
         found = []
         for ep in eds.select_endpoints(self.index, svc, port.name, None):
-            if ep.address not in own and ep.address not in found:
+            if ep.address not in own and ep.address not in found and _is_ip(ep.address):
                 found.append(ep.address)
         return found
 

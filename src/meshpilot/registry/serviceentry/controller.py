@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from meshpilot.config.core_objects import KubePod
 from meshpilot.config.store import ConfigEvent, ConfigStore
 from meshpilot.model import labels as wk
-from meshpilot.model.config import Config
+from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import ShardKey
 from meshpilot.model.kind import Kind
+from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.model.service import Service
 from meshpilot.model.xds_updater import XdsUpdater
 from meshpilot.registry.serviceentry.conversion import (
@@ -44,6 +46,10 @@ class PodSource(Protocol):
     def add_pod_handler(self, handler: PodHandler) -> None: ...
 
 
+def _endpoints_in_config(service: Service) -> bool:
+    return selects_dns_only(service) or service.is_headless
+
+
 def _selector(se: Config) -> dict[str, str] | None:
     spec: Any = se.spec
     return dict(spec.workload_selector.labels) if spec.HasField("workload_selector") else None
@@ -69,6 +75,8 @@ class ServiceEntryRegistry:
         self.shard = ShardKey(cluster_id, PROVIDER)
         #: (hostname, namespace) -> service; the oldest ServiceEntry defining the host wins.
         self._services: dict[tuple[str, str], Service] = {}
+        #: Last endpoints reported per (hostname, namespace), to tell when they changed.
+        self._endpoints_sent: dict[tuple[str, str], list[Endpoint]] = {}
         #: Namespaces with a ServiceEntry that has a workloadSelector: other Pods concern no one here.
         self._selecting_namespaces: set[str] = set()
         store.add_handler(self._on_service_entry, Kind.SERVICE_ENTRY)
@@ -116,6 +124,7 @@ class ServiceEntryRegistry:
             ]
             old = self._services.get((hostname, namespace))
             if not entries:
+                self._endpoints_sent.pop((hostname, namespace), None)
                 if old is not None:
                     del self._services[(hostname, namespace)]
                     self._updater.service_update(self.shard, hostname, namespace, deleted=True)
@@ -127,7 +136,25 @@ class ServiceEntryRegistry:
             endpoints: list[Endpoint] = []
             for se in entries:
                 endpoints.extend(self._endpoints(se, service))
+            before = self._endpoints_sent.get((hostname, namespace))
+            self._endpoints_sent[(hostname, namespace)] = endpoints
             self._updater.eds_update(self.shard, hostname, namespace, endpoints)
+            if (
+                old == service
+                and before is not None
+                and before != endpoints
+                and _endpoints_in_config(service)
+            ):
+                # EDS cannot carry these endpoints: they are in the cluster (DNS) or make
+                # listeners (resolution NONE), so only a full push delivers them (istiod
+                # pushes a config update for DNS ServiceEntries whose endpoints change).
+                self._updater.config_update(
+                    PushRequest(
+                        full=True,
+                        configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)}),
+                        reasons=Counter({TriggerReason.ENDPOINT: 1}),
+                    )
+                )
 
     def _endpoints(self, se: Config, service: Service) -> list[Endpoint]:
         """Inline endpoints, or those of the WorkloadEntries and Pods the selector picks.
