@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from support.backends import tcp_hello
 from support.kube import istio, workload
+from support.processes import free_port
 from support.tls_backend import tls_hello
 from support.wait import eventually
 
@@ -247,4 +248,80 @@ def test_tls_route_by_sni(mesh) -> None:
 
     dump = json.dumps(client.config_dump())
     assert "envoy.filters.listener.tls_inspector" in dump
+    assert client.rejected_updates() == {}
+
+
+def test_capture_mode_chains_for_ranges_and_subnets_are_accepted(mesh, tmp_path) -> None:
+    """CIDR ServiceEntries and subnet matches listen on the wildcard with prefix ranges (REDIRECT mode)."""
+    outbound, inbound = free_port(), free_port()
+    mesh_config = tmp_path / "mesh.yaml"
+    mesh_config.write_text(f"proxyListenPort: {outbound}\nproxyInboundListenPort: {inbound}\n")
+    base_config(mesh, egress=[{"hosts": ["./*"]}])
+
+    def ranged(name: str, addresses: list[str]) -> dict[str, Any]:
+        spec = {
+            "hosts": [f"{name}.ranges.example"],
+            "addresses": addresses,
+            "location": "MESH_EXTERNAL",
+            "resolution": "NONE",
+            "ports": [{"number": 7700, "name": "tcp", "protocol": "TCP"}],
+        }
+        return istio("ServiceEntry", name, "default", spec)
+
+    mesh.write(
+        "ranges.yaml",
+        [
+            ranged("first", ["10.20.0.0/16"]),
+            ranged("second", ["10.30.0.0/16", "10.40.0.7/32"]),
+            istio(
+                "VirtualService",
+                "first",
+                "default",
+                {
+                    "hosts": ["first.ranges.example"],
+                    "tcp": [
+                        {
+                            # 10.20.9.0/24 lies inside the entry's range: a more specific chain.
+                            "match": [{"destinationSubnets": ["10.20.9.0/24"]}],
+                            "route": [
+                                {"destination": {"host": "echo", "subset": "v1", "port": {"number": 7000}}}
+                            ],
+                        }
+                    ],
+                },
+            ),
+        ],
+    )
+    write_vs(
+        mesh,
+        [
+            echo_route(
+                {"destination": {"host": "echo", "subset": "v1"}},
+                match=[{"destinationSubnets": ["10.96.0.0/16"]}],
+            ),
+        ],
+    )
+    mesh.start_meshpilot(mesh_config=mesh_config)
+    client = mesh.sidecar(
+        "client-0", CLIENT_IP, labels={"app": "client"}, service_account="client", interception="REDIRECT"
+    )
+
+    def matches(listener: str) -> list[Any]:
+        for config in client.config_dump()["configs"]:
+            if config["@type"].endswith("ListenersConfigDump"):
+                for entry in config.get("dynamic_listeners", []):
+                    if entry["name"] == listener and "active_state" in entry:
+                        found = entry["active_state"]["listener"]
+                        return [c.get("filter_chain_match", {}) for c in found.get("filter_chains", [])]
+        return []
+
+    ranges = eventually(lambda: matches("0.0.0.0_7700"), timeout=15, what="the wildcard listener for ranges")
+    prefixes = [
+        [f"{r['address_prefix']}/{r['prefix_len']}" for r in m.get("prefix_ranges", [])] for m in ranges
+    ]
+    assert sorted(prefixes) == [["10.20.0.0/16"], ["10.20.9.0/24"], ["10.30.0.0/16"]]
+    # A /32 is an address: a listener of its own.
+    assert eventually(lambda: matches("10.40.0.7_7700") == [{}], what="the /32 listener")
+    echo = matches("10.96.0.20_7000")
+    assert [m.get("prefix_ranges") for m in echo] == [[{"address_prefix": "10.96.0.0", "prefix_len": 16}]]
     assert client.rejected_updates() == {}
