@@ -313,3 +313,50 @@ def test_clients_routes_reach_envoy_shapes_in_none_mode() -> None:
     route = vs("db", {"hosts": ["db"], "tcp": [{"route": [{"destination": {"host": "db", "subset": "v1"}}]}]})
     found = listeners(build_with(route), INTERCEPTION_MODE="NONE")
     assert chains(found["127.0.0.1_3306"]) == [({}, "outbound|3306|v1|db.default.svc.cluster.local")]
+
+
+def test_tls_services_without_addresses_share_the_wildcard_listener_by_sni() -> None:
+    def tls_entry(name: str) -> dict[str, Any]:
+        spec = {
+            "hosts": [f"{name}.example.org"],
+            "location": "MESH_EXTERNAL",
+            "resolution": "DNS",
+            "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}],
+        }
+        return istio("ServiceEntry", name, "default", spec)
+
+    listener = listeners(build_with(tls_entry("one"), tls_entry("two")), **REDIRECT)["0.0.0.0_443"]
+    assert sorted(chains(listener)[:-1], key=lambda c: str(c)) == [
+        ({"serverNames": ["api.example.com"]}, "outbound|443||api.example.com"),
+        ({"serverNames": ["one.example.org"]}, "outbound|443||one.example.org"),
+        ({"serverNames": ["two.example.org"]}, "outbound|443||two.example.org"),
+    ]
+    assert listener.default_filter_chain.name == "PassthroughFilterChain"
+
+
+def test_tls_entry_with_a_range_and_an_address() -> None:
+    entry = istio(
+        "ServiceEntry",
+        "mixed",
+        "default",
+        {
+            "hosts": ["mixed.example.org"],
+            "addresses": ["10.30.0.0/16", "10.40.0.7"],
+            "location": "MESH_EXTERNAL",
+            "resolution": "NONE",
+            "ports": [{"number": 9443, "name": "tls", "protocol": "TLS"}],
+        },
+    )
+    found = listeners(build_with(entry), **REDIRECT)
+    # On the wildcard only the range and the SNI tell the service apart; its own address needs neither.
+    assert chains(found["0.0.0.0_9443"]) == [
+        (
+            {
+                "serverNames": ["mixed.example.org"],
+                "prefixRanges": [{"addressPrefix": "10.30.0.0", "prefixLen": 16}],
+            },
+            "outbound|9443||mixed.example.org",
+        ),
+        ({}, "PassthroughCluster"),
+    ]
+    assert chains(found["10.40.0.7_9443"]) == [({}, "outbound|9443||mixed.example.org")]

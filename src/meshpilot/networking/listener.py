@@ -31,6 +31,7 @@ from meshpilot.networking import names
 from meshpilot.networking.filters import http_connection_manager, tcp_proxy
 from meshpilot.networking.protobuf import boolean, duration, pack, uint32
 from meshpilot.networking.tcp_routes import (
+    ListenTarget,
     RouteChain,
     RouteContext,
     filter_chain_match,
@@ -170,24 +171,25 @@ class OutboundBuilder:
         virtual_services: Sequence[VirtualServiceEntry],
     ) -> None:
         kind = listener_protocol(protocol)
-        targets: list[tuple[str, tuple[str, ...]]]
+        targets: list[ListenTarget]
         if bind:
-            targets = [(bind, ())]
+            # An explicit bind says nothing of the service's own address, which decides SNI matching.
+            targets = [ListenTarget(bind, (), svc.default_address)]
         elif kind is ListenerProtocol.HTTP:
-            targets = [(WILDCARD, ())]
+            targets = [ListenTarget(WILDCARD)]
         elif svc.is_headless:
             wildcard_only = self._wildcard_headless(svc, port)
-            targets = (
-                [(WILDCARD, ())]
-                if wildcard_only
-                else [(ip, ()) for ip in self._headless_addresses(svc, port)]
-            )
+            addresses = [WILDCARD] if wildcard_only else self._headless_addresses(svc, port)
+            targets = [ListenTarget(a) for a in addresses]
         elif svc.addresses:
             # A CIDR cannot be bound: it listens on the wildcard and matches the destination range.
-            targets = [(WILDCARD, (a,)) if "/" in a else (a, ()) for a in svc.addresses]
+            targets = [
+                ListenTarget(WILDCARD, (a,), "") if "/" in a else ListenTarget(a) for a in svc.addresses
+            ]
         else:
-            targets = [(WILDCARD, ())]
-        for address, cidrs in targets:
+            targets = [ListenTarget(WILDCARD)]
+        for target in targets:
+            address = target.address
             if not self._can_bind(address, listen_port, bind_to_port):
                 continue
             key = (address, listen_port)
@@ -195,9 +197,7 @@ class OutboundBuilder:
             if existing is not None and existing.locked and catch_all:
                 continue
             wildcard = address == WILDCARD and not bind_to_port
-            chains = self._chains(
-                kind, svc, protocol, listen_port, address, cidrs, wildcard, virtual_services
-            )
+            chains = self._chains(kind, svc, protocol, listen_port, target, wildcard, virtual_services)
             if existing is None:
                 self.entries[key] = Entry(address, listen_port, bind_to_port, kind, chains)
             else:
@@ -209,17 +209,17 @@ class OutboundBuilder:
         svc: Service,
         protocol: Protocol,
         port: int,
-        address: str,
-        cidrs: tuple[str, ...],
+        target: ListenTarget,
         wildcard: bool,
         virtual_services: Sequence[VirtualServiceEntry],
     ) -> list[Chain]:
+        address = target.address
         if kind is ListenerProtocol.HTTP:
             # On the wildcard address an HTTP chain is chosen by ALPN so other
             # traffic to the port still passes through.
             return [_http_chain(self.proxy, address, port, str(port), alpn=wildcard)]
         ctx = RouteContext(self.proxy, self.push, port)
-        routes = service_chains(ctx, svc, protocol, address, cidrs, virtual_services)
+        routes = service_chains(ctx, svc, protocol, target, virtual_services)
         tcp = [_route_chain(r) for r in routes]
         if kind is ListenerProtocol.TCP:
             return tcp

@@ -236,26 +236,41 @@ def _default_chain(
 # -- chains ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class ListenTarget:
+    """Where a service port listens: an address, the CIDRs it matches there, the service's address.
+
+    ``service_address`` is the address istiod calls the service's for this
+    listener: the one listened on, the VIP under an explicit bind, "" for a CIDR.
+    """
+
+    address: str
+    cidrs: tuple[str, ...] = ()
+    service_address: str | None = None
+
+    @property
+    def own_address(self) -> str:
+        return self.address if self.service_address is None else self.service_address
+
+
 def service_chains(
     ctx: RouteContext,
     svc: Service,
     protocol: Protocol,
-    bind: str,
-    cidrs: Sequence[str],
+    target: ListenTarget,
     virtual_services: Sequence[VirtualServiceEntry],
 ) -> list[RouteChain]:
     """The TCP filter chains of one service port: TLS routes for TLS ports, TCP routes otherwise."""
     configs = virtual_services_for_host(svc.hostname, virtual_services)
     if protocol.is_tls:
-        return tls_chains(ctx, svc, bind, cidrs, configs)
-    return tcp_chains(ctx, svc, cidrs, configs)
+        return tls_chains(ctx, svc, target, configs)
+    return tcp_chains(ctx, svc, target.cidrs, configs)
 
 
 def tls_chains(
     ctx: RouteContext,
     svc: Service,
-    bind: str,
-    cidrs: Sequence[str],
+    target: ListenTarget,
     configs: Sequence[VirtualServiceEntry],
 ) -> list[RouteChain]:
     """SNI chains of ``tls`` routes; without one, the service's own chain.
@@ -266,7 +281,7 @@ def tls_chains(
     """
     out: list[RouteChain] = []
     handled: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
-    current = tuple(cidrs)
+    current = target.cidrs
     for vs in configs:
         for route in vs.config.spec.tls:
             if not route.route:
@@ -284,7 +299,8 @@ def tls_chains(
     if out:
         return out
     # Without a route, only the SNI can tell services on a shared wildcard listener apart.
-    address = "" if "/" in svc.default_address else svc.default_address
+    address = "" if "/" in target.own_address else target.own_address
+    bind = target.address
     by_sni = bool(current) or not address or (address == UNSPECIFIED_IP and bind == UNSPECIFIED_IP)
     return [_default_chain(ctx, svc, current, (svc.hostname,) if by_sni else ())]
 
