@@ -202,3 +202,23 @@ def test_endpoint_changes_of_dns_entries_push_config() -> None:
             assert {(k.kind, k.name) for k in request.configs_updated} == {
                 (Kind.SERVICE_ENTRY, "vm.example.com")
             }
+
+
+def test_only_ready_pods_are_selected() -> None:
+    store, updater = ConfigStore(), Updater()
+    kube = KubeRegistry(updater)
+    ServiceEntryRegistry(store, updater, pods=kube)
+    add(store, _selecting_entry())
+
+    def with_status(name: str, ip: str, **status: Any) -> Any:
+        doc = kube_pod(name, "default", ip, {"app": "vm"})
+        doc["status"].update(status)
+        return decode_object(doc).obj
+
+    kube.upsert(with_status("ready", "10.4.0.1", conditions=[{"type": "Ready", "status": "True"}]))
+    kube.upsert(with_status("starting", "10.4.0.2", conditions=[{"type": "Ready", "status": "False"}]))
+    kube.upsert(with_status("pending", "10.4.0.3", phase="Pending"))
+    kube.upsert(with_status("no-conditions", "10.4.0.4"))
+    assert [e.address for e in updater.endpoints["vm.example.com"]] == ["10.4.0.4", "10.4.0.1"]
+    kube.upsert(with_status("starting", "10.4.0.2", conditions=[{"type": "Ready", "status": "True"}]))
+    assert [e.address for e in updater.endpoints["vm.example.com"]] == ["10.4.0.4", "10.4.0.1", "10.4.0.2"]

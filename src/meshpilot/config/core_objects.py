@@ -116,6 +116,8 @@ class KubePod:
     pod_ips: tuple[str, ...] = ()
     phase: str = ""
     container_ports: tuple[ContainerPortSpec, ...] = ()
+    #: The status condition ``Ready``: True, False, or None when the Pod reports no such condition.
+    ready: bool | None = None
     kind: ClassVar[Kind] = Kind.POD
 
     @property
@@ -352,4 +354,12 @@ def parse_pod(raw: dict[str, Any], default_namespace: str = "default") -> KubePo
         pod_ips=ips,
         phase=status.text("phase"),
         container_ports=tuple(ports),
+        ready=_ready_condition(status),
     )
+
+
+def _ready_condition(status: _Reader) -> bool | None:
+    for condition in status.children("conditions"):
+        if condition.text("type") == "Ready":
+            return condition.text("status") == "True"
+    return None

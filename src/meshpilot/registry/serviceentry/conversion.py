@@ -161,8 +161,15 @@ def pod_port_map(pod: KubePod) -> dict[str, int]:
 
 
 def pod_selectable(pod: KubePod) -> bool:
-    """Whether a Pod backs ServiceEntries that select it: it has an IP and is not finished."""
-    return bool(pod.ip) and pod.phase not in ("Succeeded", "Failed")
+    """Whether a Pod backs ServiceEntries that select it: it has an IP and is ready.
+
+    istiod takes Pods whose Ready condition is True and that are not being
+    deleted; a Pod that reports no conditions (as hand-written files often
+    do) counts as ready when Running.
+    """
+    if not pod.ip or pod.meta.deletion_timestamp:
+        return False
+    return pod.ready if pod.ready is not None else pod.phase == "Running"
 
 
 def pod_endpoints(
