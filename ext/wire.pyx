@@ -325,7 +325,7 @@ cdef int put_struct_string(Buffer *buf, str key, str value) except -1:
 
 
 def cluster_metadata(config, subset, host, name, namespace, bint external):
-    """A cluster's ``Metadata``: ``istio`` with config, subset, and services or external."""
+    """A cluster's ``Metadata``: ``istio`` with config, subset, external when so, and services."""
     cdef Buffer buf
     cdef Py_ssize_t entry, struct_, field_, value_, list_, item, inner
     buf_init(&buf)
@@ -344,21 +344,21 @@ def cluster_metadata(config, subset, host, name, namespace, bint external):
             put_uint_field(&buf, 4, 1)
             end_message(&buf, value_)
             end_message(&buf, field_)
-        else:
-            field_ = begin_message(&buf, 1)
-            put_str_field(&buf, 1, "services")
-            value_ = begin_message(&buf, 2)
-            list_ = begin_message(&buf, 6)
-            item = begin_message(&buf, 1)
-            inner = begin_message(&buf, 5)
-            put_struct_string(&buf, "host", text(host))
-            put_struct_string(&buf, "name", text(name))
-            put_struct_string(&buf, "namespace", text(namespace))
-            end_message(&buf, inner)
-            end_message(&buf, item)
-            end_message(&buf, list_)
-            end_message(&buf, value_)
-            end_message(&buf, field_)
+        # Every outbound cluster names its service, mesh-external ones too (istiod's telemetry metadata).
+        field_ = begin_message(&buf, 1)
+        put_str_field(&buf, 1, "services")
+        value_ = begin_message(&buf, 2)
+        list_ = begin_message(&buf, 6)
+        item = begin_message(&buf, 1)
+        inner = begin_message(&buf, 5)
+        put_struct_string(&buf, "host", text(host))
+        put_struct_string(&buf, "name", text(name))
+        put_struct_string(&buf, "namespace", text(namespace))
+        end_message(&buf, inner)
+        end_message(&buf, item)
+        end_message(&buf, list_)
+        end_message(&buf, value_)
+        end_message(&buf, field_)
         end_message(&buf, struct_)
         end_message(&buf, entry)
         return buf_bytes(&buf)

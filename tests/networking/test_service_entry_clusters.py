@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from envoy.config.cluster.v3 import cluster_pb2
+from google.protobuf import json_format
 from support.kube import istio
 from support.mesh_objects import CLIENT
 from support.model import build
@@ -82,6 +83,11 @@ def test_mesh_external_gets_no_auto_mtls() -> None:
     )
     outside = found["outbound|7000||outside.example.com"]
     assert not outside.transport_socket_matches and not outside.HasField("transport_socket")
-    assert outside.metadata.filter_metadata["istio"]["external"] is True
+    istio_meta = json_format.MessageToDict(outside.metadata.filter_metadata["istio"])
+    # External, and still named for telemetry, as istiod's cluster builder writes it.
+    assert istio_meta == {
+        "external": True,
+        "services": [{"host": "outside.example.com", "name": "outside.example.com", "namespace": "default"}],
+    }
     inside = found["outbound|7000||inside.example.com"]
     assert [m.name for m in inside.transport_socket_matches] == ["tlsMode-istio", "tlsMode-disabled"]

@@ -70,7 +70,8 @@ def _metadata(svc: Service | None, rule: MergedDestinationRule | None, subset: s
         istio["config"] = config_path("destination-rule", rule.first.namespace, rule.first.name)
     if subset:
         istio["subset"] = subset
-    if svc is not None and not svc.mesh_external:
+    if svc is not None:
+        # istiod's telemetry metadata names the service of every outbound cluster, external or not.
         istio["services"] = [{"host": svc.hostname, "name": svc.name, "namespace": svc.namespace}]
     if svc is not None and svc.mesh_external:
         istio["external"] = True

@@ -176,7 +176,7 @@ def _struct_entry(key: str, value: bytes) -> bytes:
 
 
 def cluster_metadata(config: str, subset: str, host: str, name: str, namespace: str, external: bool) -> bytes:
-    """A cluster's ``Metadata``: ``istio`` with config, subset, and services or external."""
+    """A cluster's ``Metadata``: ``istio`` with config, subset, external when so, and services."""
     fields = b""
     if config:
         fields += _struct_entry("config", _str(3, config))
@@ -184,11 +184,11 @@ def cluster_metadata(config: str, subset: str, host: str, name: str, namespace: 
         fields += _struct_entry("subset", _str(3, subset))
     if external:
         fields += _struct_entry("external", _uint(4, 1))
-    else:
-        service = _struct_entry("host", _str(3, host))
-        service += _struct_entry("name", _str(3, name))
-        service += _struct_entry("namespace", _str(3, namespace))
-        fields += _struct_entry("services", _len(6, _len(1, _len(5, service))))
+    # Every outbound cluster names its service, mesh-external ones too (istiod's telemetry metadata).
+    service = _struct_entry("host", _str(3, host))
+    service += _struct_entry("name", _str(3, name))
+    service += _struct_entry("namespace", _str(3, namespace))
+    fields += _struct_entry("services", _len(6, _len(1, _len(5, service))))
     return _len(1, _str(1, "istio") + _len(2, fields))
 
 
