@@ -360,3 +360,39 @@ def test_tls_entry_with_a_range_and_an_address() -> None:
         ({}, "PassthroughCluster"),
     ]
     assert chains(found["10.40.0.7_9443"]) == [({}, "outbound|9443||mixed.example.org")]
+
+
+def test_destination_rule_source_ip_hashing_and_connection_limits_reach_tcp_proxy() -> None:
+    rule = istio(
+        "DestinationRule",
+        "db",
+        "default",
+        {
+            "host": "db",
+            "trafficPolicy": {
+                "loadBalancer": {"consistentHash": {"useSourceIp": True}},
+                "connectionPool": {"tcp": {"idleTimeout": "45s", "maxConnectionDuration": "1h"}},
+            },
+            "subsets": [
+                {"name": "v1", "labels": {"version": "v1"}},
+                {
+                    "name": "v2",
+                    "labels": {"version": "v2"},
+                    "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}},
+                },
+            ],
+        },
+    )
+
+    def proxy_for(subset: str) -> Any:
+        route = vs(
+            "db", {"hosts": ["db"], "tcp": [{"route": [{"destination": {"host": "db", "subset": subset}}]}]}
+        )
+        model = build([*mesh_objects(), rule, route])
+        return proxy_of(listeners(model, **REDIRECT)["10.96.0.40_3306"].filter_chains[0])
+
+    v1 = proxy_for("v1")
+    assert [h.WhichOneof("policy_specifier") for h in v1.hash_policy] == ["source_ip"]
+    assert (v1.idle_timeout.seconds, v1.max_downstream_connection_duration.seconds) == (45, 3600)
+    # The subset's own load balancer replaces the rule's: no source-IP hashing for v2.
+    assert not proxy_for("v2").hash_policy
