@@ -325,3 +325,34 @@ def test_capture_mode_chains_for_ranges_and_subnets_are_accepted(mesh, tmp_path)
     echo = matches("10.96.0.20_7000")
     assert [m.get("prefix_ranges") for m in echo] == [[{"address_prefix": "10.96.0.0", "prefix_len": 16}]]
     assert client.rejected_updates() == {}
+
+
+def test_headless_tcp_listeners_follow_endpoints(mesh, tmp_path) -> None:
+    """A headless TCP service listens per endpoint address; a new endpoint adds a listener (full push)."""
+    outbound, inbound = free_port(), free_port()
+    mesh_config = tmp_path / "mesh.yaml"
+    mesh_config.write_text(f"proxyListenPort: {outbound}\nproxyInboundListenPort: {inbound}\n")
+    base_config(mesh, egress=[{"hosts": ["./*"]}])
+
+    def db(instances: dict[str, str]) -> list[dict[str, Any]]:
+        docs = workload("db", "default", "None", 5432, instances, port_name="tcp")
+        docs[0]["spec"]["clusterIP"] = "None"
+        return docs
+
+    mesh.write("db.yaml", db({"db-0": "127.0.0.31"}))
+    mesh.start_meshpilot(mesh_config=mesh_config)
+    client = mesh.sidecar(
+        "client-0", CLIENT_IP, labels={"app": "client"}, service_account="client", interception="REDIRECT"
+    )
+
+    def listeners() -> set[str]:
+        for config in client.config_dump()["configs"]:
+            if config["@type"].endswith("ListenersConfigDump"):
+                return {e["name"] for e in config.get("dynamic_listeners", []) if "active_state" in e}
+        return set()
+
+    eventually(lambda: "127.0.0.31_5432" in listeners(), timeout=15, what="listener of the first endpoint")
+    mesh.write("db.yaml", db({"db-0": "127.0.0.31", "db-1": "127.0.0.32"}))
+    eventually(lambda: "127.0.0.32_5432" in listeners(), timeout=10, what="listener of the new endpoint")
+    assert "0.0.0.0_5432" not in listeners()
+    assert client.rejected_updates() == {}

@@ -11,6 +11,7 @@ from meshpilot.config.decode import decode_object
 from meshpilot.model.kind import Kind
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import NodeMetadata, parse_proxy
+from meshpilot.model.push_request import TriggerReason
 from meshpilot.model.service import Resolution
 from meshpilot.registry.kube.controller import KubeRegistry
 
@@ -245,3 +246,31 @@ def test_a_service_deleted_in_a_batch_reports_no_endpoints() -> None:
         )
         registry.remove(Kind.SERVICE, "default", "reviews")
     assert HOST not in updater.endpoints
+
+
+def test_headless_tcp_services_push_config_when_their_addresses_change() -> None:
+    """Their listeners follow the endpoint addresses (istiod's HeadlessEndpointUpdate).
+
+    HTTP-only headless services share the wildcard listener, so EDS is enough for them.
+    """
+    for ports, pushes in (([("tcp-db", 5432)], 1), ([("http", 80)], 0)):
+        updater = Updater()
+        registry = KubeRegistry(updater)
+        apply(
+            registry,
+            service("db", "default", "None", ports, {"app": "db"}),
+            pod("db-0", "default", "10.1.0.5", {"app": "db"}),
+            pod("db-1", "default", "10.1.0.6", {"app": "db"}),
+            endpoint_slice("db-a", "default", "db", ports, [("db-0", "10.1.0.5")]),
+        )
+        updater.requests.clear()
+        apply(
+            registry,
+            endpoint_slice("db-a", "default", "db", ports, [("db-0", "10.1.0.5"), ("db-1", "10.1.0.6")]),
+        )
+        assert [(r.full, sorted(r.reasons)) for r in updater.requests] == [
+            (True, [TriggerReason.HEADLESS_ENDPOINT])
+        ] * pushes, ports
+        updater.requests.clear()
+        apply(registry, pod("db-1", "default", "10.1.0.6", {"app": "db", "version": "v2"}))
+        assert updater.requests == [], "same addresses: EDS is enough"

@@ -18,6 +18,8 @@ class TriggerReason(enum.Enum):
     """Why a push happened; the ``type`` label of ``pilot_push_triggers``."""
 
     ENDPOINT = "endpoint"
+    #: Endpoints of a headless service changed: its per-address listeners follow.
+    HEADLESS_ENDPOINT = "headlessendpoint"
     CONFIG = "config"
     SERVICE = "service"
     PROXY = "proxy"

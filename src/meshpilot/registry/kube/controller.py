@@ -10,7 +10,7 @@ whether a push is needed.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,10 +24,12 @@ from meshpilot.config.core_objects import (
     KubeService,
 )
 from meshpilot.model import labels as wk
+from meshpilot.model.config import ConfigKey
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import ShardKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import Proxy
+from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.model.service import Service, ServiceTarget
 from meshpilot.model.xds_updater import XdsUpdater
 from meshpilot.registry.kube.conversion import (
@@ -81,6 +83,8 @@ class KubeRegistry:
         self._pending: set[tuple[str, str]] = set()
         self._targets: dict[tuple[str, str], tuple[KubePod, int, list[ServiceTarget]]] = {}
         self._pods_by_ns: dict[str, dict[str, KubePod]] = defaultdict(dict)
+        #: Endpoint addresses of headless services last reported, to tell when listeners change.
+        self._headless_addresses: dict[tuple[str, str], frozenset[str]] = {}
         #: Told of every Pod change (ServiceEntries select Pods too, istiod's workload handlers).
         self._pod_handlers: list[Callable[[KubePod | None, KubePod | None], None]] = []
 
@@ -316,7 +320,28 @@ class KubeRegistry:
                     inputs.ips.add(e.addresses[0])
             inputs.nodes.update(ep.node_name for ep in found if ep.node_name)
         self._index_inputs(key, inputs)
-        self._updater.eds_update(self.shard, self._hostname(namespace, name), namespace, endpoints)
+        hostname = self._hostname(namespace, name)
+        self._updater.eds_update(self.shard, hostname, namespace, endpoints)
+        self._push_headless(key, hostname, endpoints)
+
+    def _push_headless(self, key: tuple[str, str], hostname: str, endpoints: list[Endpoint]) -> None:
+        """A headless service with a non-HTTP port has a listener per endpoint address, so a
+        change of its addresses needs a full push, not EDS alone (istiod's HeadlessEndpointUpdate)."""
+        svc = self._services.get(hostname)
+        if svc is None or not svc.is_headless or all(p.protocol.is_http for p in svc.ports):
+            self._headless_addresses.pop(key, None)
+            return
+        addresses = frozenset(ep.address for ep in endpoints)
+        before = self._headless_addresses.get(key)
+        self._headless_addresses[key] = addresses
+        if before is not None and before != addresses:
+            self._updater.config_update(
+                PushRequest(
+                    full=True,
+                    configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, key[0])}),
+                    reasons=Counter({TriggerReason.HEADLESS_ENDPOINT: 1}),
+                )
+            )
 
     def _index_inputs(self, key: tuple[str, str], inputs: _Inputs) -> None:
         old = self._inputs.pop(key, None) or _Inputs()
