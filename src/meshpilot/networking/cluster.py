@@ -25,7 +25,7 @@ from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.service import Port, Registry, Resolution, Service, ServiceTarget
 from meshpilot.networking import endpoint as eds
-from meshpilot.networking import extensions, names
+from meshpilot.networking import extensions, locality_lb, names
 from meshpilot.networking import traffic_policy as tp
 from meshpilot.networking.protobuf import duration, pack
 from meshpilot.networking.tls import istio_mutual_upstream, raw_buffer_transport_socket, tls_transport_socket
@@ -132,9 +132,15 @@ def build_outbound_cluster(
         override = cluster.lb_config.original_dst_lb_config.upstream_port_override
         override.value = _passthrough_target_port(svc, port)
     http_options = _upstream_options(port)
-    tp.apply_connection_pool(cluster, policy.connection_pool, http_options)
-    tp.apply_load_balancer(cluster, policy.load_balancer)
+    # Upgrade first so HTTP/2 pool settings (maxConcurrentStreams) land on the upgraded options.
+    if tp.should_h2_upgrade(policy.connection_pool, port.protocol, mesh):
+        tp.set_h2(http_options)
+    tp.apply_connection_pool(cluster, policy.connection_pool, http_options, mesh)
     tp.apply_outlier_detection(cluster, policy.outlier_detection)
+    locality_setting = locality_lb.effective_setting(
+        mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None, policy.load_balancer
+    )
+    tp.apply_load_balancer(cluster, policy.load_balancer, locality_setting)
     _set_protocol_options(cluster, http_options)
     cluster.metadata.CopyFrom(_metadata(svc, rule, subset))
     if extensions.has_metadata_exchange(proxy):

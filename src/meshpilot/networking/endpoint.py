@@ -16,13 +16,14 @@ from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.service import Service
-from meshpilot.networking import names, wire
+from meshpilot.networking import locality_lb, names, wire
+from meshpilot.networking import traffic_policy as tp
+from meshpilot.networking.locality_lb import LocalityGroup
 from meshpilot.networking.protobuf import uint32
+from meshpilot.networking.wire_py import varint
 
 #: DestinationRule ClientTLSSettings.TLSmode numbers.
 TLS_DISABLE, TLS_SIMPLE, TLS_MUTUAL, TLS_ISTIO_MUTUAL = 0, 1, 2, 3
-
-_MAX_UINT32 = 0xFFFFFFFF
 
 
 def destination_tls_mode(rule_spec: Any | None, subset: str, port: int) -> int | None:
@@ -96,22 +97,50 @@ def select_endpoints(
     return wire.select([ep for _, ep in shards.endpoints()], port_name, subset_labels, allow_hostnames)
 
 
+def _mtls(ep: Endpoint, tls_mode: int | None) -> bool:
+    return tls_mode == TLS_ISTIO_MUTUAL if tls_mode is not None else ep.tls_mode == TLS_MODE_ISTIO
+
+
 def locality_groups(endpoints: Iterable[Endpoint], *, tls_mode: int | None) -> list[Any]:
     """LocalityLbEndpoints, one per locality in sorted order, weighted by their endpoints."""
-    by_locality: dict[str, list[Any]] = {}
-    weights: dict[str, int] = {}
-    for ep in endpoints:
-        mtls = tls_mode == TLS_ISTIO_MUTUAL if tls_mode is not None else ep.tls_mode == TLS_MODE_ISTIO
-        by_locality.setdefault(ep.locality.label, []).append(lb_endpoint(ep, mtls=mtls))
-        weights[ep.locality.label] = min(_MAX_UINT32, weights.get(ep.locality.label, 0) + (ep.weight or 1))
+    return render_groups(locality_lb.groups_by_locality(list(endpoints)), tls_mode=tls_mode)
+
+
+def render_groups(groups: Iterable[LocalityGroup], *, tls_mode: int | None) -> list[Any]:
+    """LocalityLbEndpoints of already grouped (maybe reweighted and prioritized) endpoints."""
     return [
         endpoint_components_pb2.LocalityLbEndpoints(
-            locality=_locality(label),
-            lb_endpoints=by_locality[label],
-            load_balancing_weight=uint32(weights[label]),
+            locality=_locality(group.label),
+            lb_endpoints=[lb_endpoint(ep, mtls=_mtls(ep, tls_mode)) for ep in group.endpoints],
+            load_balancing_weight=uint32(group.weight),
+            priority=group.priority,
         )
-        for label in sorted(by_locality)
+        for group in groups
     ]
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def _encode_groups(groups: Iterable[LocalityGroup], tls_mode: int) -> bytes:
+    """Repeated LocalityLbEndpoints (CLA field 2): locality 1, lb_endpoints 2, weight 3, priority 5.
+
+    Only per-proxy locality assignments come here; the common case stays in the wire module.
+    """
+    out = []
+    for group in groups:
+        parts = group.label.split("/") if group.label else []
+        locality = b"".join(_field(n, text.encode()) for n, text in enumerate(parts[:3], 1) if text)
+        body = _field(1, locality)
+        mode = None if tls_mode == wire.NO_TLS_MODE else tls_mode
+        for ep in group.endpoints:
+            body += _field(2, wire.lb_endpoint(ep, _mtls(ep, mode)))
+        body += _field(3, varint(1 << 3) + varint(group.weight) if group.weight else b"")
+        if group.priority:
+            body += varint(5 << 3) + varint(group.priority)
+        out.append(_field(2, body))
+    return b"".join(out)
 
 
 def load_assignment(cluster_name: str, groups: list[Any]) -> Any:
@@ -125,6 +154,43 @@ def struct_value(data: dict[str, Any]) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalityPlan:
+    """A locality setting applied for one calling proxy."""
+
+    setting: Any
+    enable_failover: bool
+    proxy_locality: str
+    proxy_labels: Mapping[str, str]
+    #: The setting and what of the proxy it reads (locality_lb.proxy_view): the cache key part.
+    key: tuple[object, ...]
+
+    def apply(self, endpoints: list[Endpoint]) -> list[LocalityGroup]:
+        groups = locality_lb.groups_by_locality(endpoints)
+        return locality_lb.apply(
+            groups, self.setting, self.proxy_locality, self.proxy_labels, self.enable_failover
+        )
+
+
+def locality_plan(rule: Any | None, subset: str, port: int, proxy: Any, mesh: Any) -> LocalityPlan | None:
+    """The locality rewrite of one cluster for ``proxy``, as istiod's endpoint builder decides it.
+
+    The load balancer and outlier detection come from the rule's policy merged
+    for the port and subset; failover needs outlier detection.
+    """
+    policy = tp.cluster_policy(rule, subset, port)
+    mesh_setting = mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None
+    setting = locality_lb.effective_setting(mesh_setting, policy.load_balancer)
+    if setting is None:
+        return None
+    enable_failover = policy.outlier_detection is not None
+    view = locality_lb.proxy_view(setting, enable_failover, proxy.locality.label, proxy.labels)
+    if view is None:
+        return None
+    key = (setting.SerializeToString(deterministic=True), enable_failover, view)
+    return LocalityPlan(setting, enable_failover, proxy.locality.label, proxy.labels, key)
+
+
+@dataclass(frozen=True, slots=True)
 class ClaInputs:
     """What the ClusterLoadAssignment of one cluster is built from."""
 
@@ -135,11 +201,19 @@ class ClaInputs:
     tls_mode: int
     #: The DestinationRules read (their keys are cache dependencies).
     rule_keys: tuple[ConfigKey, ...] = ()
+    #: How the calling proxy's locality rewrites the assignment; None when it does not.
+    locality: LocalityPlan | None = None
 
     def cache_key(self, cluster_name: str) -> int:
-        """Everything the assignment depends on besides the endpoints (whose changes evict it)."""
+        """Everything the assignment depends on besides the endpoints (whose changes evict it).
+
+        Of the proxy, only what its locality plan reads: proxies alike in that share entries.
+        """
         svc = self.service
-        return hash_value((cluster_name, svc.fingerprint, self.port_name, self.subset_labels, self.tls_mode))
+        plan = self.locality.key if self.locality is not None else None
+        return hash_value(
+            (cluster_name, svc.fingerprint, self.port_name, self.subset_labels, self.tls_mode, plan)
+        )
 
     def dependencies(self) -> frozenset[ConfigKey]:
         svc = self.service
@@ -173,7 +247,10 @@ def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
         subset_labels = dict(found.labels)
     mode = destination_tls_mode(rule.first.spec if rule else None, subset, port_number)
     rule_keys = tuple(c.key for c in rule.configs) if rule is not None else ()
-    return ClaInputs(svc, port.name, subset_labels, wire.NO_TLS_MODE if mode is None else mode, rule_keys)
+    plan = locality_plan(rule, subset, port_number, proxy, push.mesh)
+    return ClaInputs(
+        svc, port.name, subset_labels, wire.NO_TLS_MODE if mode is None else mode, rule_keys, plan
+    )
 
 
 def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> Any:
@@ -183,6 +260,8 @@ def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, inde
         return endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
     endpoints = select_endpoints(index, inputs.service, inputs.port_name, inputs.subset_labels)
     mode = None if inputs.tls_mode == wire.NO_TLS_MODE else inputs.tls_mode
+    if inputs.locality is not None:
+        return load_assignment(cluster_name, render_groups(inputs.locality.apply(endpoints), tls_mode=mode))
     return load_assignment(cluster_name, locality_groups(endpoints, tls_mode=mode))
 
 
@@ -196,6 +275,10 @@ def encode_from_inputs(cluster_name: str, inputs: ClaInputs | None, index: Endpo
         return wire.cluster_load_assignment(cluster_name, (), "", None, wire.NO_TLS_MODE)
     shards = index.shards(inputs.service.hostname, inputs.service.namespace)
     endpoints = [ep for _, ep in shards.endpoints()] if shards is not None else []
+    if inputs.locality is not None:
+        chosen = wire.select(endpoints, inputs.port_name, inputs.subset_labels)
+        groups = inputs.locality.apply(chosen)
+        return _field(1, cluster_name.encode()) + _encode_groups(groups, inputs.tls_mode)
     return wire.cluster_load_assignment(
         cluster_name, endpoints, inputs.port_name, inputs.subset_labels, inputs.tls_mode
     )
