@@ -55,6 +55,7 @@ class MeshHarness:
         interception: str = "NONE",
         extra_metadata: Mapping[str, Any] | None = None,
         wait: bool = True,
+        locality: str = "",
     ) -> Envoy:
         assert self.meshpilot is not None, "start meshpilot first"
         credentials = self.ca.issue(
@@ -79,6 +80,7 @@ class MeshHarness:
             admin_port=admin,
             xds_port=self.meshpilot.grpc_port,
             sds_socket=sds.socket,
+            locality=locality,
         )
         envoy = Envoy(self.tmp, pod, bootstrap, admin)
         self.processes.append(envoy)

@@ -190,6 +190,35 @@ def locality_plan(rule: Any | None, subset: str, port: int, proxy: Any, mesh: An
     return LocalityPlan(setting, enable_failover, proxy.locality.label, proxy.labels, key)
 
 
+def _failover_priority_labels(push: Any) -> tuple[str, ...]:
+    """Every label any failoverPriority of the snapshot names (mesh and DestinationRules)."""
+    names: set[str] = set()
+
+    def collect(lb: Any) -> None:
+        if lb.HasField("locality_lb_setting"):
+            names.update(entry.split("=")[0] for entry in lb.locality_lb_setting.failover_priority)
+
+    names.update(entry.split("=")[0] for entry in push.mesh.locality_lb_setting.failover_priority)
+    for config in push.configs(Kind.DESTINATION_RULE):
+        spec = config.spec
+        policies = [spec.traffic_policy, *(s.traffic_policy for s in spec.subsets)]
+        for policy in policies:
+            collect(policy.load_balancer)
+            for settings in policy.port_level_settings:
+                collect(settings.load_balancer)
+    return tuple(sorted(names))
+
+
+def proxy_signature(proxy: Any, push: Any) -> tuple[object, ...]:
+    """What of a proxy any of its assignments can read: its locality and failoverPriority labels.
+
+    Proxies alike in these (and in scope) get the same assignments, so generation is shared.
+    """
+    labels = push.memoized("eds-failover-priority-labels", lambda: _failover_priority_labels(push))
+    values = tuple(proxy.labels.get(name) for name in labels) if labels else ()
+    return (proxy.locality.label, bool(proxy.labels), values)
+
+
 @dataclass(frozen=True, slots=True)
 class ClaInputs:
     """What the ClusterLoadAssignment of one cluster is built from."""
