@@ -176,7 +176,10 @@ def test_distribute_splits_traffic_by_locality_weights(mesh):
 
 
 def test_connection_pool_overflow_is_rejected_by_the_circuit_breaker(mesh):
-    pool = {"tcp": {"maxConnections": 1}, "http": {"http1MaxPendingRequests": 1, "http2MaxRequests": 1}}
+    pool = {
+        "tcp": {"maxConnections": 1},
+        "http": {"http1MaxPendingRequests": 1, "http2MaxRequests": 1, "idleTimeout": "30s"},
+    }
     client, near, far = start(
         mesh, {"connectionPool": pool, "loadBalancer": {"localityLbSetting": {"enabled": False}}}
     )

@@ -89,6 +89,9 @@ def _metadata_exchange_filter() -> Any:
 
 def _set_protocol_options(cluster: Any, options: Any) -> None:
     if options.ByteSize():
+        if options.WhichOneof("upstream_protocol_options") is None:
+            # Envoy requires a protocol choice; options set only for timeouts mean HTTP/1.1 (as istiod).
+            options.explicit_http_config.http_protocol_options.SetInParent()
         cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS].CopyFrom(pack(options))
 
 
