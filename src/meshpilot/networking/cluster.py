@@ -7,6 +7,7 @@ InboundPassthroughCluster.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,16 @@ from meshpilot.networking import endpoint as eds
 from meshpilot.networking import extensions, locality_lb, names
 from meshpilot.networking import traffic_policy as tp
 from meshpilot.networking.protobuf import duration, pack
-from meshpilot.networking.tls import istio_mutual_upstream, raw_buffer_transport_socket, tls_transport_socket
+from meshpilot.networking.tls import (
+    TlsSettingsError,
+    auto_sni_options,
+    istio_mutual_upstream,
+    originated_upstream,
+    raw_buffer_transport_socket,
+    tls_transport_socket,
+)
+
+log = logging.getLogger(__name__)
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 #: istiod's "never clean up" interval for ORIGINAL_DST clusters (max seconds of a Duration it uses).
@@ -144,11 +154,12 @@ def build_outbound_cluster(
         mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None, policy.load_balancer
     )
     tp.apply_load_balancer(cluster, policy.load_balancer, locality_setting)
-    _set_protocol_options(cluster, http_options)
     cluster.metadata.CopyFrom(_metadata(svc, rule, subset))
     if extensions.has_metadata_exchange(proxy):
         cluster.filters.append(_metadata_exchange_filter())
-    _apply_tls(cluster, inputs, svc, port, subset, policy)
+    # TLS before the protocol options are packed: origination may add auto SNI to them.
+    _apply_tls(cluster, inputs, svc, port, subset, policy, http_options)
+    _set_protocol_options(cluster, http_options)
     return cluster
 
 
@@ -169,19 +180,50 @@ def _dns_family(proxy: Proxy) -> Any:
     return cluster_pb2.Cluster.V6_ONLY if proxy.ipv6_only else cluster_pb2.Cluster.V4_ONLY
 
 
+def _apply_originated_tls(cluster: Any, push: PushContext, svc: Service, tls: Any, http_options: Any) -> None:
+    """SIMPLE or MUTUAL: TLS the proxy originates to a server outside the mesh's identity."""
+    if tls.credential_name:
+        # Secrets by credentialName need an SDS server in meshpilot, which it does not have yet.
+        log.warning("cluster %s: tls.credentialName is not supported; TLS not applied", cluster.name)
+        return
+    # A ServiceEntry's subjectAltNames stand in when the rule names none.
+    sans = list(tls.subject_alt_names)
+    if not sans and svc.registry is Registry.EXTERNAL:
+        sans = list(push.service_accounts(svc))
+    explicit = http_options.explicit_http_config
+    http2 = http_options.HasField("explicit_http_config") and explicit.HasField("http2_protocol_options")
+    try:
+        context = originated_upstream(tls, sans, push.mesh, http2=http2, mutual=tls.mode == eds.TLS_MUTUAL)
+    except TlsSettingsError as err:
+        # As istiod: the cluster stays, without TLS, and the reason is logged.
+        log.error("failed to apply tls setting for %s: %s", cluster.name, err)
+        return
+    auto_sni_options(tls, http_options)
+    cluster.transport_socket.CopyFrom(tls_transport_socket(context))
+
+
 def _apply_tls(
-    cluster: Any, inputs: ClusterInputs, svc: Service, port: Port, subset: str, policy: tp.ClusterPolicy
+    cluster: Any,
+    inputs: ClusterInputs,
+    svc: Service,
+    port: Port,
+    subset: str,
+    policy: tp.ClusterPolicy,
+    http_options: Any,
 ) -> None:
     """Explicit DestinationRule TLS, else auto mTLS for in-mesh services, as istiod decides."""
     proxy, push = inputs.proxy, inputs.push
     sni = names.sni_cluster(port.port, subset, svc.hostname)
     alpn = extensions.mtls_client_alpn(proxy, http2=port.protocol.is_http2)
     if policy.tls is not None:
-        if policy.tls.mode == eds.TLS_ISTIO_MUTUAL:
-            sans = list(policy.tls.subject_alt_names) or list(push.service_accounts(svc))
-            context = istio_mutual_upstream(policy.tls.sni or sni, sans, alpn)
+        tls = policy.tls
+        if tls.mode == eds.TLS_ISTIO_MUTUAL:
+            sans = list(tls.subject_alt_names) or list(push.service_accounts(svc))
+            context = istio_mutual_upstream(tls.sni or sni, sans, alpn)
             cluster.transport_socket.CopyFrom(tls_transport_socket(context))
-        # SIMPLE and MUTUAL need credentials from files or Secrets; DISABLE means plaintext.
+        elif tls.mode in (eds.TLS_SIMPLE, eds.TLS_MUTUAL):
+            _apply_originated_tls(cluster, push, svc, tls, http_options)
+        # DISABLE means plaintext, and no auto mTLS either.
         return
     if not push.mesh.enable_auto_mtls.value or svc.mesh_external:
         return
