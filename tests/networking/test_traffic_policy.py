@@ -370,3 +370,42 @@ def test_tls_origination_on_http2_advertises_h2() -> None:
         HTTP
     ]
     assert list(tls_context(c).common_tls_context.alpn_protocols) == ["h2"]
+
+
+def test_dns_cluster_inline_endpoints_get_locality_priorities() -> None:
+    entry = istio(
+        "ServiceEntry",
+        "ext",
+        "default",
+        {
+            "hosts": ["ext.example.com"],
+            "location": "MESH_EXTERNAL",
+            "resolution": "DNS",
+            "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+            "endpoints": [
+                {"address": "near.example.com", "locality": "r1/z1"},
+                {"address": "far.example.com", "locality": "r2/z1"},
+            ],
+        },
+    )
+    rule = istio(
+        "DestinationRule",
+        "ext",
+        "default",
+        {"host": "ext.example.com", "trafficPolicy": {"outlierDetection": {}}},
+    )
+    client = workload("client", "default", "10.96.0.1", 80, {"client-0": "10.1.0.11"})
+    client[1]["metadata"]["labels"]["istio-locality"] = "r2.z1"
+    model = build([*client, entry, rule])
+    proxy = model.proxy(CLIENT)
+    [cluster] = [
+        c
+        for c in build_clusters(ClusterInputs(proxy, model.push, model.index))
+        if c.name == "outbound|80||ext.example.com"
+    ]
+    found = {
+        e.endpoint.address.socket_address.address: g.priority
+        for g in cluster.load_assignment.endpoints
+        for e in g.lb_endpoints
+    }
+    assert found == {"far.example.com": 0, "near.example.com": 1}

@@ -18,6 +18,7 @@ from xds.type.v3 import typed_struct_pb2
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.destination_rules import MergedDestinationRule
+from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import MeshConfig
@@ -123,6 +124,8 @@ def build_outbound_cluster(
     cluster = cluster_pb2.Cluster(name=name, type=cluster_type, alt_stat_name=names.stat_name(name))
     cluster.connect_timeout.CopyFrom(mesh.connect_timeout)
     cluster.common_lb_config.SetInParent()
+    dns_endpoints: list[Endpoint] = []
+    tls_mode: int | None = None
     if cluster_type == cluster_pb2.Cluster.EDS:
         cluster.eds_cluster_config.service_name = name
         cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
@@ -137,9 +140,7 @@ def build_outbound_cluster(
         cluster.respect_dns_ttl = True
         cluster.dns_refresh_rate.CopyFrom(mesh.dns_refresh_rate)
         tls_mode = eds.destination_tls_mode(rule.first.spec if rule else None, subset, port.port)
-        cluster.load_assignment.CopyFrom(
-            eds.load_assignment(name, eds.locality_groups(endpoints, tls_mode=tls_mode))
-        )
+        dns_endpoints = endpoints
     elif cluster_type == cluster_pb2.Cluster.ORIGINAL_DST and _passthrough_target_port(svc, port):
         # A ServiceEntry with resolution NONE may send to another port than the one called.
         override = cluster.lb_config.original_dst_lb_config.upstream_port_override
@@ -154,6 +155,15 @@ def build_outbound_cluster(
         mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None, policy.load_balancer
     )
     tp.apply_load_balancer(cluster, policy.load_balancer, locality_setting)
+    if cluster.type in (cluster_pb2.Cluster.STRICT_DNS, cluster_pb2.Cluster.LOGICAL_DNS):
+        groups = locality_lb.groups_by_locality(dns_endpoints)
+        if locality_setting is not None:
+            # As istiod for static assignments: relative to the proxy, without failoverPriority.
+            enable_failover = cluster.HasField("outlier_detection")
+            groups = locality_lb.apply(groups, locality_setting, proxy.locality.label, {}, enable_failover)
+        cluster.load_assignment.CopyFrom(
+            eds.load_assignment(name, eds.render_groups(groups, tls_mode=tls_mode))
+        )
     cluster.metadata.CopyFrom(_metadata(svc, rule, subset))
     if extensions.has_metadata_exchange(proxy):
         cluster.filters.append(_metadata_exchange_filter())
@@ -383,8 +393,21 @@ class OutboundSpec:
                 push.mesh_fingerprint,
                 extensions.has_metadata_exchange(proxy),
                 int(_dns_family(proxy)),
+                self._dns_locality_view(proxy, push),
             )
         )
+
+    def _dns_locality_view(self, proxy: Proxy, push: PushContext) -> object:
+        """What of the proxy's locality a DNS cluster's inline endpoints depend on (None: nothing)."""
+        if self.service.resolution not in (Resolution.DNS_LB, Resolution.DNS_ROUND_ROBIN_LB):
+            return None
+        policy = tp.cluster_policy(self.rule, self.subset, self.port.port)
+        mesh = push.mesh
+        setting = locality_lb.effective_setting(
+            mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None, policy.load_balancer
+        )
+        enable_failover = policy.outlier_detection is not None
+        return locality_lb.proxy_view(setting, enable_failover, proxy.locality.label, {})
 
     def dependencies(self) -> frozenset[ConfigKey]:
         svc = self.service
