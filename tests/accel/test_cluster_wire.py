@@ -23,7 +23,7 @@ port_names = st.sampled_from(["http", "http2", "grpc", "tcp", "tls", "mongo", "w
 tls_settings = st.one_of(
     st.none(),
     st.fixed_dictionaries(
-        {"mode": st.sampled_from(["DISABLE", "ISTIO_MUTUAL"])},
+        {"mode": st.sampled_from(["DISABLE", "ISTIO_MUTUAL", "SIMPLE"])},
         optional={
             "sni": st.sampled_from(["custom.sni", ""]),
             "subjectAltNames": st.lists(st.sampled_from(["spiffe://td/ns/a/sa/x", "y.example"]), max_size=2),
@@ -39,12 +39,18 @@ policies = st.fixed_dictionaries(
                 {"simple": "RANDOM"},
                 {"consistentHash": {"httpHeaderName": "x-user"}},
                 {"simple": "ROUND_ROBIN", "warmupDurationSecs": "10s"},
+                {"warmup": {"duration": "5s", "minimumPercent": 20}},
+                {"localityLbSetting": {"distribute": [{"from": "*", "to": {"r1/*": 60, "r2/*": 40}}]}},
+                {"localityLbSetting": {"failover": [{"from": "r1", "to": "r2"}]}},
+                {"localityLbSetting": {"enabled": False}},
             ]
         ),
         "connectionPool": st.sampled_from(
             [
                 {"tcp": {"maxConnections": 7, "connectTimeout": "2s"}},
                 {"http": {"http2MaxRequests": 9, "idleTimeout": "30s", "h2UpgradePolicy": "UPGRADE"}},
+                {"http": {"useClientProtocol": True, "maxConcurrentStreams": 5}},
+                {"tcp": {"idleTimeout": "1m", "tcpKeepalive": {"probes": 2}}},
             ]
         ),
         "outlierDetection": st.just({"consecutive5xxErrors": 3, "interval": "5s"}),
