@@ -237,3 +237,62 @@ def test_cache_keys_share_within_a_locality_and_differ_across() -> None:
     plain = build(locality_docs())
     inputs = cla_inputs(REVIEWS, plain.proxy(CLIENT), plain.push)
     assert inputs is not None and inputs.locality is None, "no outlier detection: nothing per proxy"
+
+
+def test_tls_mode_metadata_follows_the_first_subset_an_endpoint_matches() -> None:
+    docs = [
+        *mesh_objects(),
+        istio(
+            "DestinationRule",
+            "reviews",
+            "default",
+            {
+                "host": "reviews",
+                "trafficPolicy": {"tls": {"mode": "SIMPLE"}},
+                "subsets": [
+                    {
+                        "name": "v1",
+                        "labels": {"version": "v1"},
+                        "trafficPolicy": {"tls": {"mode": "DISABLE"}},
+                    },
+                    {
+                        "name": "v2",
+                        "labels": {"version": "v2"},
+                        "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}},
+                    },
+                ],
+            },
+        ),
+    ]
+    docs = [d for d in docs if not (d["kind"] == "DestinationRule" and d is not docs[-1])]
+    for doc in docs:
+        if doc["kind"] == "Pod" and doc["metadata"]["name"] == "reviews-v1":
+            doc["metadata"]["labels"]["security.istio.io/tlsMode"] = "istio"
+    model = build(docs)
+    proxy = model.proxy(CLIENT)
+
+    def marked(name: str) -> dict[str, bool]:
+        reference = build_cluster_load_assignment(name, proxy, model.push, model.index)
+        encoded = endpoint_pb2.ClusterLoadAssignment.FromString(
+            encode_cluster_load_assignment(name, proxy, model.push, model.index)
+        )
+        assert encoded == reference
+        return {
+            e.endpoint.address.socket_address.address: "envoy.transport_socket_match"
+            in e.metadata.filter_metadata
+            for g in reference.endpoints
+            for e in g.lb_endpoints
+        }
+
+    # Whatever the cluster: v1's sidecar endpoint unmarked by its subset's DISABLE, v2's
+    # plain endpoint marked by ISTIO_MUTUAL.
+    assert marked(REVIEWS) == {"10.1.0.21": False, "10.1.0.22": True}
+    assert marked("outbound|9080|v2|reviews.default.svc.cluster.local") == {"10.1.0.22": True}
+    # Without subset modes, SIMPLE leaves it to each endpoint's own label.
+    for doc in docs:
+        if doc["kind"] == "DestinationRule":
+            for subset in doc["spec"]["subsets"]:
+                del subset["trafficPolicy"]
+    model = build(docs)
+    proxy = model.proxy(CLIENT)
+    assert marked(REVIEWS) == {"10.1.0.21": True, "10.1.0.22": False}

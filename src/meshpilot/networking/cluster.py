@@ -125,7 +125,6 @@ def build_outbound_cluster(
     cluster.connect_timeout.CopyFrom(mesh.connect_timeout)
     cluster.common_lb_config.SetInParent()
     dns_endpoints: list[Endpoint] = []
-    tls_mode: int | None = None
     if cluster_type == cluster_pb2.Cluster.EDS:
         cluster.eds_cluster_config.service_name = name
         cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
@@ -139,7 +138,6 @@ def build_outbound_cluster(
         cluster.dns_lookup_family = _dns_family(proxy)
         cluster.respect_dns_ttl = True
         cluster.dns_refresh_rate.CopyFrom(mesh.dns_refresh_rate)
-        tls_mode = eds.destination_tls_mode(rule.first.spec if rule else None, subset, port.port)
         dns_endpoints = endpoints
     elif cluster_type == cluster_pb2.Cluster.ORIGINAL_DST and _passthrough_target_port(svc, port):
         # A ServiceEntry with resolution NONE may send to another port than the one called.
@@ -162,7 +160,7 @@ def build_outbound_cluster(
             enable_failover = cluster.HasField("outlier_detection")
             groups = locality_lb.apply(groups, locality_setting, proxy.locality.label, {}, enable_failover)
         cluster.load_assignment.CopyFrom(
-            eds.load_assignment(name, eds.render_groups(groups, tls_mode=tls_mode))
+            eds.load_assignment(name, eds.render_groups(groups, eds.endpoint_tls(rule, port.port).mtls))
         )
     cluster.metadata.CopyFrom(_metadata(svc, rule, subset))
     if extensions.has_metadata_exchange(proxy):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ from google.protobuf import struct_pb2
 
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.confighash import hash_value
+from meshpilot.model.destination_rules import MergedDestinationRule
 from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
@@ -26,29 +27,67 @@ from meshpilot.networking.wire_py import varint
 TLS_DISABLE, TLS_SIMPLE, TLS_MUTUAL, TLS_ISTIO_MUTUAL = 0, 1, 2, 3
 
 
-def destination_tls_mode(rule_spec: Any | None, subset: str, port: int) -> int | None:
-    """The TLS mode a DestinationRule sets for a cluster, or None if it sets none.
-
-    As in istiod, a subset cluster reads only the subset's own traffic policy.
-    """
-    if rule_spec is None:
-        return None
-    policy = None
-    if not subset:
-        policy = rule_spec.traffic_policy if rule_spec.HasField("traffic_policy") else None
-    else:
-        for candidate in rule_spec.subsets:
-            if candidate.name == subset:
-                policy = candidate.traffic_policy if candidate.HasField("traffic_policy") else None
-                break
+def _port_tls_mode(policy: Any | None, port: int) -> int | None:
+    """A policy's TLS mode for ``port``: its port-level setting's, else its own (istiod's
+    trafficPolicyTLSModeForPort)."""
     if policy is None:
         return None
     mode = policy.tls.mode if policy.HasField("tls") else None
     for settings in policy.port_level_settings:
         if settings.port.number == port and settings.HasField("tls"):
-            mode = settings.tls.mode
-            break
-    return mode
+            return int(settings.tls.mode)
+    return None if mode is None else int(mode)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointTls:
+    """Which endpoints of a port EDS marks ``tlsMode: istio`` (the auto-mTLS transport socket match).
+
+    As istiod's mtlsChecker: the rule's mode for the port, or the mode of the
+    first subset whose labels the endpoint carries, whatever subset the cluster
+    is for. DISABLE marks no endpoint, ISTIO_MUTUAL every one, otherwise the
+    endpoint's own ``security.istio.io/tlsMode`` label decides.
+    """
+
+    root: int | None = None
+    #: Every subset's labels and port mode, in order; empty when no subset sets a mode.
+    subsets: tuple[tuple[tuple[tuple[str, str], ...], int | None], ...] = ()
+
+    @property
+    def wire_mode(self) -> int:
+        """The one mode for all endpoints, as the wire encoder takes it (only without subset modes)."""
+        return _wire_mode(self.root)
+
+    def mtls(self, ep: Endpoint) -> bool:
+        mode = self.root
+        for labels, subset_mode in self.subsets:
+            if all(ep.labels.get(key) == value for key, value in labels):
+                if subset_mode is not None:
+                    mode = subset_mode
+                break
+        return _mtls(ep, None if _wire_mode(mode) == wire.NO_TLS_MODE else _wire_mode(mode))
+
+
+def _wire_mode(mode: int | None) -> int:
+    # SIMPLE and MUTUAL leave the decision to the endpoint's label, as no mode does.
+    return wire.NO_TLS_MODE if mode is None or mode in (TLS_SIMPLE, TLS_MUTUAL) else mode
+
+
+def endpoint_tls(rule: MergedDestinationRule | None, port: int) -> EndpointTls:
+    """The EndpointTls of a rule's host and port (istiod's newMtlsChecker)."""
+    if rule is None:
+        return EndpointTls()
+    root = _port_tls_mode(rule.traffic_policy, port)
+    subsets = tuple(
+        (
+            tuple(sorted(subset.labels.items())),
+            _port_tls_mode(subset.traffic_policy if subset.HasField("traffic_policy") else None, port),
+        )
+        for subset in rule.subsets
+    )
+    if all(mode is None for _, mode in subsets):
+        subsets = ()
+    return EndpointTls(root, subsets)
 
 
 def socket_address(address: str, port: int) -> Any:
@@ -102,16 +141,21 @@ def _mtls(ep: Endpoint, tls_mode: int | None) -> bool:
 
 
 def locality_groups(endpoints: Iterable[Endpoint], *, tls_mode: int | None) -> list[Any]:
-    """LocalityLbEndpoints, one per locality in sorted order, weighted by their endpoints."""
-    return render_groups(locality_lb.groups_by_locality(list(endpoints)), tls_mode=tls_mode)
+    """LocalityLbEndpoints, one per locality in sorted order, weighted by their endpoints.
+
+    ``tls_mode`` as the wire encoder takes it: ISTIO_MUTUAL marks every endpoint,
+    another mode none, None leaves it to each endpoint's label.
+    """
+    groups = locality_lb.groups_by_locality(list(endpoints))
+    return render_groups(groups, lambda ep: _mtls(ep, tls_mode))
 
 
-def render_groups(groups: Iterable[LocalityGroup], *, tls_mode: int | None) -> list[Any]:
+def render_groups(groups: Iterable[LocalityGroup], mtls: Callable[[Endpoint], bool]) -> list[Any]:
     """LocalityLbEndpoints of already grouped (maybe reweighted and prioritized) endpoints."""
     return [
         endpoint_components_pb2.LocalityLbEndpoints(
             locality=_locality(group.label),
-            lb_endpoints=[lb_endpoint(ep, mtls=_mtls(ep, tls_mode)) for ep in group.endpoints],
+            lb_endpoints=[lb_endpoint(ep, mtls=mtls(ep)) for ep in group.endpoints],
             load_balancing_weight=uint32(group.weight),
             priority=group.priority,
         )
@@ -123,19 +167,19 @@ def _field(number: int, payload: bytes) -> bytes:
     return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
-def _encode_groups(groups: Iterable[LocalityGroup], tls_mode: int) -> bytes:
+def _encode_groups(groups: Iterable[LocalityGroup], mtls: Callable[[Endpoint], bool]) -> bytes:
     """Repeated LocalityLbEndpoints (CLA field 2): locality 1, lb_endpoints 2, weight 3, priority 5.
 
-    Only per-proxy locality assignments come here; the common case stays in the wire module.
+    Only per-proxy locality assignments and per-subset TLS modes come here; the
+    common case stays in the wire module.
     """
     out = []
     for group in groups:
         parts = group.label.split("/") if group.label else []
         locality = b"".join(_field(n, text.encode()) for n, text in enumerate(parts[:3], 1) if text)
         body = _field(1, locality)
-        mode = None if tls_mode == wire.NO_TLS_MODE else tls_mode
         for ep in group.endpoints:
-            body += _field(2, wire.lb_endpoint(ep, _mtls(ep, mode)))
+            body += _field(2, wire.lb_endpoint(ep, mtls(ep)))
         body += _field(3, varint(1 << 3) + varint(group.weight) if group.weight else b"")
         if group.priority:
             body += varint(5 << 3) + varint(group.priority)
@@ -226,8 +270,8 @@ class ClaInputs:
     service: Service
     port_name: str
     subset_labels: dict[str, str] | None
-    #: The DestinationRule's TLS mode for this cluster, or wire.NO_TLS_MODE.
-    tls_mode: int
+    #: Which endpoints get the mTLS transport socket match.
+    tls: EndpointTls
     #: The DestinationRules read (their keys are cache dependencies).
     rule_keys: tuple[ConfigKey, ...] = ()
     #: How the calling proxy's locality rewrites the assignment; None when it does not.
@@ -241,7 +285,15 @@ class ClaInputs:
         svc = self.service
         plan = self.locality.key if self.locality is not None else None
         return hash_value(
-            (cluster_name, svc.fingerprint, self.port_name, self.subset_labels, self.tls_mode, plan)
+            (
+                cluster_name,
+                svc.fingerprint,
+                self.port_name,
+                self.subset_labels,
+                self.tls.root,
+                self.tls.subsets,
+                plan,
+            )
         )
 
     def dependencies(self) -> frozenset[ConfigKey]:
@@ -274,12 +326,9 @@ def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
         if found is None:
             return None
         subset_labels = dict(found.labels)
-    mode = destination_tls_mode(rule.first.spec if rule else None, subset, port_number)
     rule_keys = tuple(c.key for c in rule.configs) if rule is not None else ()
     plan = locality_plan(rule, subset, port_number, proxy, push.mesh)
-    return ClaInputs(
-        svc, port.name, subset_labels, wire.NO_TLS_MODE if mode is None else mode, rule_keys, plan
-    )
+    return ClaInputs(svc, port.name, subset_labels, endpoint_tls(rule, port_number), rule_keys, plan)
 
 
 def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> Any:
@@ -288,10 +337,11 @@ def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, inde
     if inputs is None:
         return endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
     endpoints = select_endpoints(index, inputs.service, inputs.port_name, inputs.subset_labels)
-    mode = None if inputs.tls_mode == wire.NO_TLS_MODE else inputs.tls_mode
     if inputs.locality is not None:
-        return load_assignment(cluster_name, render_groups(inputs.locality.apply(endpoints), tls_mode=mode))
-    return load_assignment(cluster_name, locality_groups(endpoints, tls_mode=mode))
+        groups = inputs.locality.apply(endpoints)
+    else:
+        groups = locality_lb.groups_by_locality(endpoints)
+    return load_assignment(cluster_name, render_groups(groups, inputs.tls.mtls))
 
 
 def encode_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> bytes:
@@ -304,10 +354,13 @@ def encode_from_inputs(cluster_name: str, inputs: ClaInputs | None, index: Endpo
         return wire.cluster_load_assignment(cluster_name, (), "", None, wire.NO_TLS_MODE)
     shards = index.shards(inputs.service.hostname, inputs.service.namespace)
     endpoints = [ep for _, ep in shards.endpoints()] if shards is not None else []
-    if inputs.locality is not None:
+    if inputs.locality is not None or inputs.tls.subsets:
         chosen = wire.select(endpoints, inputs.port_name, inputs.subset_labels)
-        groups = inputs.locality.apply(chosen)
-        return _field(1, cluster_name.encode()) + _encode_groups(groups, inputs.tls_mode)
+        if inputs.locality is not None:
+            groups = inputs.locality.apply(chosen)
+        else:
+            groups = locality_lb.groups_by_locality(chosen)
+        return _field(1, cluster_name.encode()) + _encode_groups(groups, inputs.tls.mtls)
     return wire.cluster_load_assignment(
-        cluster_name, endpoints, inputs.port_name, inputs.subset_labels, inputs.tls_mode
+        cluster_name, endpoints, inputs.port_name, inputs.subset_labels, inputs.tls.wire_mode
     )
