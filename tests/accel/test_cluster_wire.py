@@ -55,6 +55,7 @@ policies = st.fixed_dictionaries(
         ),
         "outlierDetection": st.just({"consecutive5xxErrors": 3, "interval": "5s"}),
         "tls": tls_settings.filter(lambda t: t is not None),
+        "proxyProtocol": st.just({"version": "V2"}),
     },
 ).filter(bool)  # an empty trafficPolicy is invalid
 

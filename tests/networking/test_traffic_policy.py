@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
+from envoy.extensions.transport_sockets.proxy_protocol.v3 import upstream_proxy_protocol_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2 as hpo
 from google.protobuf import json_format
@@ -409,3 +410,29 @@ def test_dns_cluster_inline_endpoints_get_locality_priorities() -> None:
         for e in g.lb_endpoints
     }
     assert found == {"far.example.com": 0, "near.example.com": 1}
+
+
+def test_proxy_protocol_wraps_every_transport_socket() -> None:
+    def unwrap(socket: Any) -> Any:
+        assert socket.name == "envoy.transport_sockets.upstream_proxy_protocol"
+        out = upstream_proxy_protocol_pb2.ProxyProtocolUpstreamTransport()
+        socket.typed_config.Unpack(out)
+        return out
+
+    auto = clusters({"proxyProtocol": {"version": "V2"}})[HTTP]
+    wrapped = [unwrap(m.transport_socket) for m in auto.transport_socket_matches]
+    assert [w.config.version for w in wrapped] == [1, 1]
+    assert [w.transport_socket.name for w in wrapped] == [
+        "envoy.transport_sockets.tls",
+        "envoy.transport_sockets.raw_buffer",
+    ], "auto mTLS matches keep their sockets inside"
+    plain = clusters({"proxyProtocol": {"version": "V1"}, "tls": {"mode": "DISABLE"}})[HTTP]
+    inner = unwrap(plain.transport_socket)
+    assert inner.config.version == 0 and inner.transport_socket.name == "envoy.transport_sockets.raw_buffer"
+    port_level = {
+        "proxyProtocol": {"version": "V1"},
+        "portLevelSettings": [{"port": {"number": 8080}, "tls": {"mode": "DISABLE"}}],
+    }
+    assert not clusters(port_level)[HTTP].HasField("transport_socket"), (
+        "a port-level setting drops proxyProtocol"
+    )

@@ -35,6 +35,7 @@ from meshpilot.networking.tls import (
     auto_sni_options,
     istio_mutual_upstream,
     originated_upstream,
+    proxy_protocol_socket,
     raw_buffer_transport_socket,
     tls_transport_socket,
 )
@@ -167,6 +168,8 @@ def build_outbound_cluster(
         cluster.filters.append(_metadata_exchange_filter())
     # TLS before the protocol options are packed: origination may add auto SNI to them.
     _apply_tls(cluster, inputs, svc, port, subset, policy, http_options)
+    if policy.proxy_protocol is not None:
+        _apply_proxy_protocol(cluster, policy.proxy_protocol.version)
     _set_protocol_options(cluster, http_options)
     return cluster
 
@@ -186,6 +189,21 @@ def _subset_labels(rule: MergedDestinationRule | None, subset: str) -> dict[str,
 
 def _dns_family(proxy: Proxy) -> Any:
     return cluster_pb2.Cluster.V6_ONLY if proxy.ipv6_only else cluster_pb2.Cluster.V4_ONLY
+
+
+def _apply_proxy_protocol(cluster: Any, version: int) -> None:
+    """A PROXY protocol header first: every transport socket wrapped (istiod's applyUpstreamProxyProtocol)."""
+    if not cluster.HasField("transport_socket") and not cluster.transport_socket_matches:
+        cluster.transport_socket.CopyFrom(proxy_protocol_socket(version, raw_buffer_transport_socket()))
+        return
+    if cluster.HasField("transport_socket"):
+        inner = base_pb2.TransportSocket()
+        inner.CopyFrom(cluster.transport_socket)
+        cluster.transport_socket.CopyFrom(proxy_protocol_socket(version, inner))
+    for match in cluster.transport_socket_matches:
+        inner = base_pb2.TransportSocket()
+        inner.CopyFrom(match.transport_socket)
+        match.transport_socket.CopyFrom(proxy_protocol_socket(version, inner))
 
 
 def _apply_originated_tls(cluster: Any, push: PushContext, svc: Service, tls: Any, http_options: Any) -> None:

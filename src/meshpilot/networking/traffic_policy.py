@@ -31,6 +31,7 @@ class ClusterPolicy:
     load_balancer: Any | None = None
     outlier_detection: Any | None = None
     tls: Any | None = None
+    proxy_protocol: Any | None = None
 
     @property
     def is_passthrough_lb(self) -> bool:
@@ -42,14 +43,18 @@ def _fields_for_port(policy: Any | None, port: int) -> tuple[dict[str, Any], boo
     """The policy's fields for ``port``, and whether a port-level setting matched.
 
     A matching port-level setting replaces all four fields: what it leaves out
-    falls back to defaults, not to the enclosing policy (istiod's GetPortLevelTrafficPolicy).
+    falls back to defaults, not to the enclosing policy (istiod's
+    GetPortLevelTrafficPolicy); nor is ``proxyProtocol`` kept then.
     """
     if policy is None:
         return {}, False
     for settings in policy.port_level_settings:
         if settings.port.number == port:
             return {name: getattr(settings, name) for name in _FIELDS if settings.HasField(name)}, True
-    return {name: getattr(policy, name) for name in _FIELDS if policy.HasField(name)}, False
+    out = {name: getattr(policy, name) for name in _FIELDS if policy.HasField(name)}
+    if policy.HasField("proxy_protocol"):
+        out["proxy_protocol"] = policy.proxy_protocol
+    return out, False
 
 
 def cluster_policy(rule: MergedDestinationRule | None, subset: str, port: int) -> ClusterPolicy:
@@ -66,10 +71,11 @@ def cluster_policy(rule: MergedDestinationRule | None, subset: str, port: int) -
         if found is not None and found.HasField("traffic_policy"):
             subset_fields, port_level = _fields_for_port(found.traffic_policy, port)
             if port_level:
-                fields = subset_fields
+                for name in _FIELDS:
+                    fields[name] = subset_fields.get(name)
             else:
                 fields.update(subset_fields)
-    return ClusterPolicy(**fields)
+    return ClusterPolicy(**{name: value for name, value in fields.items() if value is not None})
 
 
 def default_circuit_breakers() -> Any:
