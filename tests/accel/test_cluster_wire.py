@@ -76,7 +76,11 @@ def meshes(draw: Any) -> tuple[list[dict[str, Any]], bool, bool]:
                 rule["trafficPolicy"] = draw(policies)
                 if draw(st.booleans()):
                     rule["trafficPolicy"]["portLevelSettings"] = [
-                        {"port": {"number": 8000}, **draw(policies)}
+                        # Port-level settings have no proxyProtocol.
+                        {
+                            "port": {"number": 8000},
+                            **draw(policies.filter(lambda p: "proxyProtocol" not in p)),
+                        }
                     ]
             subsets = draw(st.lists(st.sampled_from(["v1", "v2", "v3"]), max_size=2, unique=True))
             if subsets:
