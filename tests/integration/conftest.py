@@ -89,8 +89,16 @@ class MeshHarness:
             envoy.wait_live()
         return envoy
 
-    def backend(self, name: str, host: str, port: int) -> Backend:
-        backend = Backend(name, host, port).start()
+    def backend(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        *,
+        tls: tuple[Path, Path] | None = None,
+        client_ca: Path | None = None,
+    ) -> Backend:
+        backend = Backend(name, host, port, tls=tls, client_ca=client_ca).start()
         self.backends.append(backend)
         return backend
 
