@@ -13,6 +13,7 @@ from meshpilot.networking.endpoint import (
     build_cluster_load_assignment,
     cla_inputs,
     encode_cluster_load_assignment,
+    proxy_signature,
 )
 
 
@@ -296,3 +297,26 @@ def test_tls_mode_metadata_follows_the_first_subset_an_endpoint_matches() -> Non
     model = build(docs)
     proxy = model.proxy(CLIENT)
     assert marked(REVIEWS) == {"10.1.0.21": True, "10.1.0.22": False}
+
+
+def test_proxy_signature_splits_shared_eds_only_when_locality_can_matter() -> None:
+    others = [
+        pod("other-1", "default", "10.1.0.12", {"app": "x", "istio-locality": "r2.z1"}),
+    ]
+
+    def signatures(rule: dict | None) -> tuple[object, object]:  # type: ignore[type-arg]
+        model = build([*locality_docs(rule), *others])
+        near = model.proxy(CLIENT)
+        far = model.proxy("sidecar~10.1.0.12~other-1.default~default.svc.cluster.local")
+        return proxy_signature(near, model.push), proxy_signature(far, model.push)
+
+    near, far = signatures({"loadBalancer": {"simple": "RANDOM"}})
+    assert near == far == (), "no outlier detection nor distribute anywhere: every proxy alike"
+    near, far = signatures({"outlierDetection": {"consecutive5xxErrors": 3}})
+    assert near != far
+    rule = {
+        "outlierDetection": {"consecutive5xxErrors": 3},
+        "loadBalancer": {"localityLbSetting": {"failoverPriority": ["app"]}},
+    }
+    near, far = signatures(rule)
+    assert near != far and near[2] == ("productpage",), "the failoverPriority label's value counts"

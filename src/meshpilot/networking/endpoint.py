@@ -234,31 +234,39 @@ def locality_plan(rule: Any | None, subset: str, port: int, proxy: Any, mesh: An
     return LocalityPlan(setting, enable_failover, proxy.locality.label, proxy.labels, key)
 
 
-def _failover_priority_labels(push: Any) -> tuple[str, ...]:
-    """Every label any failoverPriority of the snapshot names (mesh and DestinationRules)."""
+def _locality_inputs(push: Any) -> tuple[bool, tuple[str, ...]]:
+    """Whether any assignment of the snapshot can depend on the caller's locality, and the labels
+    any ``failoverPriority`` names.
+
+    A rewrite needs ``distribute`` (the mesh's or a rule's) or outlier detection (for failover).
+    """
     names: set[str] = set()
-
-    def collect(lb: Any) -> None:
-        if lb.HasField("locality_lb_setting"):
-            names.update(entry.split("=")[0] for entry in lb.locality_lb_setting.failover_priority)
-
-    names.update(entry.split("=")[0] for entry in push.mesh.locality_lb_setting.failover_priority)
+    sensitive = False
+    mesh_setting = push.mesh.locality_lb_setting
+    if locality_lb.effective_setting(mesh_setting, None) is not None:
+        sensitive = bool(mesh_setting.distribute)
+        names.update(entry.split("=")[0] for entry in mesh_setting.failover_priority)
     for config in push.configs(Kind.DESTINATION_RULE):
         spec = config.spec
-        policies = [spec.traffic_policy, *(s.traffic_policy for s in spec.subsets)]
-        for policy in policies:
-            collect(policy.load_balancer)
-            for settings in policy.port_level_settings:
-                collect(settings.load_balancer)
-    return tuple(sorted(names))
+        for policy in [spec.traffic_policy, *(s.traffic_policy for s in spec.subsets)]:
+            for part in [policy, *policy.port_level_settings]:
+                sensitive = sensitive or part.HasField("outlier_detection")
+                if part.load_balancer.HasField("locality_lb_setting"):
+                    setting = part.load_balancer.locality_lb_setting
+                    sensitive = sensitive or bool(setting.distribute)
+                    names.update(entry.split("=")[0] for entry in setting.failover_priority)
+    return sensitive, tuple(sorted(names))
 
 
 def proxy_signature(proxy: Any, push: Any) -> tuple[object, ...]:
     """What of a proxy any of its assignments can read: its locality and failoverPriority labels.
 
-    Proxies alike in these (and in scope) get the same assignments, so generation is shared.
+    Proxies alike in these (and in scope) get the same assignments, so generation is shared;
+    without any locality rewrite in the snapshot, all proxies are alike.
     """
-    labels = push.memoized("eds-failover-priority-labels", lambda: _failover_priority_labels(push))
+    sensitive, labels = push.memoized("eds-locality-inputs", lambda: _locality_inputs(push))
+    if not sensitive:
+        return ()
     values = tuple(proxy.labels.get(name) for name in labels) if labels else ()
     return (proxy.locality.label, bool(proxy.labels), values)
 
