@@ -19,9 +19,9 @@ from support.wait import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
 
-CLIENT_IP = "127.0.0.11"
-NEAR_IP = "127.0.0.21"
-FAR_IP = "127.0.0.22"
+CLIENT_IP = "127.0.3.11"
+NEAR_IP = "127.0.3.21"
+FAR_IP = "127.0.3.22"
 CLUSTER = "outbound|9080||reviews.default.svc.cluster.local"
 
 

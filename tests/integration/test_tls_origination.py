@@ -16,8 +16,8 @@ from support.wait import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
 
-CLIENT_IP = "127.0.0.11"
-SERVER_IP = "127.0.0.41"
+CLIENT_IP = "127.0.4.11"
+SERVER_IP = "127.0.4.41"
 SERVER_SAN = "spiffe://cluster.local/ns/default/sa/secure"
 
 
