@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from meshpilot.model import visibility
-from meshpilot.model.config import Config
+from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.confighash import hash_value
+from meshpilot.model.delegation import merge_delegates
 from meshpilot.model.destination_rules import DestinationRuleIndex, MergedDestinationRule
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.kind import Kind
@@ -37,6 +38,8 @@ class VirtualServiceEntry:
     hosts: tuple[str, ...]
     gateways: frozenset[str]
     export_to: frozenset[str]
+    #: Delegate VirtualServices merged into this one (it depends on them).
+    delegates: frozenset[ConfigKey] = frozenset()
 
 
 def _selector(sidecar: Config) -> dict[str, str]:
@@ -88,12 +91,14 @@ class PushContext:
 
         default_vs_export = frozenset(mesh.default_virtual_service_export_to) or frozenset({"*"})
         self.virtual_services: list[VirtualServiceEntry] = []
-        for config in self.configs(Kind.VIRTUAL_SERVICE):
+        merged = merge_delegates(self.configs(Kind.VIRTUAL_SERVICE), default_vs_export)
+        for config in sorted(merged.configs, key=_order):
             spec = config.spec
             gateways = frozenset(spec.gateways) or frozenset({MESH_GATEWAY})
             hosts = tuple(resolve_short_name(h, config.namespace, domain_suffix) for h in spec.hosts)
             export_to = visibility.export_set(spec.export_to, default_vs_export)
-            self.virtual_services.append(VirtualServiceEntry(config, hosts, gateways, export_to))
+            delegates = merged.delegates.get(config.key, frozenset())
+            self.virtual_services.append(VirtualServiceEntry(config, hosts, gateways, export_to, delegates))
         self._vs_visible: dict[str, list[VirtualServiceEntry]] = {}
 
         self.destination_rules = DestinationRuleIndex(

@@ -184,6 +184,7 @@ def build_scope(push: PushContext, namespace: str, sidecar: Config | None) -> Si
             deps.add(ConfigKey(Kind.SERVICE_ENTRY, svc.hostname, svc.namespace))
         for vs in listener.virtual_services:
             deps.add(vs.config.key)
+            deps.update(vs.delegates)
     for hostname, original in originals.items():
         wanted = ports_by_host[hostname]
         svc = original

@@ -120,6 +120,96 @@ _REDIRECT_CODES = {
 _FROM_REQUEST_PORT = 1
 
 LookupService = Callable[[str], Service | None]
+#: The DestinationRule consistent hash for a route destination (an HTTPRouteDestination), if any.
+LookupHash = Callable[[Any], Any | None]
+
+
+def _no_hash(_destination: Any) -> Any | None:
+    return None
+
+
+def hash_policy(consistent_hash: Any | None) -> Any | None:
+    """A DestinationRule ``consistentHash`` as the route hash policy Envoy hashes requests by."""
+    if consistent_hash is None:
+        return None
+    which = consistent_hash.WhichOneof("hash_key")
+    if which == "http_header_name":
+        return rc.RouteAction.HashPolicy(
+            header=rc.RouteAction.HashPolicy.Header(header_name=consistent_hash.http_header_name)
+        )
+    if which == "http_cookie":
+        cookie = consistent_hash.http_cookie
+        out = rc.RouteAction.HashPolicy.Cookie(name=cookie.name, path=cookie.path)
+        if cookie.HasField("ttl"):
+            out.ttl.CopyFrom(cookie.ttl)
+        for attribute in cookie.attributes:
+            out.attributes.add(name=attribute.name, value=attribute.value)
+        return rc.RouteAction.HashPolicy(cookie=out)
+    if which == "use_source_ip":
+        return rc.RouteAction.HashPolicy(
+            connection_properties=rc.RouteAction.HashPolicy.ConnectionProperties(
+                source_ip=consistent_hash.use_source_ip
+            )
+        )
+    if which == "http_query_parameter_name":
+        return rc.RouteAction.HashPolicy(
+            query_parameter=rc.RouteAction.HashPolicy.QueryParameter(
+                name=consistent_hash.http_query_parameter_name
+            )
+        )
+    return None
+
+
+def _port_consistent_hash(policy: Any, port: int) -> Any | None:
+    for settings in policy.port_level_settings:
+        if settings.port.number == port:
+            lb = settings.load_balancer
+            return lb.consistent_hash if lb.HasField("consistent_hash") else None
+    return None
+
+
+def _consistent_hash(policy: Any | None) -> Any | None:
+    if policy is None or not policy.load_balancer.HasField("consistent_hash"):
+        return None
+    return policy.load_balancer.consistent_hash
+
+
+def destination_consistent_hash(rule: Any | None, destination: Any) -> Any | None:
+    """istiod's HashForHTTPDestination: subset port settings, subset, port settings, then the rule.
+
+    ``rule`` is a MergedDestinationRule; port settings count only when the
+    destination names its port.
+    """
+    if rule is None:
+        return None
+    policy = rule.traffic_policy
+    found = _consistent_hash(policy)
+    port = destination.port.number if destination.HasField("port") else 0
+    port_hash = _port_consistent_hash(policy, port) if policy is not None and port else None
+    subset_hash = subset_port_hash = None
+    if destination.subset:
+        subset = rule.subset(destination.subset)
+        if subset is not None and subset.HasField("traffic_policy"):
+            subset_hash = _consistent_hash(subset.traffic_policy)
+            if port:
+                subset_port_hash = _port_consistent_hash(subset.traffic_policy, port)
+    for candidate in (subset_port_hash, subset_hash, port_hash):
+        if candidate is not None:
+            return candidate
+    return found
+
+
+def service_consistent_hash(rule: Any | None, port: int) -> Any | None:
+    """istiod's hashForService: the rule's consistent hash, or its port's when that has one."""
+    if rule is None:
+        return None
+    policy = rule.traffic_policy
+    found = _consistent_hash(policy)
+    if policy is not None:
+        port_hash = _port_consistent_hash(policy, port)
+        if port_hash is not None:
+            found = port_hash
+    return found
 
 
 def previous_hosts_predicate() -> Any:
@@ -408,6 +498,7 @@ def translate_route(
     lookup: LookupService,
     mesh: Any,
     domain_suffix: str,
+    lookup_hash: LookupHash = _no_hash,
 ) -> Any | None:
     """One Envoy route for one HTTPRoute and one of its matches; None if it does not apply here."""
     if match is not None and match.port and match.port != listener_port:
@@ -446,7 +537,7 @@ def translate_route(
             elif body.WhichOneof("specifier") == "bytes":
                 out.direct_response.body.inline_bytes = body.bytes
     else:
-        _apply_destinations(out, proxy, http, listener_port, lookup, resolve, mesh, authority)
+        _apply_destinations(out, proxy, http, listener_port, lookup, resolve, mesh, authority, lookup_hash)
     out.decorator.operation = _operation(out, vs.name, listener_port)
     if http.HasField("fault"):
         config = fault_filter_config(http.fault)
@@ -489,6 +580,7 @@ def _apply_destinations(
     resolve: Callable[[str], str],
     mesh: Any,
     authority: str,
+    lookup_hash: LookupHash,
 ) -> None:
     action = out.route
     timeout = http.timeout if http.HasField("timeout") else duration(0)
@@ -525,9 +617,17 @@ def _apply_destinations(
             continue
         action.request_mirror_policies.append(_mirror_policy(cluster_for(mirror.destination), fraction))
 
+    def add_hash(dst: Any) -> bool:
+        policy = hash_policy(lookup_hash(dst))
+        if policy is not None:
+            action.hash_policy.append(policy)
+        return policy is not None
+
+    consistent_hash = False
     if len(http.route) == 1:
         dst = http.route[0]
         action.cluster = cluster_for(dst.destination)
+        consistent_hash = add_hash(dst)
         if dst.HasField("headers"):
             req_add, req_remove, resp_add, resp_remove, dst_authority = _headers_operations(dst.headers)
             out.request_headers_to_add.extend(req_add)
@@ -551,30 +651,41 @@ def _apply_destinations(
                 weighted.response_headers_to_remove.extend(resp_remove)
                 if dst_authority:
                     weighted.host_rewrite_literal = dst_authority
+            add_hash(dst)
     retries = (
         http.retries
         if http.HasField("retries")
         else (mesh.default_http_retry_policy if mesh.HasField("default_http_retry_policy") else None)
     )
-    policy = retry_policy(retries)
+    policy = retry_policy(retries, consistent_hash=consistent_hash)
     if policy is not None:
         action.retry_policy.CopyFrom(policy)
 
 
 def routes_for_virtual_service(
-    proxy: Proxy, vs: Config, listener_port: int, lookup: LookupService, mesh: Any, domain_suffix: str
+    proxy: Proxy,
+    vs: Config,
+    listener_port: int,
+    lookup: LookupService,
+    mesh: Any,
+    domain_suffix: str,
+    lookup_hash: LookupHash = _no_hash,
 ) -> list[Any]:
     """Envoy routes of a VirtualService's HTTP section for one listener port, up to the first catch-all."""
     out: list[Any] = []
     for http in vs.spec.http:
         if not http.match:
-            route = translate_route(proxy, http, None, listener_port, vs, lookup, mesh, domain_suffix)
+            route = translate_route(
+                proxy, http, None, listener_port, vs, lookup, mesh, domain_suffix, lookup_hash
+            )
             if route is not None:
                 out.append(route)
             break
         stop = False
         for match in http.match:
-            route = translate_route(proxy, http, match, listener_port, vs, lookup, mesh, domain_suffix)
+            route = translate_route(
+                proxy, http, match, listener_port, vs, lookup, mesh, domain_suffix, lookup_hash
+            )
             if route is not None:
                 out.append(route)
                 if is_catch_all(route):

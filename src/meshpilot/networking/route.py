@@ -16,6 +16,7 @@ from envoy.config.route.v3 import route_pb2
 
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.confighash import hash_value
+from meshpilot.model.destination_rules import MergedDestinationRule
 from meshpilot.model.hosts import host_matches, is_wildcard, resolve_short_name
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import REGISTRY_ONLY
@@ -25,7 +26,14 @@ from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.model.service import Port, Resolution, Service
 from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking import names, vhosts, vhosts_py
-from meshpilot.networking.http_routes import retry_policy, routes_for_virtual_service
+from meshpilot.networking.http_routes import (
+    LookupHash,
+    destination_consistent_hash,
+    hash_policy,
+    retry_policy,
+    routes_for_virtual_service,
+    service_consistent_hash,
+)
 from meshpilot.networking.protobuf import boolean, duration, uint32
 
 MAX_DIRECT_RESPONSE_BODY = 1048576
@@ -112,6 +120,7 @@ def route_cache_parts(scope: SidecarScope, name: str, domain_suffix: str) -> Rou
         services.sort(key=lambda s: s.hostname)
         dependencies = {ConfigKey(Kind.SERVICE_ENTRY, s.hostname, s.namespace) for s in services}
         vs_parts = []
+        destinations: set[str] = set()
         source_sensitive = False
         for vs in listener.virtual_services:
             dependencies.add(vs.config.key)
@@ -119,15 +128,41 @@ def route_cache_parts(scope: SidecarScope, name: str, domain_suffix: str) -> Rou
             targets = []
             for host in _destination_hosts(vs.config, domain_suffix):
                 target = scope.service(host)
+                destinations.add(host)
                 if target is not None:
                     dependencies.add(ConfigKey(Kind.SERVICE_ENTRY, target.hostname, target.namespace))
                     targets.append(target.fingerprint)
             vs_parts.append((str(vs.config.key), vs.config.spec_hash, targets))
             source_sensitive = source_sensitive or _matches_source(vs.config.spec)
-        fingerprint = hash_value(([s.fingerprint for s in services], vs_parts, scope.outbound_traffic_policy))
+        # Route hash policies come from the DestinationRules of the services
+        # and destinations: their rules are inputs, and a change evicts.
+        hashed = []
+        hashing = _hashing_rules(scope)
+        wanted = {s.hostname.lower() for s in services} | {d.lower() for d in destinations}
+        for host in sorted(wanted & hashing.keys()):
+            rule = hashing[host]
+            hashed.append(rule.fingerprint)
+            dependencies.update(c.key for c in rule.configs)
+        fingerprint = hash_value(
+            ([s.fingerprint for s in services], vs_parts, scope.outbound_traffic_policy, hashed)
+        )
         parts = RouteCacheParts(fingerprint, frozenset(dependencies), source_sensitive)
     scope.memo[memo_key] = parts
     return parts
+
+
+def _has_consistent_hash(rule: MergedDestinationRule) -> bool:
+    """Whether any policy of the rule (top, port, subset, subset port) hashes."""
+    policies = [rule.traffic_policy] + [
+        s.traffic_policy for s in rule.subsets if s.HasField("traffic_policy")
+    ]
+    for policy in policies:
+        if policy is None:
+            continue
+        balancers = [policy.load_balancer] + [p.load_balancer for p in policy.port_level_settings]
+        if any(lb.HasField("consistent_hash") for lb in balancers):
+            return True
+    return False
 
 
 def _destination_hosts(vs: Config, domain_suffix: str) -> list[str]:
@@ -198,7 +233,13 @@ def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener:
     assert scope is not None
     for vs in virtual_services:
         routes = routes_for_virtual_service(
-            proxy, vs.config, port, scope.service, push.mesh, push.domain_suffix
+            proxy,
+            vs.config,
+            port,
+            scope.service,
+            push.mesh,
+            push.domain_suffix,
+            _hash_lookup(scope, vs.config.namespace, push.domain_suffix),
         )
         if not routes:
             continue
@@ -211,7 +252,46 @@ def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener:
         for svc in http_matched:
             domains, expanded = virtual_host_domains(svc, proxy)
             table.add(f"{svc.hostname}:{port}", domains, expanded, routes)
+    # Services a DestinationRule hashes get their default host with a hash
+    # policy here, as protobuf; the wire-encoded default hosts carry none.
+    for hostname, rule in _hashing_rules(scope).items():
+        hashed = services.get(hostname)
+        if hashed is None or hashed.hostname in table.covered or hashed.resolution is Resolution.ALIAS:
+            continue
+        policy = hash_policy(service_consistent_hash(rule, port)) if table.is_http(hashed) else None
+        if policy is None:
+            continue
+        route = default_route(
+            names.outbound_cluster(port, "", hashed.hostname), f"{hashed.hostname}:{port}/*", push.mesh
+        )
+        route.route.hash_policy.append(policy)
+        table.covered.add(hashed.hostname)
+        domains, expanded = virtual_host_domains(hashed, proxy)
+        table.add(f"{hashed.hostname}:{port}", domains, expanded, [route])
     return table
+
+
+def _hashing_rules(scope: SidecarScope) -> dict[str, MergedDestinationRule]:
+    """The scope's DestinationRules that hash, by lowercased host: usually none, so services cost nothing."""
+    found = scope.memo.get("hashing-rules")
+    if found is None:
+        found = {
+            host.lower(): rule
+            for host, rule in scope.destination_rules.items()
+            if rule is not None and _has_consistent_hash(rule)
+        }
+        scope.memo["hashing-rules"] = found
+    return found  # type: ignore[return-value]
+
+
+def _hash_lookup(scope: SidecarScope, namespace: str, domain_suffix: str) -> LookupHash:
+    """Consistent hashes of a VirtualService's destinations, from the DestinationRules in scope."""
+
+    def lookup(destination: Any) -> Any | None:
+        host = resolve_short_name(destination.destination.host, namespace, domain_suffix)
+        return destination_consistent_hash(scope.destination_rule(host), destination.destination)
+
+    return lookup
 
 
 def _listener_for(proxy: Proxy, name: str) -> tuple[int, bool, Any] | None:

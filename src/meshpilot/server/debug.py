@@ -256,7 +256,7 @@ class DebugHandlers:
 
         def generate(type_url: TypeUrl) -> list[Any]:
             watch = conn.watched.get(type_url)
-            generator = server.generators.get(type_url)
+            generator = server.generators_for(conn.proxy).get(type_url)
             if watch is None or generator is None:
                 return []
             return [r.message() for r in generator.generate(ctx, watch, None) or []]

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,7 +34,7 @@ from meshpilot.push.queue import PushQueue
 from meshpilot.server.metrics import Metrics
 from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, new_token
 from meshpilot.xds.connection import Connection
-from meshpilot.xds.generators import Generator, sidecar_generators
+from meshpilot.xds.generators import Generator, generators_by_metadata, sidecar_generators
 from meshpilot.xds.rate_limit import TokenBucket, default_rate
 from meshpilot.xds.stream import AdsStream
 from meshpilot.xds.types import TypeUrl
@@ -80,11 +80,16 @@ class DiscoveryServer:
         metrics: Metrics,
         options: DiscoveryOptions | None = None,
         generators: dict[TypeUrl, Generator] | None = None,
+        metadata_generators: dict[str, dict[TypeUrl, Generator]] | None = None,
     ) -> None:
         self.env = env
         self.metrics = metrics
         self.options = options or DiscoveryOptions()
         self.generators = generators if generators is not None else sidecar_generators()
+        #: By node metadata GENERATOR; these win over ``generators`` for the types they hold.
+        self.metadata_generators = (
+            metadata_generators if metadata_generators is not None else generators_by_metadata()
+        )
         self.push_context: PushContext | None = None
         self.cache = XdsCache(self.options.cache_size, metrics) if self.options.cache_size > 0 else None
         self._stream_limit = TokenBucket(self.options.max_requests_per_second or default_rate())
@@ -95,6 +100,11 @@ class DiscoveryServer:
         self._versions = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[Callable[[PushRequest], None]] = []
+
+    def generators_for(self, proxy: Proxy) -> Mapping[TypeUrl, Generator]:
+        """The generators serving ``proxy``: its GENERATOR's first, then the defaults (istiod's order)."""
+        chosen = self.metadata_generators.get(proxy.metadata.generator)
+        return self.generators if not chosen else {**self.generators, **chosen}
 
     # -- readiness ---------------------------------------------------------------
 

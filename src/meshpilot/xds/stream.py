@@ -8,7 +8,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -22,7 +22,7 @@ from meshpilot.networking import wire
 from meshpilot.xds import protocol, request_head
 from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.dependencies import proxy_needs_push
-from meshpilot.xds.generators.base import GenerationContext, digest_of, names_of
+from meshpilot.xds.generators.base import GenerationContext, Generator, digest_of, names_of
 from meshpilot.xds.types import PUSH_ORDER, TypeUrl, parse_type_url
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ class AdsStream:
         self.context = context
         self.events: asyncio.PriorityQueue[tuple[int, int, Any]] = asyncio.PriorityQueue()
         self.conn: Connection | None = None
+        #: Chosen once the node is known (its metadata may select other generators).
+        self.generators: Mapping[TypeUrl, Generator] = server.generators
         self.closed = False
 
     # -- setup -------------------------------------------------------------------
@@ -54,6 +56,7 @@ class AdsStream:
             return
         conn = await self._connect(await self._parse(raw))
         self.conn = conn
+        self.generators = self.server.generators_for(conn.proxy)
         self.server.add_connection(conn, self)
         reader = asyncio.create_task(self._read(requests))
         try:
@@ -198,7 +201,7 @@ class AdsStream:
         ordered += [t for t in conn.watched if t not in ordered]
         for type_url in ordered:
             known = parse_type_url(type_url)
-            generator = self.server.generators.get(known) if known is not None else None
+            generator = self.generators.get(known) if known is not None else None
             if generator is None or not generator.needs_push(request):
                 continue
             await self._send(type_url, request, None, pushed=True)
@@ -211,7 +214,7 @@ class AdsStream:
         assert conn is not None and request.push is not None
         watch = conn.watched.get(type_url)
         known = parse_type_url(type_url)
-        generator = self.server.generators.get(known) if known is not None else None
+        generator = self.generators.get(known) if known is not None else None
         if watch is None or generator is None:
             return
         started = time.monotonic()

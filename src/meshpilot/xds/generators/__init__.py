@@ -5,6 +5,7 @@ from __future__ import annotations
 from meshpilot.xds.generators.base import GenerationContext, Generator, Resource
 from meshpilot.xds.generators.cds import ClusterGenerator
 from meshpilot.xds.generators.eds import EndpointGenerator
+from meshpilot.xds.generators.grpc import GrpcClusterGenerator, GrpcListenerGenerator, GrpcRouteGenerator
 from meshpilot.xds.generators.lds import ListenerGenerator
 from meshpilot.xds.generators.rds import RouteGenerator
 from meshpilot.xds.types import TypeUrl
@@ -19,4 +20,19 @@ def sidecar_generators() -> dict[TypeUrl, Generator]:
     }
 
 
-__all__ = ["GenerationContext", "Generator", "Resource", "sidecar_generators"]
+def generators_by_metadata() -> dict[str, dict[TypeUrl, Generator]]:
+    """Generators a proxy selects with node metadata ``GENERATOR``, tried before the default ones.
+
+    istiod looks up ``GENERATOR + "/" + typeURL`` first; proxyless gRPC
+    (``grpc``) gets its own listeners, clusters and routes, and the default EDS.
+    """
+    return {
+        "grpc": {
+            TypeUrl.CLUSTER: GrpcClusterGenerator(),
+            TypeUrl.LISTENER: GrpcListenerGenerator(),
+            TypeUrl.ROUTE: GrpcRouteGenerator(),
+        }
+    }
+
+
+__all__ = ["GenerationContext", "Generator", "Resource", "generators_by_metadata", "sidecar_generators"]
