@@ -73,6 +73,9 @@ def _wire_mode(mode: int | None) -> int:
     return wire.NO_TLS_MODE if mode is None or mode in (TLS_SIMPLE, TLS_MUTUAL) else mode
 
 
+_NO_RULE_TLS = EndpointTls()
+
+
 def endpoint_tls(rule: MergedDestinationRule | None, port: int) -> EndpointTls:
     """The EndpointTls of a rule's host and port (istiod's newMtlsChecker)."""
     if rule is None:
@@ -215,23 +218,40 @@ class LocalityPlan:
         )
 
 
-def locality_plan(rule: Any | None, subset: str, port: int, proxy: Any, mesh: Any) -> LocalityPlan | None:
-    """The locality rewrite of one cluster for ``proxy``, as istiod's endpoint builder decides it.
-
-    The load balancer and outlier detection come from the rule's policy merged
-    for the port and subset; failover needs outlier detection.
-    """
+def _cluster_locality(rule: Any | None, subset: str, port: int, mesh: Any) -> tuple[Any, bool, bytes] | None:
+    """The locality setting in force for a cluster, whether failover is on, and the setting's bytes."""
     policy = tp.cluster_policy(rule, subset, port)
     mesh_setting = mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None
     setting = locality_lb.effective_setting(mesh_setting, policy.load_balancer)
     if setting is None:
         return None
     enable_failover = policy.outlier_detection is not None
+    if not setting.distribute and not enable_failover:
+        return None  # nothing to rewrite, whoever calls
+    return setting, enable_failover, setting.SerializeToString(deterministic=True)
+
+
+def locality_plan(rule: Any | None, subset: str, port: int, proxy: Any, push: Any) -> LocalityPlan | None:
+    """The locality rewrite of one cluster for ``proxy``, as istiod's endpoint builder decides it.
+
+    The load balancer and outlier detection come from the rule's policy merged
+    for the port and subset; failover needs outlier detection. What does not
+    depend on the proxy is worked out once per snapshot.
+    """
+    if rule is None:
+        found = push.memoized(("eds-locality", None), lambda: _cluster_locality(None, "", 0, push.mesh))
+    else:
+        key = ("eds-locality", rule.fingerprint, subset, port)
+        found = push.memoized(key, lambda: _cluster_locality(rule, subset, port, push.mesh))
+    if found is None:
+        return None
+    setting, enable_failover, setting_bytes = found
     view = locality_lb.proxy_view(setting, enable_failover, proxy.locality.label, proxy.labels)
     if view is None:
         return None
-    key = (setting.SerializeToString(deterministic=True), enable_failover, view)
-    return LocalityPlan(setting, enable_failover, proxy.locality.label, proxy.labels, key)
+    return LocalityPlan(
+        setting, enable_failover, proxy.locality.label, proxy.labels, (setting_bytes, enable_failover, view)
+    )
 
 
 def _locality_inputs(push: Any) -> tuple[bool, tuple[str, ...]]:
@@ -335,8 +355,14 @@ def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
             return None
         subset_labels = dict(found.labels)
     rule_keys = tuple(c.key for c in rule.configs) if rule is not None else ()
-    plan = locality_plan(rule, subset, port_number, proxy, push.mesh)
-    return ClaInputs(svc, port.name, subset_labels, endpoint_tls(rule, port_number), rule_keys, plan)
+    plan = locality_plan(rule, subset, port_number, proxy, push)
+    if rule is None:
+        tls = _NO_RULE_TLS
+    else:
+        tls = push.memoized(
+            ("eds-tls", rule.fingerprint, port_number), lambda: endpoint_tls(rule, port_number)
+        )
+    return ClaInputs(svc, port.name, subset_labels, tls, rule_keys, plan)
 
 
 def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> Any:
