@@ -9,6 +9,7 @@ from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
 
 from meshpilot.model.proxy import NodeMetadata, parse_proxy
+from meshpilot.networking.cluster import ClusterInputs, build_clusters
 from meshpilot.networking.endpoint import (
     build_cluster_load_assignment,
     cla_inputs,
@@ -320,3 +321,25 @@ def test_proxy_signature_splits_shared_eds_only_when_locality_can_matter() -> No
     }
     near, far = signatures(rule)
     assert near != far and near[2] == ("productpage",), "the failoverPriority label's value counts"
+
+
+def test_prefer_close_traffic_distribution_orders_by_topology_without_a_rule() -> None:
+    docs = locality_docs()
+    for doc in docs:
+        if doc["kind"] == "Service" and doc["metadata"]["name"] == "reviews":
+            doc["spec"]["trafficDistribution"] = "PreferClose"
+    model = build(docs)
+    # The caller is in r1/z1: same zone first, then same region, then elsewhere; no outlier detection needed.
+    assert priorities_of(cla(model, REVIEWS)) == {
+        "10.1.0.21": (0, 1),
+        "10.1.0.22": (1, 1),
+        "10.1.0.23": (2, 1),
+    }
+    annotated = locality_docs()
+    for doc in annotated:
+        if doc["kind"] == "Service" and doc["metadata"]["name"] == "reviews":
+            doc["metadata"]["annotations"] = {"networking.istio.io/traffic-distribution": "preferclose"}
+    assert priorities_of(cla(build(annotated), REVIEWS)) == priorities_of(cla(model, REVIEWS))
+    proxy = model.proxy(CLIENT)
+    clusters = {c.name: c for c in build_clusters(ClusterInputs(proxy, model.push, model.index))}
+    assert clusters[REVIEWS].common_lb_config.HasField("locality_weighted_lb_config")

@@ -8,6 +8,7 @@ from google.protobuf import json_format
 
 from meshpilot._proto.istio.networking.v1alpha3 import destination_rule_pb2 as dr
 from meshpilot.model.endpoint import Endpoint, Locality
+from meshpilot.model.service import PREFER_CLOSE, Service
 from meshpilot.networking import locality_lb
 from meshpilot.networking.locality_lb import LocalityGroup
 
@@ -160,15 +161,25 @@ def test_failover_priority_needs_proxy_labels() -> None:
     assert locality_lb.apply(GROUPS, rule, "region1/zone1/subzone1", {}, True) == GROUPS
 
 
-def test_effective_setting_rule_over_mesh() -> None:
+def test_effective_setting_rule_over_service_over_mesh() -> None:
     mesh = setting({"enabled": True, "failover": [{"from": "a", "to": "b"}]})
-    assert locality_lb.effective_setting(mesh, None) is mesh
+    assert locality_lb.effective_setting(mesh, None) == (mesh, False)
     lb = json_format.ParseDict({"localityLbSetting": {"distribute": []}}, dr.LoadBalancerSettings())
-    assert locality_lb.effective_setting(mesh, lb) is lb.locality_lb_setting
+    assert locality_lb.effective_setting(mesh, lb) == (lb.locality_lb_setting, False)
     off = json_format.ParseDict({"localityLbSetting": {"enabled": False}}, dr.LoadBalancerSettings())
-    assert locality_lb.effective_setting(mesh, off) is None
-    assert locality_lb.effective_setting(setting({"enabled": False}), None) is None
-    assert locality_lb.effective_setting(None, None) is None
+    assert locality_lb.effective_setting(mesh, off) == (None, False)
+    assert locality_lb.effective_setting(setting({"enabled": False}), None) == (None, False)
+    assert locality_lb.effective_setting(None, None) == (None, False)
+    close = Service("h", "ns", "h", (), traffic_distribution=PREFER_CLOSE)
+    preferred, forced = locality_lb.effective_setting(mesh, None, close)
+    assert forced, "PreferClose fails over even without outlier detection"
+    assert list(preferred.failover_priority) == [
+        "topology.istio.io/network",
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+        "topology.istio.io/subzone",
+    ]
+    assert locality_lb.effective_setting(mesh, lb, close) == (lb.locality_lb_setting, False), "the rule wins"
 
 
 def test_proxy_view_names_only_what_the_result_reads() -> None:

@@ -16,7 +16,7 @@ from meshpilot.model.destination_rules import MergedDestinationRule
 from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
-from meshpilot.model.service import Service
+from meshpilot.model.service import PREFER_CLOSE, Service
 from meshpilot.networking import locality_lb, names, wire
 from meshpilot.networking import traffic_policy as tp
 from meshpilot.networking.locality_lb import LocalityGroup
@@ -218,31 +218,37 @@ class LocalityPlan:
         )
 
 
-def _cluster_locality(rule: Any | None, subset: str, port: int, mesh: Any) -> tuple[Any, bool, bytes] | None:
+def _cluster_locality(
+    rule: Any | None, subset: str, port: int, svc: Service, mesh: Any
+) -> tuple[Any, bool, bytes] | None:
     """The locality setting in force for a cluster, whether failover is on, and the setting's bytes."""
     policy = tp.cluster_policy(rule, subset, port)
     mesh_setting = mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None
-    setting = locality_lb.effective_setting(mesh_setting, policy.load_balancer)
+    setting, force_failover = locality_lb.effective_setting(mesh_setting, policy.load_balancer, svc)
     if setting is None:
         return None
-    enable_failover = policy.outlier_detection is not None
+    enable_failover = force_failover or policy.outlier_detection is not None
     if not setting.distribute and not enable_failover:
         return None  # nothing to rewrite, whoever calls
     return setting, enable_failover, setting.SerializeToString(deterministic=True)
 
 
-def locality_plan(rule: Any | None, subset: str, port: int, proxy: Any, push: Any) -> LocalityPlan | None:
+def locality_plan(
+    rule: Any | None, subset: str, port: int, svc: Service, proxy: Any, push: Any
+) -> LocalityPlan | None:
     """The locality rewrite of one cluster for ``proxy``, as istiod's endpoint builder decides it.
 
     The load balancer and outlier detection come from the rule's policy merged
     for the port and subset; failover needs outlier detection. What does not
     depend on the proxy is worked out once per snapshot.
     """
+    distribution = svc.traffic_distribution
     if rule is None:
-        found = push.memoized(("eds-locality", None), lambda: _cluster_locality(None, "", 0, push.mesh))
+        key: tuple[object, ...] = ("eds-locality", None, distribution)
+        found = push.memoized(key, lambda: _cluster_locality(None, "", 0, svc, push.mesh))
     else:
-        key = ("eds-locality", rule.fingerprint, subset, port)
-        found = push.memoized(key, lambda: _cluster_locality(rule, subset, port, push.mesh))
+        key = ("eds-locality", rule.fingerprint, subset, port, distribution)
+        found = push.memoized(key, lambda: _cluster_locality(rule, subset, port, svc, push.mesh))
     if found is None:
         return None
     setting, enable_failover, setting_bytes = found
@@ -263,9 +269,12 @@ def _locality_inputs(push: Any) -> tuple[bool, tuple[str, ...]]:
     names: set[str] = set()
     sensitive = False
     mesh_setting = push.mesh.locality_lb_setting
-    if locality_lb.effective_setting(mesh_setting, None) is not None:
+    if locality_lb.effective_setting(mesh_setting, None)[0] is not None:
         sensitive = bool(mesh_setting.distribute)
         names.update(entry.split("=")[0] for entry in mesh_setting.failover_priority)
+    if any(svc.traffic_distribution == PREFER_CLOSE for svc in push.services):
+        sensitive = True
+        names.update(locality_lb.PREFER_CLOSE_LABELS)
     for config in push.configs(Kind.DESTINATION_RULE):
         spec = config.spec
         for policy in [spec.traffic_policy, *(s.traffic_policy for s in spec.subsets)]:
@@ -355,7 +364,7 @@ def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
             return None
         subset_labels = dict(found.labels)
     rule_keys = tuple(c.key for c in rule.configs) if rule is not None else ()
-    plan = locality_plan(rule, subset, port_number, proxy, push)
+    plan = locality_plan(rule, subset, port_number, svc, proxy, push)
     if rule is None:
         tls = _NO_RULE_TLS
     else:

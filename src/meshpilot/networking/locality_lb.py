@@ -16,11 +16,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from meshpilot._proto.istio.networking.v1alpha3 import destination_rule_pb2
+from meshpilot.model import labels as wk
 from meshpilot.model.endpoint import Endpoint, Locality
+from meshpilot.model.service import PREFER_CLOSE, Service
 
 _MAX_UINT32 = 0xFFFFFFFF
 #: ``failoverPriority`` entries may pin the value to compare: ``label=value``.
 _OVERRIDE_SEPARATOR = "="
+#: What ``trafficDistribution: PreferClose`` means: same network, then region, zone, subzone.
+PREFER_CLOSE_LABELS = (wk.NETWORK, wk.REGION, wk.ZONE, wk.SUBZONE)
+_PREFER_CLOSE_SETTING = destination_rule_pb2.LocalityLoadBalancerSetting(
+    failover_priority=PREFER_CLOSE_LABELS
+)
+_PREFER_CLOSE_SETTING.enabled.value = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,22 +53,28 @@ def groups_by_locality(endpoints: Sequence[Endpoint]) -> list[LocalityGroup]:
     ]
 
 
-def effective_setting(mesh_setting: Any | None, rule_lb: Any | None) -> Any | None:
-    """The locality setting that applies: the rule's, else the mesh's (istiod's GetLocalityLbSetting).
+def effective_setting(
+    mesh_setting: Any | None, rule_lb: Any | None, svc: Service | None = None
+) -> tuple[Any | None, bool]:
+    """The locality setting in force, and whether failover is forced (istiod's GetLocalityLbSetting).
 
-    ``enabled: false`` in the rule turns locality load balancing off even when
-    the mesh enables it; the mesh's own ``enabled: false`` turns the mesh setting off.
+    The rule's setting wins (``enabled: false`` in it turns locality load
+    balancing off); else a Service with ``trafficDistribution: PreferClose``
+    prefers its caller's network, region, zone and subzone, with failover on
+    even without outlier detection; else the mesh's, unless it is disabled.
     """
     if rule_lb is not None and rule_lb.HasField("locality_lb_setting"):
         setting = rule_lb.locality_lb_setting
         if setting.HasField("enabled") and not setting.enabled.value:
-            return None
-        return setting
+            return None, False
+        return setting, False
+    if svc is not None and svc.traffic_distribution == PREFER_CLOSE:
+        return _PREFER_CLOSE_SETTING, True
     if mesh_setting is None:
-        return None
+        return None, False
     if mesh_setting.HasField("enabled") and not mesh_setting.enabled.value:
-        return None
-    return mesh_setting
+        return None, False
+    return mesh_setting, False
 
 
 def _split(label: str) -> tuple[str, str, str]:

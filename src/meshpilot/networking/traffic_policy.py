@@ -188,13 +188,15 @@ def set_h2(http_options: Any) -> None:
     http_options.explicit_http_config.http2_protocol_options.SetInParent()
 
 
-def apply_load_balancer(cluster: Any, lb: Any | None, setting: Any | None = None) -> None:
+def apply_load_balancer(
+    cluster: Any, lb: Any | None, setting: Any | None = None, force_failover: bool = False
+) -> None:
     """lb_policy and its config from ``loadBalancer``; LEAST_REQUEST when unset, as istiod defaults.
 
     ``setting`` is the locality setting in force (the rule's, else the mesh's);
     locality weights need Envoy's locality-weighted load balancing turned on.
     """
-    _apply_locality_config(cluster, setting)
+    _apply_locality_config(cluster, setting, force_failover)
     if cluster.type == cluster_pb2.Cluster.ORIGINAL_DST:
         cluster.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
         return
@@ -220,7 +222,7 @@ def apply_load_balancer(cluster: Any, lb: Any | None, setting: Any | None = None
         _apply_consistent_hash(cluster, lb.consistent_hash)
 
 
-def _apply_locality_config(cluster: Any, setting: Any | None) -> None:
+def _apply_locality_config(cluster: Any, setting: Any | None, force_failover: bool) -> None:
     """Locality-weighted load balancing when weights or explicit failover are in play.
 
     Not otherwise: it changes how other policies (least request) pick hosts.
@@ -228,7 +230,8 @@ def _apply_locality_config(cluster: Any, setting: Any | None) -> None:
     """
     if setting is None:
         return
-    failover = cluster.HasField("outlier_detection") and bool(setting.failover or setting.failover_priority)
+    enabled = force_failover or cluster.HasField("outlier_detection")
+    failover = enabled and bool(setting.failover or setting.failover_priority)
     if failover or setting.distribute:
         cluster.common_lb_config.locality_weighted_lb_config.SetInParent()
 
