@@ -23,7 +23,7 @@ port_names = st.sampled_from(["http", "http2", "grpc", "tcp", "tls", "mongo", "w
 tls_settings = st.one_of(
     st.none(),
     st.fixed_dictionaries(
-        {"mode": st.sampled_from(["DISABLE", "ISTIO_MUTUAL"])},
+        {"mode": st.sampled_from(["DISABLE", "ISTIO_MUTUAL", "SIMPLE"])},
         optional={
             "sni": st.sampled_from(["custom.sni", ""]),
             "subjectAltNames": st.lists(st.sampled_from(["spiffe://td/ns/a/sa/x", "y.example"]), max_size=2),
@@ -39,16 +39,23 @@ policies = st.fixed_dictionaries(
                 {"simple": "RANDOM"},
                 {"consistentHash": {"httpHeaderName": "x-user"}},
                 {"simple": "ROUND_ROBIN", "warmupDurationSecs": "10s"},
+                {"warmup": {"duration": "5s", "minimumPercent": 20}},
+                {"localityLbSetting": {"distribute": [{"from": "*", "to": {"r1/*": 60, "r2/*": 40}}]}},
+                {"localityLbSetting": {"failover": [{"from": "r1", "to": "r2"}]}},
+                {"localityLbSetting": {"enabled": False}},
             ]
         ),
         "connectionPool": st.sampled_from(
             [
                 {"tcp": {"maxConnections": 7, "connectTimeout": "2s"}},
                 {"http": {"http2MaxRequests": 9, "idleTimeout": "30s", "h2UpgradePolicy": "UPGRADE"}},
+                {"http": {"useClientProtocol": True, "maxConcurrentStreams": 5}},
+                {"tcp": {"idleTimeout": "1m", "tcpKeepalive": {"probes": 2}}},
             ]
         ),
         "outlierDetection": st.just({"consecutive5xxErrors": 3, "interval": "5s"}),
         "tls": tls_settings.filter(lambda t: t is not None),
+        "proxyProtocol": st.just({"version": "V2"}),
     },
 ).filter(bool)  # an empty trafficPolicy is invalid
 
@@ -69,7 +76,11 @@ def meshes(draw: Any) -> tuple[list[dict[str, Any]], bool, bool]:
                 rule["trafficPolicy"] = draw(policies)
                 if draw(st.booleans()):
                     rule["trafficPolicy"]["portLevelSettings"] = [
-                        {"port": {"number": 8000}, **draw(policies)}
+                        # Port-level settings have no proxyProtocol.
+                        {
+                            "port": {"number": 8000},
+                            **draw(policies.filter(lambda p: "proxyProtocol" not in p)),
+                        }
                     ]
             subsets = draw(st.lists(st.sampled_from(["v1", "v2", "v3"]), max_size=2, unique=True))
             if subsets:

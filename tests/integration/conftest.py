@@ -56,6 +56,7 @@ class MeshHarness:
         interception: str = "NONE",
         extra_metadata: Mapping[str, Any] | None = None,
         wait: bool = True,
+        locality: str = "",
     ) -> Envoy:
         assert self.meshpilot is not None, "start meshpilot first"
         credentials = self.ca.issue(
@@ -80,6 +81,7 @@ class MeshHarness:
             admin_port=admin,
             xds_port=self.meshpilot.grpc_port,
             sds_socket=sds.socket,
+            locality=locality,
         )
         envoy = Envoy(self.tmp, pod, bootstrap, admin)
         self.processes.append(envoy)
@@ -88,8 +90,16 @@ class MeshHarness:
             envoy.wait_live()
         return envoy
 
-    def backend(self, name: str, host: str, port: int) -> Backend:
-        backend = Backend(name, host, port).start()
+    def backend(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        *,
+        tls: tuple[Path, Path] | None = None,
+        client_ca: Path | None = None,
+    ) -> Backend:
+        backend = Backend(name, host, port, tls=tls, client_ca=client_ca).start()
         self.backends.append(backend)
         return backend
 

@@ -83,7 +83,8 @@ def test_configz_registryz_endpointz_adsz(live):
     assert ads["totalClients"] == 1
     [client] = ads["clients"]
     assert client["connectionId"].startswith("reviews-v1.default-")
-    assert client["labels"] == {"app": "reviews"}, "the pod's labels, not the node metadata's"
+    # The pod's labels, not the node metadata's, plus the topology labels istiod adds to a proxy's.
+    assert client["labels"] == {"app": "reviews", "topology.istio.io/cluster": "Kubernetes"}
     assert "type.googleapis.com/envoy.config.cluster.v3.Cluster" in client["watches"]
     # The same handlers serve on the monitoring port.
     assert mp.get("/debug/adsz", mp.monitoring_port)[0] == 200

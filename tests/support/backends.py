@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
@@ -28,6 +30,10 @@ class Backend:
     status: int = 200
     #: Seconds to wait before answering.
     delay: float = 0.0
+    #: (certificate chain, key) PEM files: serve HTTPS instead of plain HTTP.
+    tls: tuple[Path, Path] | None = None
+    #: With ``tls``: require a client certificate signed by these roots (mutual TLS).
+    client_ca: Path | None = None
     _server: ThreadingHTTPServer | None = None
 
     def start(self) -> Backend:
@@ -65,6 +71,13 @@ class Backend:
         ThreadingHTTPServer.allow_reuse_address = True
         self._server = ThreadingHTTPServer((self.host, self.port), Handler)
         self._server.daemon_threads = True
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            if self.client_ca is not None:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(cafile=str(self.client_ca))
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

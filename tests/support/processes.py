@@ -163,9 +163,19 @@ class Meshpilot(Process):
 
 
 def sidecar_bootstrap(
-    *, node_id: str, metadata: Mapping[str, Any], admin_port: int, xds_port: int, sds_socket: Path | None
+    *,
+    node_id: str,
+    metadata: Mapping[str, Any],
+    admin_port: int,
+    xds_port: int,
+    sds_socket: Path | None,
+    locality: str = "",
 ) -> dict[str, Any]:
-    """The bootstrap pilot-agent writes, pointed straight at meshpilot's plaintext port."""
+    """The bootstrap pilot-agent writes, pointed straight at meshpilot's plaintext port.
+
+    ``locality`` (``region/zone/subzone``) becomes the node's locality, as pilot-agent
+    writes it from the Pod's topology.
+    """
     h2 = {
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -211,8 +221,16 @@ def sidecar_bootstrap(
                 },
             }
         )
+    node: dict[str, Any] = {
+        "id": node_id,
+        "cluster": node_id.split("~")[2].split(".")[0],
+        "metadata": dict(metadata),
+    }
+    if locality:
+        region, zone, subzone = ([*locality.split("/"), "", ""])[:3]
+        node["locality"] = {"region": region, "zone": zone, "sub_zone": subzone}
     return {
-        "node": {"id": node_id, "cluster": node_id.split("~")[2].split(".")[0], "metadata": dict(metadata)},
+        "node": node,
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "dynamic_resources": {
             "ads_config": {

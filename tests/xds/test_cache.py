@@ -244,3 +244,84 @@ def test_with_the_cache_off_nothing_is_shared() -> None:
             push.memoized("snapshot", lambda: built.append("snapshot"))
             push.memoized_lasting("lasting", lambda: built.append("lasting"))
         assert len(built) == expected
+
+
+@pytest.mark.parametrize("type_url", [TypeUrl.CLUSTER, TypeUrl.ENDPOINT])
+def test_locality_rewrites_are_cached_per_what_they_read(type_url: TypeUrl) -> None:
+    """Proxies in other localities, or with other failoverPriority labels, never get each other's entries."""
+    docs = [
+        *workload("reviews", "default", "10.96.0.20", 9080, {"r-a": "10.1.0.21", "r-b": "10.1.0.22"}),
+        *workload(
+            "client",
+            "default",
+            "10.96.0.10",
+            80,
+            {"c-1": "10.1.0.11", "c-2": "10.1.0.12", "c-3": "10.1.0.13"},
+        ),
+        istio(
+            "ServiceEntry",
+            "ext",
+            "default",
+            {
+                "hosts": ["ext.example.com"],
+                "resolution": "DNS",
+                "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+                "endpoints": [
+                    {"address": "a.example.com", "locality": "r1/z1"},
+                    {"address": "b.example.com", "locality": "r2/z1"},
+                ],
+            },
+        ),
+        istio(
+            "DestinationRule",
+            "reviews",
+            "default",
+            {
+                "host": "reviews",
+                "trafficPolicy": {
+                    "outlierDetection": {"consecutive5xxErrors": 3},
+                    "loadBalancer": {"localityLbSetting": {"failoverPriority": ["tier"]}},
+                },
+            },
+        ),
+        istio(
+            "DestinationRule",
+            "ext",
+            "default",
+            {"host": "ext.example.com", "trafficPolicy": {"outlierDetection": {}}},
+        ),
+    ]
+    where = {
+        "r-a": ("r1.z1", "gold"),
+        "r-b": ("r2.z1", "silver"),
+        "c-1": ("r1.z1", "gold"),
+        "c-2": ("r1.z1", "silver"),
+        "c-3": ("r2.z1", "gold"),
+    }
+    for doc in docs:
+        if doc["kind"] == "Pod":
+            locality, tier = where[doc["metadata"]["name"]]
+            doc["metadata"]["labels"].update({"istio-locality": locality, "tier": tier})
+    model = build(docs)
+    proxies = [
+        model.proxy(f"sidecar~10.1.0.{i}~c-{i - 10}.default~{DOMAIN.split('~')[1]}") for i in (11, 12, 13)
+    ]
+    names = (
+        frozenset({"outbound|9080||reviews.default.svc.cluster.local"})
+        if type_url is TypeUrl.ENDPOINT
+        else frozenset()
+    )
+    cache = XdsCache(1000)
+    outputs = []
+    for _ in range(2):
+        for proxy in proxies:
+            shared = _generate(model, proxy, cache, type_url, names)
+            assert shared == _alone(model, proxy, type_url, names), proxy.id
+            outputs.append(shared)
+    c1, c2, c3 = outputs[:3]
+    if type_url is TypeUrl.ENDPOINT:
+        # failoverPriority on tier alone: the same tier means the same priorities, wherever the proxy is.
+        assert c1 == c3 != c2
+    else:
+        # DNS clusters' inline endpoints: failover by locality (failoverPriority does not apply there).
+        assert c1 == c2 != c3

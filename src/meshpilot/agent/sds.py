@@ -2,7 +2,8 @@
 
 In a pod pilot-agent serves two secrets on a Unix socket that the bootstrap's
 ``sds-grpc`` cluster points at: ``default`` (the workload's certificate chain
-and key) and ``ROOTCA`` (the roots to verify peers with). Envoy keeps
+and key) and ``ROOTCA`` (the roots to verify peers with), and the files a
+DestinationRule names for TLS origination (``file-cert:``, ``file-root:``). Envoy keeps
 clusters and listeners that reference them warming until they arrive. This
 server serves them from PEM files; the certificates are re-read when the
 files change, and every stream gets the new ones.
@@ -23,6 +24,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from meshpilot.networking.names import SDS_DEFAULT, SDS_ROOTCA
 from meshpilot.networking.protobuf import pack
+from meshpilot.networking.tls import FILE_CERT_PREFIX, FILE_ROOT_PREFIX
+from meshpilot.networking.tls import SYSTEM_ROOTS as SYSTEM_ROOTS_NAME
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,46 @@ class WorkloadCredentials:
             out = secret_pb2.Secret(name=name)
             out.validation_context.trusted_ca.inline_bytes = self.root_cert
             return out
+        return file_secret(name)
+
+
+#: Where the system's trusted roots are, for ``file-root:system`` (Debian, then Red Hat layouts).
+SYSTEM_ROOTS = (Path("/etc/ssl/certs/ca-certificates.crt"), Path("/etc/pki/tls/certs/ca-bundle.crt"))
+
+
+def file_secret(name: str) -> secret_pb2.Secret | None:
+    """A secret a DestinationRule names by file, as pilot-agent serves them.
+
+    ``file-cert:<chain>~<key>`` is a client certificate, ``file-root:<bundle>``
+    (or ``file-root:system``) the roots to verify a server with. None, logged,
+    when the name is not one of these or a file cannot be read: Envoy keeps
+    waiting for it, as it would for pilot-agent.
+    """
+    try:
+        if name.startswith(FILE_CERT_PREFIX):
+            chain, sep, key = name[len(FILE_CERT_PREFIX) :].partition("~")
+            if not sep:
+                log.warning("SDS: %s names no key file (file-cert:<chain>~<key>)", name)
+                return None
+            out = secret_pb2.Secret(name=name)
+            out.tls_certificate.certificate_chain.inline_bytes = Path(chain).read_bytes()
+            out.tls_certificate.private_key.inline_bytes = Path(key).read_bytes()
+            return out
+        if name.startswith(FILE_ROOT_PREFIX):
+            path = name[len(FILE_ROOT_PREFIX) :]
+            if path == SYSTEM_ROOTS_NAME:
+                found = next((p for p in SYSTEM_ROOTS if p.exists()), None)
+                if found is None:
+                    log.warning("SDS: no system root bundle found for %s", name)
+                    return None
+                path = str(found)
+            out = secret_pb2.Secret(name=name)
+            out.validation_context.trusted_ca.inline_bytes = Path(path).read_bytes()
+            return out
+    except OSError as err:
+        log.warning("SDS: cannot read the files of %s: %s", name, err)
         return None
+    return None
 
 
 class SdsServer:

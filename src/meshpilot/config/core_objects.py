@@ -58,6 +58,8 @@ class KubeService:
     external_name: str = ""
     internal_traffic_policy: str = ""
     publish_not_ready_addresses: bool = False
+    #: ``spec.trafficDistribution`` (``PreferClose``), or "".
+    traffic_distribution: str = ""
     kind: ClassVar[Kind] = Kind.SERVICE
 
     @property
@@ -284,6 +286,7 @@ def parse_service(raw: dict[str, Any], default_namespace: str = "default") -> Ku
         external_name=external_name,
         internal_traffic_policy=spec.text("internalTrafficPolicy"),
         publish_not_ready_addresses=bool(spec.flag("publishNotReadyAddresses")),
+        traffic_distribution=spec.text("trafficDistribution"),
     )
 
 

@@ -125,6 +125,8 @@ class Proxy:
     #: Envoy extension names the proxy reported (``node.extensions``).
     extensions: frozenset[str] = frozenset()
     labels: dict[str, str] = field(default_factory=dict)
+    #: The locality Envoy reported in its node (``region/zone/subzone``); the registry's wins.
+    node_locality: str = ""
     locality: Locality = field(default_factory=Locality)
     # State recomputed on every full push (istiod's computeProxyState):
     #: Service ports the proxy's own workload serves (inbound listeners and clusters).
@@ -187,12 +189,18 @@ class Proxy:
         return name in self.extensions
 
 
+def locality_label(region: str, zone: str, subzone: str) -> str:
+    """``region/zone/subzone`` without trailing empty parts, as endpoint localities are written."""
+    return "/".join((region, zone, subzone)).rstrip("/")
+
+
 def parse_proxy(
     node_id: str,
     metadata: NodeMetadata,
     *,
     default_cluster_id: str = "Kubernetes",
     extensions: frozenset[str] = frozenset(),
+    locality: str = "",
 ) -> Proxy:
     """Parse ``TYPE~IP~ID~DOMAIN`` as istiod does; raises InvalidNode."""
     parts = node_id.split("~")
@@ -226,4 +234,5 @@ def parse_proxy(
         cluster_id=metadata.cluster_id or default_cluster_id,
         extensions=extensions,
         labels=dict(metadata.labels),
+        node_locality=locality,
     )

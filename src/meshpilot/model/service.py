@@ -42,6 +42,10 @@ class Port:
     target_port: int | str = 0
 
 
+#: Service.traffic_distribution value of ``trafficDistribution: PreferClose``.
+PREFER_CLOSE = "PreferClose"
+
+
 @dataclass(frozen=True, slots=True)
 class Service:
     """One hostname in the mesh with its ports.
@@ -75,6 +79,8 @@ class Service:
     node_local: bool = False
     creation_timestamp: str = ""
     cluster_id: str = "Kubernetes"
+    #: Kubernetes traffic distribution: PREFER_CLOSE keeps traffic near the caller (forced failover).
+    traffic_distribution: str = ""
     #: Stable hash of every field above: part of the cache keys of what is built from it.
     fingerprint: int = field(init=False, compare=False, repr=False)
 
@@ -99,6 +105,7 @@ class Service:
             self.node_local,
             self.creation_timestamp,
             self.cluster_id,
+            self.traffic_distribution,
         )
         object.__setattr__(self, "fingerprint", hash_value(fields))
 

@@ -7,6 +7,7 @@ InboundPassthroughCluster.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from xds.type.v3 import typed_struct_pb2
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.destination_rules import MergedDestinationRule
+from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import MeshConfig
@@ -25,10 +27,20 @@ from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.service import Port, Registry, Resolution, Service, ServiceTarget
 from meshpilot.networking import endpoint as eds
-from meshpilot.networking import extensions, names
+from meshpilot.networking import extensions, locality_lb, names
 from meshpilot.networking import traffic_policy as tp
 from meshpilot.networking.protobuf import duration, pack
-from meshpilot.networking.tls import istio_mutual_upstream, raw_buffer_transport_socket, tls_transport_socket
+from meshpilot.networking.tls import (
+    TlsSettingsError,
+    auto_sni_options,
+    istio_mutual_upstream,
+    originated_upstream,
+    proxy_protocol_socket,
+    raw_buffer_transport_socket,
+    tls_transport_socket,
+)
+
+log = logging.getLogger(__name__)
 
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 #: istiod's "never clean up" interval for ORIGINAL_DST clusters (max seconds of a Duration it uses).
@@ -90,6 +102,9 @@ def _metadata_exchange_filter() -> Any:
 
 def _set_protocol_options(cluster: Any, options: Any) -> None:
     if options.ByteSize():
+        if options.WhichOneof("upstream_protocol_options") is None:
+            # Envoy requires a protocol choice; options set only for timeouts mean HTTP/1.1 (as istiod).
+            options.explicit_http_config.http_protocol_options.SetInParent()
         cluster.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS].CopyFrom(pack(options))
 
 
@@ -111,6 +126,7 @@ def build_outbound_cluster(
     cluster = cluster_pb2.Cluster(name=name, type=cluster_type, alt_stat_name=names.stat_name(name))
     cluster.connect_timeout.CopyFrom(mesh.connect_timeout)
     cluster.common_lb_config.SetInParent()
+    dns_endpoints: list[Endpoint] = []
     if cluster_type == cluster_pb2.Cluster.EDS:
         cluster.eds_cluster_config.service_name = name
         cluster.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
@@ -124,23 +140,38 @@ def build_outbound_cluster(
         cluster.dns_lookup_family = _dns_family(proxy)
         cluster.respect_dns_ttl = True
         cluster.dns_refresh_rate.CopyFrom(mesh.dns_refresh_rate)
-        tls_mode = eds.destination_tls_mode(rule.spec if rule else None, subset, port.port)
-        cluster.load_assignment.CopyFrom(
-            eds.load_assignment(name, eds.locality_groups(endpoints, tls_mode=tls_mode))
-        )
+        dns_endpoints = endpoints
     elif cluster_type == cluster_pb2.Cluster.ORIGINAL_DST and _passthrough_target_port(svc, port):
         # A ServiceEntry with resolution NONE may send to another port than the one called.
         override = cluster.original_dst_lb_config.upstream_port_override
         override.value = _passthrough_target_port(svc, port)
     http_options = _upstream_options(port)
-    tp.apply_connection_pool(cluster, policy.connection_pool, http_options)
-    tp.apply_load_balancer(cluster, policy.load_balancer)
+    # Upgrade first so HTTP/2 pool settings (maxConcurrentStreams) land on the upgraded options.
+    if tp.should_h2_upgrade(policy.connection_pool, port.protocol, mesh):
+        tp.set_h2(http_options)
+    tp.apply_connection_pool(cluster, policy.connection_pool, http_options, mesh)
     tp.apply_outlier_detection(cluster, policy.outlier_detection)
-    _set_protocol_options(cluster, http_options)
+    locality_setting, force_failover = locality_lb.effective_setting(
+        mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None, policy.load_balancer, svc
+    )
+    tp.apply_load_balancer(cluster, policy.load_balancer, locality_setting, force_failover)
+    if cluster.type in (cluster_pb2.Cluster.STRICT_DNS, cluster_pb2.Cluster.LOGICAL_DNS):
+        groups = locality_lb.groups_by_locality(dns_endpoints)
+        if locality_setting is not None:
+            # As istiod for static assignments: relative to the proxy, without failoverPriority.
+            enable_failover = force_failover or cluster.HasField("outlier_detection")
+            groups = locality_lb.apply(groups, locality_setting, proxy.locality.label, {}, enable_failover)
+        cluster.load_assignment.CopyFrom(
+            eds.load_assignment(name, eds.render_groups(groups, eds.endpoint_tls(rule, port.port).mtls))
+        )
     cluster.metadata.CopyFrom(_metadata(svc, rule, subset))
     if extensions.has_metadata_exchange(proxy):
         cluster.filters.append(_metadata_exchange_filter())
-    _apply_tls(cluster, inputs, svc, port, subset, policy)
+    # TLS before the protocol options are packed: origination may add auto SNI to them.
+    _apply_tls(cluster, inputs, svc, port, subset, policy, http_options)
+    if policy.proxy_protocol is not None:
+        _apply_proxy_protocol(cluster, policy.proxy_protocol.version)
+    _set_protocol_options(cluster, http_options)
     return cluster
 
 
@@ -166,19 +197,65 @@ def _dns_family(proxy: Proxy) -> Any:
     return cluster_pb2.Cluster.V6_ONLY if proxy.ipv6_only else cluster_pb2.Cluster.V4_ONLY
 
 
+def _apply_proxy_protocol(cluster: Any, version: int) -> None:
+    """A PROXY protocol header first: every transport socket wrapped (istiod's applyUpstreamProxyProtocol)."""
+    if not cluster.HasField("transport_socket") and not cluster.transport_socket_matches:
+        cluster.transport_socket.CopyFrom(proxy_protocol_socket(version, raw_buffer_transport_socket()))
+        return
+    if cluster.HasField("transport_socket"):
+        inner = base_pb2.TransportSocket()
+        inner.CopyFrom(cluster.transport_socket)
+        cluster.transport_socket.CopyFrom(proxy_protocol_socket(version, inner))
+    for match in cluster.transport_socket_matches:
+        inner = base_pb2.TransportSocket()
+        inner.CopyFrom(match.transport_socket)
+        match.transport_socket.CopyFrom(proxy_protocol_socket(version, inner))
+
+
+def _apply_originated_tls(cluster: Any, push: PushContext, svc: Service, tls: Any, http_options: Any) -> None:
+    """SIMPLE or MUTUAL: TLS the proxy originates to a server outside the mesh's identity."""
+    if tls.credential_name:
+        # Secrets by credentialName need an SDS server in meshpilot, which it does not have yet.
+        log.warning("cluster %s: tls.credentialName is not supported; TLS not applied", cluster.name)
+        return
+    # A ServiceEntry's subjectAltNames stand in when the rule names none.
+    sans = list(tls.subject_alt_names)
+    if not sans and svc.registry is Registry.EXTERNAL:
+        sans = list(push.service_accounts(svc))
+    explicit = http_options.explicit_http_config
+    http2 = http_options.HasField("explicit_http_config") and explicit.HasField("http2_protocol_options")
+    try:
+        context = originated_upstream(tls, sans, push.mesh, http2=http2, mutual=tls.mode == eds.TLS_MUTUAL)
+    except TlsSettingsError as err:
+        # As istiod: the cluster stays, without TLS, and the reason is logged.
+        log.error("failed to apply tls setting for %s: %s", cluster.name, err)
+        return
+    auto_sni_options(tls, http_options)
+    cluster.transport_socket.CopyFrom(tls_transport_socket(context))
+
+
 def _apply_tls(
-    cluster: Any, inputs: ClusterInputs, svc: Service, port: Port, subset: str, policy: tp.ClusterPolicy
+    cluster: Any,
+    inputs: ClusterInputs,
+    svc: Service,
+    port: Port,
+    subset: str,
+    policy: tp.ClusterPolicy,
+    http_options: Any,
 ) -> None:
     """Explicit DestinationRule TLS, else auto mTLS for in-mesh services, as istiod decides."""
     proxy, push = inputs.proxy, inputs.push
     sni = names.sni_cluster(port.port, subset, svc.hostname)
     alpn = extensions.mtls_client_alpn(proxy, http2=port.protocol.is_http2)
     if policy.tls is not None:
-        if policy.tls.mode == eds.TLS_ISTIO_MUTUAL:
-            sans = list(policy.tls.subject_alt_names) or list(push.service_accounts(svc))
-            context = istio_mutual_upstream(policy.tls.sni or sni, sans, alpn)
+        tls = policy.tls
+        if tls.mode == eds.TLS_ISTIO_MUTUAL:
+            sans = list(tls.subject_alt_names) or list(push.service_accounts(svc))
+            context = istio_mutual_upstream(tls.sni or sni, sans, alpn)
             cluster.transport_socket.CopyFrom(tls_transport_socket(context))
-        # SIMPLE and MUTUAL need credentials from files or Secrets; DISABLE means plaintext.
+        elif tls.mode in (eds.TLS_SIMPLE, eds.TLS_MUTUAL):
+            _apply_originated_tls(cluster, push, svc, tls, http_options)
+        # DISABLE means plaintext, and no auto mTLS either.
         return
     if not push.mesh.enable_auto_mtls.value or svc.mesh_external:
         return
@@ -270,7 +347,7 @@ def inbound_cluster(
         cluster.metadata.filter_metadata["istio"].update({"services": services_meta})
     options = tp.http_protocol_options_for(protocol.is_http2, protocol is Protocol.UNSUPPORTED)
     if pool is not None:
-        tp.apply_connection_pool(cluster, pool, options)
+        tp.apply_connection_pool(cluster, pool, options, mesh)
     _set_protocol_options(cluster, options)
     return cluster
 
@@ -360,8 +437,23 @@ class OutboundSpec:
                 push.mesh_fingerprint,
                 extensions.has_metadata_exchange(proxy),
                 int(_dns_family(proxy)),
+                self._dns_locality_view(proxy, push),
             )
         )
+
+    def _dns_locality_view(self, proxy: Proxy, push: PushContext) -> object:
+        """What of the proxy's locality a DNS cluster's inline endpoints depend on (None: nothing)."""
+        if self.service.resolution not in (Resolution.DNS_LB, Resolution.DNS_ROUND_ROBIN_LB):
+            return None
+        policy = tp.cluster_policy(self.rule, self.subset, self.port.port)
+        mesh = push.mesh
+        setting, force_failover = locality_lb.effective_setting(
+            mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None,
+            policy.load_balancer,
+            self.service,
+        )
+        enable_failover = force_failover or policy.outlier_detection is not None
+        return locality_lb.proxy_view(setting, enable_failover, proxy.locality.label, {})
 
     def dependencies(self) -> frozenset[ConfigKey]:
         svc = self.service

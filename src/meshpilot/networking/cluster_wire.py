@@ -63,8 +63,13 @@ class OutboundClusterEncoder:
         config = ""
         if rule is not None:
             config = config_path("destination-rule", rule.first.namespace, rule.first.name)
-            policy_tls = tp.cluster_policy(rule, subset, port.port).tls
+            policy = tp.cluster_policy(rule, subset, port.port)
+            if policy.proxy_protocol is not None:
+                return None  # its transport sockets are wrapped per cluster: the reference builder does it
+            policy_tls = policy.tls
             if policy_tls is not None:
+                if policy_tls.mode in (eds.TLS_SIMPLE, eds.TLS_MUTUAL):
+                    return None  # TLS origination contexts are per rule: the reference builder makes them
                 if policy_tls.mode == eds.TLS_ISTIO_MUTUAL:
                     tls = wire.CLUSTER_TLS_ALWAYS
                     sans = tuple(policy_tls.subject_alt_names) or self._push.service_accounts(svc)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,42 +12,85 @@ from google.protobuf import struct_pb2
 
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.confighash import hash_value
+from meshpilot.model.destination_rules import MergedDestinationRule
 from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
-from meshpilot.model.service import Service
-from meshpilot.networking import names, wire
+from meshpilot.model.service import PREFER_CLOSE, Service
+from meshpilot.networking import locality_lb, names, wire
+from meshpilot.networking import traffic_policy as tp
+from meshpilot.networking.locality_lb import LocalityGroup
 from meshpilot.networking.protobuf import uint32
+from meshpilot.networking.wire_py import varint
 
 #: DestinationRule ClientTLSSettings.TLSmode numbers.
 TLS_DISABLE, TLS_SIMPLE, TLS_MUTUAL, TLS_ISTIO_MUTUAL = 0, 1, 2, 3
 
-_MAX_UINT32 = 0xFFFFFFFF
 
-
-def destination_tls_mode(rule_spec: Any | None, subset: str, port: int) -> int | None:
-    """The TLS mode a DestinationRule sets for a cluster, or None if it sets none.
-
-    As in istiod, a subset cluster reads only the subset's own traffic policy.
-    """
-    if rule_spec is None:
-        return None
-    policy = None
-    if not subset:
-        policy = rule_spec.traffic_policy if rule_spec.HasField("traffic_policy") else None
-    else:
-        for candidate in rule_spec.subsets:
-            if candidate.name == subset:
-                policy = candidate.traffic_policy if candidate.HasField("traffic_policy") else None
-                break
+def _port_tls_mode(policy: Any | None, port: int) -> int | None:
+    """A policy's TLS mode for ``port``: its port-level setting's, else its own (istiod's
+    trafficPolicyTLSModeForPort)."""
     if policy is None:
         return None
     mode = policy.tls.mode if policy.HasField("tls") else None
     for settings in policy.port_level_settings:
         if settings.port.number == port and settings.HasField("tls"):
-            mode = settings.tls.mode
-            break
-    return mode
+            return int(settings.tls.mode)
+    return None if mode is None else int(mode)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointTls:
+    """Which endpoints of a port EDS marks ``tlsMode: istio`` (the auto-mTLS transport socket match).
+
+    As istiod's mtlsChecker: the rule's mode for the port, or the mode of the
+    first subset whose labels the endpoint carries, whatever subset the cluster
+    is for. DISABLE marks no endpoint, ISTIO_MUTUAL every one, otherwise the
+    endpoint's own ``security.istio.io/tlsMode`` label decides.
+    """
+
+    root: int | None = None
+    #: Every subset's labels and port mode, in order; empty when no subset sets a mode.
+    subsets: tuple[tuple[tuple[tuple[str, str], ...], int | None], ...] = ()
+
+    @property
+    def wire_mode(self) -> int:
+        """The one mode for all endpoints, as the wire encoder takes it (only without subset modes)."""
+        return _wire_mode(self.root)
+
+    def mtls(self, ep: Endpoint) -> bool:
+        mode = self.root
+        for labels, subset_mode in self.subsets:
+            if all(ep.labels.get(key) == value for key, value in labels):
+                if subset_mode is not None:
+                    mode = subset_mode
+                break
+        return _mtls(ep, None if _wire_mode(mode) == wire.NO_TLS_MODE else _wire_mode(mode))
+
+
+def _wire_mode(mode: int | None) -> int:
+    # SIMPLE and MUTUAL leave the decision to the endpoint's label, as no mode does.
+    return wire.NO_TLS_MODE if mode is None or mode in (TLS_SIMPLE, TLS_MUTUAL) else mode
+
+
+_NO_RULE_TLS = EndpointTls()
+
+
+def endpoint_tls(rule: MergedDestinationRule | None, port: int) -> EndpointTls:
+    """The EndpointTls of a rule's host and port (istiod's newMtlsChecker)."""
+    if rule is None:
+        return EndpointTls()
+    root = _port_tls_mode(rule.traffic_policy, port)
+    subsets = tuple(
+        (
+            tuple(sorted(subset.labels.items())),
+            _port_tls_mode(subset.traffic_policy if subset.HasField("traffic_policy") else None, port),
+        )
+        for subset in rule.subsets
+    )
+    if all(mode is None for _, mode in subsets):
+        subsets = ()
+    return EndpointTls(root, subsets)
 
 
 def socket_address(address: str, port: int) -> Any:
@@ -96,22 +139,55 @@ def select_endpoints(
     return wire.select([ep for _, ep in shards.endpoints()], port_name, subset_labels, allow_hostnames)
 
 
+def _mtls(ep: Endpoint, tls_mode: int | None) -> bool:
+    return tls_mode == TLS_ISTIO_MUTUAL if tls_mode is not None else ep.tls_mode == TLS_MODE_ISTIO
+
+
 def locality_groups(endpoints: Iterable[Endpoint], *, tls_mode: int | None) -> list[Any]:
-    """LocalityLbEndpoints, one per locality in sorted order, weighted by their endpoints."""
-    by_locality: dict[str, list[Any]] = {}
-    weights: dict[str, int] = {}
-    for ep in endpoints:
-        mtls = tls_mode == TLS_ISTIO_MUTUAL if tls_mode is not None else ep.tls_mode == TLS_MODE_ISTIO
-        by_locality.setdefault(ep.locality.label, []).append(lb_endpoint(ep, mtls=mtls))
-        weights[ep.locality.label] = min(_MAX_UINT32, weights.get(ep.locality.label, 0) + (ep.weight or 1))
+    """LocalityLbEndpoints, one per locality in sorted order, weighted by their endpoints.
+
+    ``tls_mode`` as the wire encoder takes it: ISTIO_MUTUAL marks every endpoint,
+    another mode none, None leaves it to each endpoint's label.
+    """
+    groups = locality_lb.groups_by_locality(list(endpoints))
+    return render_groups(groups, lambda ep: _mtls(ep, tls_mode))
+
+
+def render_groups(groups: Iterable[LocalityGroup], mtls: Callable[[Endpoint], bool]) -> list[Any]:
+    """LocalityLbEndpoints of already grouped (maybe reweighted and prioritized) endpoints."""
     return [
         endpoint_components_pb2.LocalityLbEndpoints(
-            locality=_locality(label),
-            lb_endpoints=by_locality[label],
-            load_balancing_weight=uint32(weights[label]),
+            locality=_locality(group.label),
+            lb_endpoints=[lb_endpoint(ep, mtls=mtls(ep)) for ep in group.endpoints],
+            load_balancing_weight=uint32(group.weight),
+            priority=group.priority,
         )
-        for label in sorted(by_locality)
+        for group in groups
     ]
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def _encode_groups(groups: Iterable[LocalityGroup], mtls: Callable[[Endpoint], bool]) -> bytes:
+    """Repeated LocalityLbEndpoints (CLA field 2): locality 1, lb_endpoints 2, weight 3, priority 5.
+
+    Only per-proxy locality assignments and per-subset TLS modes come here; the
+    common case stays in the wire module.
+    """
+    out = []
+    for group in groups:
+        parts = group.label.split("/") if group.label else []
+        locality = b"".join(_field(n, text.encode()) for n, text in enumerate(parts[:3], 1) if text)
+        body = _field(1, locality)
+        for ep in group.endpoints:
+            body += _field(2, wire.lb_endpoint(ep, mtls(ep)))
+        body += _field(3, varint(1 << 3) + varint(group.weight) if group.weight else b"")
+        if group.priority:
+            body += varint(5 << 3) + varint(group.priority)
+        out.append(_field(2, body))
+    return b"".join(out)
 
 
 def load_assignment(cluster_name: str, groups: list[Any]) -> Any:
@@ -125,21 +201,137 @@ def struct_value(data: dict[str, Any]) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalityPlan:
+    """A locality setting applied for one calling proxy."""
+
+    setting: Any
+    enable_failover: bool
+    proxy_locality: str
+    proxy_labels: Mapping[str, str]
+    #: The setting and what of the proxy it reads (locality_lb.proxy_view): the cache key part.
+    key: tuple[object, ...]
+
+    def apply(self, endpoints: list[Endpoint]) -> list[LocalityGroup]:
+        groups = locality_lb.groups_by_locality(endpoints)
+        return locality_lb.apply(
+            groups, self.setting, self.proxy_locality, self.proxy_labels, self.enable_failover
+        )
+
+
+def _cluster_locality(
+    rule: Any | None, subset: str, port: int, svc: Service, mesh: Any
+) -> tuple[Any, bool, bytes] | None:
+    """The locality setting in force for a cluster, whether failover is on, and the setting's bytes."""
+    policy = tp.cluster_policy(rule, subset, port)
+    mesh_setting = mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None
+    setting, force_failover = locality_lb.effective_setting(mesh_setting, policy.load_balancer, svc)
+    if setting is None:
+        return None
+    enable_failover = force_failover or policy.outlier_detection is not None
+    if not setting.distribute and not enable_failover:
+        return None  # nothing to rewrite, whoever calls
+    return setting, enable_failover, setting.SerializeToString(deterministic=True)
+
+
+def locality_plan(
+    rule: Any | None, subset: str, port: int, svc: Service, proxy: Any, push: Any
+) -> LocalityPlan | None:
+    """The locality rewrite of one cluster for ``proxy``, as istiod's endpoint builder decides it.
+
+    The load balancer and outlier detection come from the rule's policy merged
+    for the port and subset; failover needs outlier detection. What does not
+    depend on the proxy is worked out once per snapshot.
+    """
+    distribution = svc.traffic_distribution
+    if rule is None:
+        key: tuple[object, ...] = ("eds-locality", None, distribution)
+        found = push.memoized(key, lambda: _cluster_locality(None, "", 0, svc, push.mesh))
+    else:
+        key = ("eds-locality", rule.fingerprint, subset, port, distribution)
+        found = push.memoized(key, lambda: _cluster_locality(rule, subset, port, svc, push.mesh))
+    if found is None:
+        return None
+    setting, enable_failover, setting_bytes = found
+    view = locality_lb.proxy_view(setting, enable_failover, proxy.locality.label, proxy.labels)
+    if view is None:
+        return None
+    return LocalityPlan(
+        setting, enable_failover, proxy.locality.label, proxy.labels, (setting_bytes, enable_failover, view)
+    )
+
+
+def _locality_inputs(push: Any) -> tuple[bool, tuple[str, ...]]:
+    """Whether any assignment of the snapshot can depend on the caller's locality, and the labels
+    any ``failoverPriority`` names.
+
+    A rewrite needs ``distribute`` (the mesh's or a rule's) or outlier detection (for failover).
+    """
+    names: set[str] = set()
+    sensitive = False
+    mesh_setting = push.mesh.locality_lb_setting
+    if locality_lb.effective_setting(mesh_setting, None)[0] is not None:
+        sensitive = bool(mesh_setting.distribute)
+        names.update(entry.split("=")[0] for entry in mesh_setting.failover_priority)
+    if any(svc.traffic_distribution == PREFER_CLOSE for svc in push.services):
+        sensitive = True
+        names.update(locality_lb.PREFER_CLOSE_LABELS)
+    for config in push.configs(Kind.DESTINATION_RULE):
+        spec = config.spec
+        for policy in [spec.traffic_policy, *(s.traffic_policy for s in spec.subsets)]:
+            for part in [policy, *policy.port_level_settings]:
+                sensitive = sensitive or part.HasField("outlier_detection")
+                if part.load_balancer.HasField("locality_lb_setting"):
+                    setting = part.load_balancer.locality_lb_setting
+                    sensitive = sensitive or bool(setting.distribute)
+                    names.update(entry.split("=")[0] for entry in setting.failover_priority)
+    return sensitive, tuple(sorted(names))
+
+
+def proxy_signature(proxy: Any, push: Any) -> tuple[object, ...]:
+    """What of a proxy any of its assignments can read: its locality and failoverPriority labels.
+
+    Proxies alike in these (and in scope) get the same assignments, so generation is shared;
+    without any locality rewrite in the snapshot, all proxies are alike.
+    """
+    sensitive, labels = push.memoized("eds-locality-inputs", lambda: _locality_inputs(push))
+    if not sensitive:
+        return ()
+    values = tuple(proxy.labels.get(name) for name in labels) if labels else ()
+    return (proxy.locality.label, bool(proxy.labels), values)
+
+
+@dataclass(frozen=True, slots=True)
 class ClaInputs:
     """What the ClusterLoadAssignment of one cluster is built from."""
 
     service: Service
     port_name: str
     subset_labels: dict[str, str] | None
-    #: The DestinationRule's TLS mode for this cluster, or wire.NO_TLS_MODE.
-    tls_mode: int
+    #: Which endpoints get the mTLS transport socket match.
+    tls: EndpointTls
     #: The DestinationRules read (their keys are cache dependencies).
     rule_keys: tuple[ConfigKey, ...] = ()
+    #: How the calling proxy's locality rewrites the assignment; None when it does not.
+    locality: LocalityPlan | None = None
 
     def cache_key(self, cluster_name: str) -> int:
-        """Everything the assignment depends on besides the endpoints (whose changes evict it)."""
+        """Everything the assignment depends on besides the endpoints (whose changes evict it).
+
+        Of the proxy, only what its locality plan reads: proxies alike in that share entries.
+        """
         svc = self.service
-        return hash_value((cluster_name, svc.fingerprint, self.port_name, self.subset_labels, self.tls_mode))
+        plan = self.locality.key if self.locality is not None else None
+        return hash_value(
+            (
+                cluster_name,
+                svc.fingerprint,
+                self.port_name,
+                self.subset_labels,
+                self.tls.root,
+                self.tls.subsets,
+                plan,
+            )
+        )
 
     def dependencies(self) -> frozenset[ConfigKey]:
         svc = self.service
@@ -171,9 +363,15 @@ def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
         if found is None:
             return None
         subset_labels = dict(found.labels)
-    mode = destination_tls_mode(rule.spec if rule else None, subset, port_number)
     rule_keys = tuple(c.key for c in rule.configs) if rule is not None else ()
-    return ClaInputs(svc, port.name, subset_labels, wire.NO_TLS_MODE if mode is None else mode, rule_keys)
+    plan = locality_plan(rule, subset, port_number, svc, proxy, push)
+    if rule is None:
+        tls = _NO_RULE_TLS
+    else:
+        tls = push.memoized(
+            ("eds-tls", rule.fingerprint, port_number), lambda: endpoint_tls(rule, port_number)
+        )
+    return ClaInputs(svc, port.name, subset_labels, tls, rule_keys, plan)
 
 
 def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> Any:
@@ -182,8 +380,11 @@ def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, inde
     if inputs is None:
         return endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
     endpoints = select_endpoints(index, inputs.service, inputs.port_name, inputs.subset_labels)
-    mode = None if inputs.tls_mode == wire.NO_TLS_MODE else inputs.tls_mode
-    return load_assignment(cluster_name, locality_groups(endpoints, tls_mode=mode))
+    if inputs.locality is not None:
+        groups = inputs.locality.apply(endpoints)
+    else:
+        groups = locality_lb.groups_by_locality(endpoints)
+    return load_assignment(cluster_name, render_groups(groups, inputs.tls.mtls))
 
 
 def encode_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> bytes:
@@ -196,6 +397,13 @@ def encode_from_inputs(cluster_name: str, inputs: ClaInputs | None, index: Endpo
         return wire.cluster_load_assignment(cluster_name, (), "", None, wire.NO_TLS_MODE)
     shards = index.shards(inputs.service.hostname, inputs.service.namespace)
     endpoints = [ep for _, ep in shards.endpoints()] if shards is not None else []
+    if inputs.locality is not None or inputs.tls.subsets:
+        chosen = wire.select(endpoints, inputs.port_name, inputs.subset_labels)
+        if inputs.locality is not None:
+            groups = inputs.locality.apply(chosen)
+        else:
+            groups = locality_lb.groups_by_locality(chosen)
+        return _field(1, cluster_name.encode()) + _encode_groups(groups, inputs.tls.mtls)
     return wire.cluster_load_assignment(
-        cluster_name, endpoints, inputs.port_name, inputs.subset_labels, inputs.tls_mode
+        cluster_name, endpoints, inputs.port_name, inputs.subset_labels, inputs.tls.wire_mode
     )

@@ -7,9 +7,10 @@ from collections.abc import Hashable
 from typing import Any
 
 from meshpilot.config.store import ConfigStore
+from meshpilot.model import labels as wk
 from meshpilot.model.endpoint import Locality
 from meshpilot.model.endpoint_index import EndpointIndex
-from meshpilot.model.proxy import Proxy
+from meshpilot.model.proxy import Proxy, locality_label
 from meshpilot.model.push_context import PushContext
 from meshpilot.registry.aggregate import AggregateRegistry
 
@@ -59,12 +60,25 @@ class MeshEnvironment:
     def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:
         """Recompute what a proxy's config depends on besides its identity (istiod's computeProxyState)."""
         labels = self.registry.workload_labels(proxy)
-        proxy.labels = labels if labels is not None else dict(proxy.metadata.labels)
-        locality = self.registry.proxy_locality(proxy)
+        labels = labels if labels is not None else dict(proxy.metadata.labels)
+        # As istiod's setTopologyLabels: the registry knows best (Pod label, Node), then the
+        # proxy's own topology labels, then the locality Envoy reported in its node.
+        locality = self.registry.proxy_locality(proxy) or _label_locality(labels) or proxy.node_locality
         proxy.locality = Locality(locality, proxy.cluster_id)
+        # Topology labels are added so failoverPriority can compare them with endpoints'.
+        proxy.labels = wk.with_topology(
+            labels, locality=locality, cluster_id=proxy.cluster_id, network=proxy.metadata.network
+        )
         proxy.service_targets = tuple(self.registry.service_targets(proxy))
         proxy.previous_scope = proxy.sidecar_scope
         proxy.sidecar_scope = push.sidecar_scope(proxy)
+
+
+def _label_locality(labels: dict[str, str]) -> str:
+    keys = (wk.REGION, wk.ZONE, wk.SUBZONE)
+    if not any(key in labels for key in keys):
+        return ""
+    return locality_label(*(labels.get(key, "") for key in keys))
 
 
 def push_version(counter: int) -> str:

@@ -16,7 +16,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from meshpilot.model.proxy import InvalidNode, NodeMetadata, parse_proxy
+from meshpilot.model.proxy import InvalidNode, NodeMetadata, locality_label, parse_proxy
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.networking import wire
 from meshpilot.xds import protocol, request_head
@@ -83,6 +83,7 @@ class AdsStream:
                 metadata,
                 default_cluster_id=self.server.options.cluster_id,
                 extensions=frozenset(e.name for e in node.extensions),
+                locality=locality_label(node.locality.region, node.locality.zone, node.locality.sub_zone),
             )
         except InvalidNode as err:
             await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

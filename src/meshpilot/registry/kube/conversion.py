@@ -6,11 +6,13 @@ from meshpilot.config.core_objects import KubeEndpointSlice, KubeNode, KubePod, 
 from meshpilot.model import labels as wk
 from meshpilot.model.endpoint import Endpoint, HealthStatus, Locality
 from meshpilot.model.protocol import kube_port_protocol
-from meshpilot.model.service import UNSPECIFIED_IP, Port, Registry, Resolution, Service
+from meshpilot.model.service import PREFER_CLOSE, UNSPECIFIED_IP, Port, Registry, Resolution, Service
 
 EXPORT_TO_ANNOTATION = "networking.istio.io/exportTo"
 CANONICAL_SA_ANNOTATION = "alpha.istio.io/canonical-serviceaccounts"
 KUBE_SA_ANNOTATION = "alpha.istio.io/kubernetes-serviceaccounts"
+#: The older way to ask for what ``spec.trafficDistribution`` asks.
+TRAFFIC_DISTRIBUTION_ANNOTATION = "networking.istio.io/traffic-distribution"
 
 
 def service_hostname(name: str, namespace: str, domain_suffix: str) -> str:
@@ -67,7 +69,16 @@ def convert_service(svc: KubeService, *, domain_suffix: str, cluster_id: str, tr
         node_local=svc.internal_traffic_policy == "Local",
         creation_timestamp=meta.creation_timestamp,
         cluster_id=cluster_id,
+        traffic_distribution=traffic_distribution(svc),
     )
+
+
+def traffic_distribution(svc: KubeService) -> str:
+    """PREFER_CLOSE from the spec field, else from the annotation (any case), as istiod reads them."""
+    if svc.traffic_distribution == PREFER_CLOSE:
+        return PREFER_CLOSE
+    annotation = svc.meta.annotations.get(TRAFFIC_DISTRIBUTION_ANNOTATION, "")
+    return PREFER_CLOSE if annotation.lower() == PREFER_CLOSE.lower() else ""
 
 
 def node_locality(node: KubeNode | None) -> str:

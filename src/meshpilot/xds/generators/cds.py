@@ -46,8 +46,10 @@ class ClusterGenerator:
         assert scope is not None
         # DNS clusters carry their endpoints, so their list also depends on the index.
         generation = ctx.index.generation if scope.has_dns else 0
+        # DNS clusters' inline endpoints may be prioritized relative to the proxy's locality.
+        locality = proxy.locality.label if scope.has_dns else None
         outbound, seen = push.memoized(
-            ("cds-out", id(scope), proxy.capabilities, generation), lambda: self._outbound(ctx)
+            ("cds-out", id(scope), proxy.capabilities, generation, locality), lambda: self._outbound(ctx)
         )
         others_key = ("cds-in", proxy.capabilities, proxy.inbound_signature, scope.inbound_pool_key)
         if scope.has_ingress:

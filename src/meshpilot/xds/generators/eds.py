@@ -12,7 +12,7 @@ from __future__ import annotations
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
-from meshpilot.networking.endpoint import cla_inputs, encode_from_inputs
+from meshpilot.networking.endpoint import cla_inputs, encode_from_inputs, proxy_signature
 from meshpilot.networking.names import parse_cluster
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
@@ -56,7 +56,9 @@ class EndpointGenerator:
             if not wanted:
                 return None
         scope = ctx.proxy.sidecar_scope
-        key = ("eds", id(scope), ctx.proxy.config_namespace, wanted, ctx.index.generation)
+        # Locality load balancing makes assignments differ by the proxy's locality and labels.
+        signature = proxy_signature(ctx.proxy, ctx.push)
+        key = ("eds", id(scope), ctx.proxy.config_namespace, signature, wanted, ctx.index.generation)
         return ctx.push.memoized(key, lambda: self._assignments(ctx, wanted))
 
     def _assignments(self, ctx: GenerationContext, wanted: frozenset[str]) -> list[Resource]:
