@@ -93,6 +93,15 @@ REVIEWS_ROUTES: list[dict[str, Any]] = [
         },
     ),
     _route("/mirror", mirror={"host": "shadow"}, mirrorPercentage={"value": 100}),
+    _route(
+        "/cors",
+        corsPolicy={
+            "allowOrigins": [{"exact": "https://shop.example"}],
+            "allowMethods": ["GET", "PUT"],
+            "allowHeaders": ["x-token"],
+            "maxAge": "600s",
+        },
+    ),
     _route("/", subset="v1"),
 ]
 
@@ -391,3 +400,25 @@ def test_delegate_virtual_service_routes_under_its_root(traffic):
     assert call("ratings", "/v1/stars")[1] == "ratings-1"
     # Outside the root's match nothing routes.
     assert call("ratings", "/other")[0] == 404
+
+
+def test_cors_preflight_is_answered_for_allowed_origins_only(traffic):
+    preflight = {
+        "Origin": "https://shop.example",
+        "Access-Control-Request-Method": "PUT",
+        "Access-Control-Request-Headers": "x-token",
+    }
+    v1 = traffic["reviews-v1"]
+    before = len(v1.requests)
+    status, _, headers, _ = call("reviews", "/cors", preflight, method="OPTIONS")
+    # Envoy answers the preflight itself; the backend never sees it.
+    assert status == 200
+    assert headers.get("access-control-allow-origin") == "https://shop.example"
+    assert "PUT" in headers.get("access-control-allow-methods", "")
+    assert headers.get("access-control-max-age") == "600"
+    assert not any(r["method"] == "OPTIONS" for r in v1.requests[before:])
+    # A simple request from an allowed origin gets the header; another origin does not.
+    _, _, allowed, _ = call("reviews", "/cors", {"Origin": "https://shop.example"})
+    assert allowed.get("access-control-allow-origin") == "https://shop.example"
+    _, _, other, _ = call("reviews", "/cors", {"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in other
