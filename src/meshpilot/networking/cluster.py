@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 #: istiod's "never clean up" interval for ORIGINAL_DST clusters (max seconds of a Duration it uses).
 _NO_CLEANUP = 9223372035
+# Resolutions whose clusters carry their endpoints inline. A tuple: membership is by identity,
+# where a set would call Enum.__hash__ in Python for every cluster key.
+_INLINE_ENDPOINTS = (Resolution.DNS_LB, Resolution.DNS_ROUND_ROBIN_LB)
 _TYPES = {
     Resolution.CLIENT_SIDE_LB: cluster_pb2.Cluster.EDS,
     Resolution.DNS_LB: cluster_pb2.Cluster.STRICT_DNS,
@@ -437,14 +440,16 @@ class OutboundSpec:
                 push.mesh_fingerprint,
                 extensions.has_metadata_exchange(proxy),
                 int(_dns_family(proxy)),
-                self._dns_locality_view(proxy, push),
+                # Only DNS clusters' inline endpoints read the proxy's locality; the check
+                # is inline because a method call per cluster is a fifth of the key's cost.
+                self._dns_locality_view(proxy, push)
+                if self.service.resolution in _INLINE_ENDPOINTS
+                else None,
             )
         )
 
     def _dns_locality_view(self, proxy: Proxy, push: PushContext) -> object:
         """What of the proxy's locality a DNS cluster's inline endpoints depend on (None: nothing)."""
-        if self.service.resolution not in (Resolution.DNS_LB, Resolution.DNS_ROUND_ROBIN_LB):
-            return None
         policy = tp.cluster_policy(self.rule, self.subset, self.port.port)
         mesh = push.mesh
         setting, force_failover = locality_lb.effective_setting(
