@@ -193,12 +193,44 @@ def _run_sds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_kube_inject(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "kube-inject",
+        help="inject the Istio sidecar into Kubernetes manifests (istioctl kube-inject)",
+        description="Write the manifests of FILE to stdout with the sidecar added to every pod template.",
+    )
+    p.add_argument("-f", "--filename", required=True, help="manifest file, or - for stdin")
+    p.add_argument(
+        "--inject-config",
+        "--injectConfigDir",
+        type=Path,
+        help="directory with the istio-sidecar-injector ConfigMap's 'config' and 'values' files",
+    )
+    p.set_defaults(run=_run_kube_inject)
+
+
+def _run_kube_inject(args: argparse.Namespace) -> int:
+    from meshpilot.webhooks.inject.config import InjectConfig, InjectionError, load_config_dir
+    from meshpilot.webhooks.inject.kube_inject import kube_inject
+
+    try:
+        config = load_config_dir(args.inject_config) if args.inject_config else InjectConfig()
+        text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text()
+        out = kube_inject(text, config, lambda msg: print(msg, file=sys.stderr))
+    except (InjectionError, OSError, UnicodeDecodeError) as err:
+        print(f"meshpilot: {err}", file=sys.stderr)
+        return 2
+    sys.stdout.write(out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="meshpilot", description="A drop-in replacement for istiod.")
     parser.add_argument("--version", action="version", version=f"meshpilot {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_discovery(sub)
     _add_agent(sub)
+    _add_kube_inject(sub)
     return parser
 
 

@@ -1,0 +1,96 @@
+"""One pod in, the injected pod out (istiod's ``injectPod`` and ``postProcessPod``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
+from meshpilot.webhooks.inject.context import TemplateContext, Workload, pod_workload, proxy_config_overlay
+from meshpilot.webhooks.inject.decision import STATUS_ANNOTATION, injection_required
+from meshpilot.webhooks.inject.merge import merge
+from meshpilot.webhooks.inject.probes import rewrite_probes
+from meshpilot.webhooks.inject.prometheus import apply_prometheus_merge
+from meshpilot.webhooks.inject.sidecar_template import INIT_NAME, PROXY_NAME, hold_application
+from meshpilot.webhooks.inject.template import render_templates
+
+
+def _names(items: list[Any] | None) -> list[str] | None:
+    # Go marshals an empty slice from the template as null.
+    names = [str(i.get("name")) for i in items or [] if isinstance(i, dict)]
+    return names or None
+
+
+def _status(fragments: list[dict[str, Any]], revision: str) -> str:
+    """The ``sidecar.istio.io/status`` annotation: what the templates added, so it can be removed later."""
+    spec: dict[str, Any] = {}
+    for fragment in fragments:
+        spec = merge(spec, fragment.get("spec") or {})
+    status = {
+        "initContainers": _names(spec.get("initContainers")),
+        "containers": _names(spec.get("containers")),
+        "volumes": _names(spec.get("volumes")),
+        "imagePullSecrets": _names(spec.get("imagePullSecrets")),
+        "revision": revision,
+    }
+    return json.dumps(status, separators=(",", ":"))
+
+
+def _move(containers: list[dict[str, Any]], name: str, first: bool) -> list[dict[str, Any]]:
+    picked = [c for c in containers if c.get("name") == name]
+    rest = [c for c in containers if c.get("name") != name]
+    return picked + rest if first else rest + picked
+
+
+def _reorder(pod: dict[str, Any], hold: bool) -> None:
+    spec = pod.setdefault("spec", {})
+    # The proxy goes last so kubectl exec/logs default to the app, unless the app must wait for it.
+    if "containers" in spec:
+        spec["containers"] = _move(spec["containers"], PROXY_NAME, hold)
+    if "initContainers" in spec:
+        # iptables go in last so the user's init containers still reach the network.
+        spec["initContainers"] = _move(spec["initContainers"], INIT_NAME, False)
+
+
+def _status_port(ctx: TemplateContext) -> int:
+    text = ctx.annotation("status.sidecar.istio.io/port", ctx.values["global"]["proxy"]["statusPort"])
+    if not text.isdigit() or int(text) > 65535:
+        raise InjectionError(f"annotation status.sidecar.istio.io/port: {text!r} is not a port number")
+    return int(text)
+
+
+def inject_pod(
+    pod: dict[str, Any], namespace: str, config: InjectConfig, workload: Workload | None = None
+) -> dict[str, Any] | None:
+    """The injected pod, or None when istiod's policy says this pod gets no sidecar."""
+    if not isinstance(pod, dict) or not isinstance(pod.get("spec", {}), dict):
+        raise InjectionError("the object is not a pod")
+    pod = copy.deepcopy(pod)
+    metadata = pod.setdefault("metadata", {})
+    if not isinstance(metadata, dict):
+        raise InjectionError("pod metadata is not a mapping")
+    metadata.pop("managedFields", None)
+    namespace = metadata.get("namespace") or namespace
+    if not injection_required(pod, namespace, config):
+        return None
+    ctx = TemplateContext(
+        pod=pod,
+        workload=workload or pod_workload(pod, namespace),
+        proxy_config=proxy_config_overlay(pod),
+        values=config.values,
+        revision=config.revision,
+    )
+    fragments = render_templates(ctx, config)
+    injected = pod
+    for fragment in fragments:
+        injected = merge(injected, fragment)
+    status_port = _status_port(ctx)
+    apply_prometheus_merge(injected, status_port, PROXY_NAME)
+    if config.values.get("sidecarInjectorWebhook", {}).get("rewriteAppHTTPProbe", True) and status_port:
+        rewrite_probes(injected, status_port, PROXY_NAME)
+    annotations = injected["metadata"].setdefault("annotations", {})
+    annotations[STATUS_ANNOTATION] = _status(fragments, config.revision)
+    annotations.update(config.injected_annotations)
+    _reorder(injected, hold_application(ctx))
+    return injected
