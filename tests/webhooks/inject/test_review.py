@@ -92,3 +92,17 @@ def test_counters_count_requests_successes_skips_and_failures() -> None:
     assert _value(registry, "sidecar_injection_success_total") == 1
     assert _value(registry, "sidecar_injection_skip_total") == 1
     assert _value(registry, "sidecar_injection_failure_total") == 1
+
+
+def test_malformed_pods_are_refused_with_the_reason() -> None:
+    cases = [
+        ({"metadata": {"labels": ["a"]}, "spec": {}}, "metadata.labels"),
+        ({"metadata": {"annotations": {"a": 1}}, "spec": {}}, "metadata.annotations"),
+        ({"metadata": {}, "spec": {"containers": "app"}}, "spec.containers"),
+        ({"metadata": {}, "spec": {"containers": [{"name": "c", "ports": [80]}]}}, "ports"),
+        ({"metadata": "x", "spec": {}}, "metadata is not a mapping"),
+    ]
+    for pod, message in cases:
+        response = handle_inject(_review(pod), InjectConfig())["response"]
+        assert response["allowed"] is False
+        assert message in response["result"]["message"]

@@ -60,16 +60,41 @@ def _status_port(ctx: TemplateContext) -> int:
     return int(text)
 
 
+def _check_shape(pod: dict[str, Any]) -> None:
+    """The parts of the pod the templates read must have Kubernetes' shapes; anything else is a clear
+    error here rather than a crash deep in a template."""
+    metadata = pod.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise InjectionError("pod metadata is not a mapping")
+    for key in ("labels", "annotations"):
+        value = metadata.get(key) or {}
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise InjectionError(f"pod metadata.{key} must map names to strings")
+    spec = pod.get("spec", {})
+    if not isinstance(spec, dict):
+        raise InjectionError("pod spec is not a mapping")
+    for key in ("containers", "initContainers", "volumes"):
+        items = spec.get(key) or []
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise InjectionError(f"pod spec.{key} must be a list of objects")
+        for item in items:
+            for field in ("ports", "env", "volumeMounts"):
+                value = item.get(field) or []
+                if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                    raise InjectionError(
+                        f"pod spec.{key}[{item.get('name')!r}].{field} must be a list of objects"
+                    )
+
+
 def inject_pod(
     pod: dict[str, Any], namespace: str, config: InjectConfig, workload: Workload | None = None
 ) -> dict[str, Any] | None:
     """The injected pod, or None when istiod's policy says this pod gets no sidecar."""
-    if not isinstance(pod, dict) or not isinstance(pod.get("spec", {}), dict):
+    if not isinstance(pod, dict):
         raise InjectionError("the object is not a pod")
+    _check_shape(pod)
     pod = copy.deepcopy(pod)
     metadata = pod.setdefault("metadata", {})
-    if not isinstance(metadata, dict):
-        raise InjectionError("pod metadata is not a mapping")
     metadata.pop("managedFields", None)
     namespace = metadata.get("namespace") or namespace
     if not injection_required(pod, namespace, config):

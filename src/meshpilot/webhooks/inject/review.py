@@ -86,8 +86,6 @@ def handle_inject(
     try:
         if not isinstance(pod, dict):
             raise InjectionError("request.object is not a pod")
-        original = json.loads(json.dumps(pod))
-        original.get("metadata", {}).pop("managedFields", None)
         injected = inject_pod(pod, str(request.get("namespace") or ""), config)
     except InjectionError as err:
         if metrics is not None:
@@ -97,6 +95,10 @@ def handle_inject(
         if metrics is not None:
             metrics.skip.inc()
         return _response(review, {"uid": uid, "allowed": True})
+    # istiod diffs against the pod without managedFields, as inject_pod drops them.
+    original = json.loads(json.dumps(pod))
+    if isinstance(original.get("metadata"), dict):
+        original["metadata"].pop("managedFields", None)
     patch = create_patch(original, injected)
     if metrics is not None:
         metrics.success.inc()
