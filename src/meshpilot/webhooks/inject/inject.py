@@ -110,6 +110,11 @@ def inject_pod(
     injected = pod
     for fragment in fragments:
         injected = merge(injected, fragment)
+    spec = injected.setdefault("spec", {})
+    for key in ("initContainers", "containers", "volumes", "imagePullSecrets"):
+        # Go omits empty lists when it writes the pod, so a template's ``initContainers: []`` adds nothing.
+        if spec.get(key) == []:
+            del spec[key]
     status_port = _status_port(ctx)
     apply_prometheus_merge(injected, status_port, PROXY_NAME)
     if config.values.get("sidecarInjectorWebhook", {}).get("rewriteAppHTTPProbe", True) and status_port:
