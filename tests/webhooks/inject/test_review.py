@@ -106,3 +106,12 @@ def test_malformed_pods_are_refused_with_the_reason() -> None:
         response = handle_inject(_review(pod), InjectConfig())["response"]
         assert response["allowed"] is False
         assert message in response["result"]["message"]
+
+
+def test_bad_proxy_config_annotation_names_the_field() -> None:
+    pod = _pod()
+    pod["metadata"]["annotations"] = {"proxy.istio.io/config": "concurency: 2"}
+    response = handle_inject(_review(pod), InjectConfig())["response"]
+    assert response["allowed"] is False
+    assert "proxy.istio.io/config" in response["result"]["message"]
+    assert "concurency" in response["result"]["message"]

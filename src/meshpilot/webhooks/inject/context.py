@@ -7,7 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from google.protobuf import json_format
 
+from meshpilot.config.errors import ConfigError
+from meshpilot.config.protojson import parse_spec
+from meshpilot.model.mesh import ProxyConfig
 from meshpilot.webhooks.inject.config import InjectionError
 
 PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
@@ -59,16 +63,21 @@ def proxy_config_overlay(pod: dict[str, Any]) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise InjectionError(f"annotation {PROXY_CONFIG_ANNOTATION}: not valid YAML or JSON: {err}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise InjectionError(f"annotation {PROXY_CONFIG_ANNOTATION}: expected a mapping")
-    return data
+    message = ProxyConfig()
+    try:
+        parse_spec(data, message, PROXY_CONFIG_ANNOTATION)
+    except ConfigError as err:
+        raise InjectionError(f"annotation {err}") from None
+    # Through the proto so PROXY_CONFIG lists fields in the proto's order, as istiod's protoToJSON.
+    out: dict[str, Any] = json_format.MessageToDict(message)
+    if "proxyMetadata" in out:
+        out["proxyMetadata"] = dict(sorted(out["proxyMetadata"].items()))
+    return out
 
 
-def go_json(value: Any) -> str:
-    """Compact JSON as Go's encoding/json writes it (maps sorted by key)."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+def go_json(value: Any, sort_keys: bool = True) -> str:
+    """Compact JSON as Go's encoding/json writes it (maps sorted by key; structs in field order)."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=sort_keys)
 
 
 def pod_workload(pod: dict[str, Any], namespace: str) -> Workload:

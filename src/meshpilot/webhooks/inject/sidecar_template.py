@@ -10,6 +10,7 @@ from typing import Any
 
 from meshpilot.webhooks.inject.config import InjectionError
 from meshpilot.webhooks.inject.context import TemplateContext, go_json
+from meshpilot.webhooks.inject.quantity import canonical_quantity
 
 PROXY_NAME = "istio-proxy"
 INIT_NAME = "istio-init"
@@ -105,7 +106,7 @@ def _resources(ctx: TemplateContext) -> dict[str, Any]:
     out: dict[str, dict[str, str]] = {}
     for (group, resource), key in RESOURCE_ANNOTATIONS.items():
         if key in ann:
-            out.setdefault(group, {})[resource] = ann[key]
+            out.setdefault(group, {})[resource] = canonical_quantity(ann[key], f"annotation {key}")
     return out
 
 
@@ -237,7 +238,7 @@ def _proxy_env(ctx: TemplateContext, mode: str) -> list[dict[str, Any]]:
         _field_env("SERVICE_ACCOUNT", "spec.serviceAccountName"),
         _field_env("HOST_IP", "status.hostIP"),
         _resource_env("ISTIO_CPU_LIMIT", "limits.cpu"),
-        {"name": "PROXY_CONFIG", "value": go_json(ctx.proxy_config) + "\n"},
+        {"name": "PROXY_CONFIG", "value": go_json(ctx.proxy_config, sort_keys=False) + "\n"},
         {"name": "ISTIO_META_POD_PORTS", "value": _pod_ports(ctx.pod)},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(app_containers(ctx.pod))},
         _resource_env("GOMEMLIMIT", "limits.memory"),
