@@ -116,7 +116,8 @@ def inject_pod(
         if spec.get(key) == []:
             del spec[key]
     status_port = _status_port(ctx)
-    apply_prometheus_merge(injected, status_port, PROXY_NAME)
+    # istiod points Prometheus at the mesh's status port, whatever the pod's annotation says.
+    apply_prometheus_merge(injected, int(config.values["global"]["proxy"]["statusPort"]), PROXY_NAME)
     if config.values.get("sidecarInjectorWebhook", {}).get("rewriteAppHTTPProbe", True) and status_port:
         rewrite_probes(injected, status_port, PROXY_NAME)
     annotations = injected["metadata"].setdefault("annotations", {})

@@ -1,7 +1,6 @@
 """Merging a template's pod fragment into the pod, as Kubernetes' strategic merge patch does for the
 fields a template touches: maps merge key by key; lists of named things (containers, volumes, env,
-volume mounts, image pull secrets) merge by their key, unknown items appended in the fragment's order;
-other lists and scalars are replaced."""
+volume mounts, image pull secrets) merge by their key; other lists and scalars are replaced."""
 
 from __future__ import annotations
 
@@ -27,16 +26,14 @@ def _merge_list(key: str, base: list[Any], patch: list[Any]) -> list[Any]:
     merge_key = MERGE_KEYS.get(key)
     if merge_key is None or not all(isinstance(i, dict) for i in base + patch):
         return copy.deepcopy(patch)
-    out = copy.deepcopy(base)
-    index = {item.get(merge_key): n for n, item in enumerate(out)}
-    for item in patch:
-        n = index.get(item.get(merge_key))
-        if n is None:
-            index[item.get(merge_key)] = len(out)
-            out.append(copy.deepcopy(item))
-        else:
-            out[n] = merge(out[n], item)
-    return out
+    # The patch's items come first, in its order, then the items only the base has: the order
+    # istiod's injected pods show (the template's volumes ahead of the pod's own).
+    by_key = {item.get(merge_key): item for item in base}
+    patched = [
+        merge(by_key[i.get(merge_key)], i) if i.get(merge_key) in by_key else copy.deepcopy(i) for i in patch
+    ]
+    patch_keys = {i.get(merge_key) for i in patch}
+    return patched + [copy.deepcopy(i) for i in base if i.get(merge_key) not in patch_keys]
 
 
 def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
