@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import json
 from typing import Any
 
 from meshpilot.webhooks.inject.config import InjectionError
@@ -264,7 +265,23 @@ def _proxy_env(ctx: TemplateContext, mode: str) -> list[dict[str, Any]]:
         env.append({"name": "TRUST_DOMAIN", "value": trust_domain})
     for key, value in sorted((ctx.proxy_config.get("proxyMetadata") or {}).items()):
         env.append({"name": key, "value": str(value)})
-    return env
+    # Go leaves an empty value out when it writes the pod.
+    return [{k: v for k, v in e.items() if not (k == "value" and v == "")} for e in env]
+
+
+def _user_entries(ctx: TemplateContext, key: str) -> list[dict[str, Any]]:
+    """``sidecar.istio.io/userVolume`` / ``userVolumeMount``: JSON maps of name to volume (mount),
+    added in name order as the template's range over a map does."""
+    text = ctx.annotations.get(key)
+    if text is None:
+        return []
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise InjectionError(f"annotation {key}: not valid JSON: {err}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise InjectionError(f"annotation {key}: expected a JSON object of name to object")
+    return [{"name": name, **spec} for name, spec in sorted(data.items())]
 
 
 def _proxy_container(ctx: TemplateContext, mode: str) -> dict[str, Any]:
@@ -351,6 +368,7 @@ def _proxy_container(ctx: TemplateContext, mode: str) -> dict[str, Any]:
         ("istio-podinfo", "/etc/istio/pod"),
     ]
     container["volumeMounts"] = [{"name": name, "mountPath": path} for name, path in mounts]
+    container["volumeMounts"] += _user_entries(ctx, "sidecar.istio.io/userVolumeMount")
     return container
 
 
@@ -395,7 +413,7 @@ def _volumes(ctx: TemplateContext) -> list[dict[str, Any]]:
             }
         )
     volumes.append({"name": "istio-ca-crl", "configMap": {"name": "istio-ca-crl", "optional": True}})
-    return volumes
+    return volumes + _user_entries(ctx, "sidecar.istio.io/userVolume")
 
 
 def render_sidecar(ctx: TemplateContext) -> dict[str, Any]:
