@@ -17,9 +17,10 @@ from meshpilot.webhooks.inject.template import render_templates
 
 
 def _names(items: list[Any] | None) -> list[str] | None:
-    # Go marshals an empty slice from the template as null.
-    names = [str(i.get("name")) for i in items or [] if isinstance(i, dict)]
-    return names or None
+    # Go writes a list the templates never set as null, and one they set empty as [].
+    if items is None:
+        return None
+    return [str(i.get("name")) for i in items if isinstance(i, dict)]
 
 
 def _status(fragments: list[dict[str, Any]], revision: str) -> str:
