@@ -31,7 +31,8 @@ def _inject_pod_of(obj: dict[str, Any], config: InjectConfig, warn: Callable[[st
     namespace = str(metadata.get("namespace") or "default")
     workload = Workload(name, namespace, str(obj.get("apiVersion") or ""), str(kind))
     if kind == "Pod":
-        injected = inject_pod(obj, namespace, config, workload)
+        # A bare pod's workload comes from its controller owner, as the webhook infers it.
+        injected = inject_pod(obj, namespace, config)
         if injected is None:
             warn(f'===> Skipping injection because Pod "{name}" has sidecar injection disabled')
             return obj
