@@ -10,9 +10,15 @@ from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
 from meshpilot.webhooks.inject.context import TemplateContext, Workload, pod_workload, proxy_config_overlay
 from meshpilot.webhooks.inject.decision import STATUS_ANNOTATION, injection_required
 from meshpilot.webhooks.inject.merge import merge
+from meshpilot.webhooks.inject.overrides import adjust_init_user, reapply_user_containers
 from meshpilot.webhooks.inject.probes import rewrite_probes
 from meshpilot.webhooks.inject.prometheus import apply_prometheus_merge
-from meshpilot.webhooks.inject.sidecar_template import INIT_NAME, PROXY_NAME, hold_application
+from meshpilot.webhooks.inject.sidecar_template import (
+    INIT_NAME,
+    PROXY_NAME,
+    hold_application,
+    interception_mode,
+)
 from meshpilot.webhooks.inject.template import render_templates
 
 
@@ -111,6 +117,11 @@ def inject_pod(
     injected = pod
     for fragment in fragments:
         injected = merge(injected, fragment)
+    template_spec: dict[str, Any] = {}
+    for fragment in fragments:
+        template_spec = merge(template_spec, fragment.get("spec") or {})
+    injected = reapply_user_containers(injected, pod, template_spec)
+    adjust_init_user(injected, pod, interception_mode(ctx) == "TPROXY")
     spec = injected.setdefault("spec", {})
     for key in ("initContainers", "containers", "volumes", "imagePullSecrets"):
         # Go omits empty lists when it writes the pod, so a template's ``initContainers: []`` adds nothing.

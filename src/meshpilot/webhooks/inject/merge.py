@@ -26,14 +26,26 @@ def _merge_list(key: str, base: list[Any], patch: list[Any]) -> list[Any]:
     merge_key = MERGE_KEYS.get(key)
     if merge_key is None or not all(isinstance(i, dict) for i in base + patch):
         return copy.deepcopy(patch)
-    # The patch's items come first, in its order, then the items only the base has: the order
-    # istiod's injected pods show (the template's volumes ahead of the pod's own).
-    by_key = {item.get(merge_key): item for item in base}
-    patched = [
-        merge(by_key[i.get(merge_key)], i) if i.get(merge_key) in by_key else copy.deepcopy(i) for i in patch
+    # Ordered as istiod's injected pods show: a patch item the base lacks goes ahead of the base's own
+    # remaining items (the template's volumes before the pod's); items both have keep the base's order.
+    base_index = {item.get(merge_key): n for n, item in enumerate(base)}
+    patch_keys = {item.get(merge_key) for item in patch}
+    server_only = [item for item in base if item.get(merge_key) not in patch_keys]
+    merged_patch = [
+        merge(base[base_index[i.get(merge_key)]], i) if i.get(merge_key) in base_index else copy.deepcopy(i)
+        for i in patch
     ]
-    patch_keys = {i.get(merge_key) for i in patch}
-    return patched + [copy.deepcopy(i) for i in base if i.get(merge_key) not in patch_keys]
+    out: list[Any] = []
+    p = q = 0
+    while p < len(merged_patch) and q < len(server_only):
+        name = merged_patch[p].get(merge_key)
+        if name not in base_index or base_index[name] < base_index[server_only[q].get(merge_key)]:
+            out.append(merged_patch[p])
+            p += 1
+        else:
+            out.append(copy.deepcopy(server_only[q]))
+            q += 1
+    return out + merged_patch[p:] + [copy.deepcopy(i) for i in server_only[q:]]
 
 
 def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
