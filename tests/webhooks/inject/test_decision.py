@@ -80,3 +80,17 @@ def test_selector_operators() -> None:
 def test_bad_config_is_a_clear_error(config: str, message: str) -> None:
     with pytest.raises(InjectionError, match=message):
         parse_config(config)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ("global: null", "values: global must be a mapping"),
+        ("global:\n  proxy: 3", "global.proxy must be a mapping"),
+        ("global:\n  proxy:\n    resources: [1]", "global.proxy.resources"),
+        ("global:\n  proxy:\n    statusPort: abc", "global.proxy.statusPort"),
+    ],
+)
+def test_bad_values_are_a_clear_error(values: str, message: str) -> None:
+    with pytest.raises(InjectionError, match=message):
+        parse_config("", values)

@@ -121,6 +121,41 @@ def _selectors(raw: Any, what: str) -> tuple[dict[str, Any], ...]:
     return tuple(raw)
 
 
+# The mappings the built-in template reads; a values file that replaces one with a scalar or null
+# would otherwise fail in the middle of an injection.
+_VALUE_MAPPINGS = (
+    ("global",),
+    ("global", "proxy"),
+    ("global", "proxy", "startupProbe"),
+    ("global", "proxy_init"),
+    ("global", "logging"),
+    ("global", "multiCluster"),
+    ("global", "sds"),
+    ("global", "sds", "token"),
+    ("meshConfig",),
+    ("sidecarInjectorWebhook",),
+)
+
+
+def _check_values(values: dict[str, Any]) -> None:
+    for path in _VALUE_MAPPINGS:
+        node: Any = values
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            raise InjectionError(f"values: {'.'.join(path)} must be a mapping")
+    proxy = values["global"]["proxy"]
+    for key, value in (
+        ("statusPort", proxy.get("statusPort")),
+        ("startupProbe.failureThreshold", proxy["startupProbe"].get("failureThreshold")),
+    ):
+        if isinstance(value, bool) or not str(value).isdigit():
+            raise InjectionError(f"values: global.proxy.{key} must be a non-negative integer, got {value!r}")
+    resources = values["global"]["proxy"].get("resources")
+    if resources is not None and not isinstance(resources, dict):
+        raise InjectionError("values: global.proxy.resources must be a mapping")
+
+
 def parse_config(config_text: str, values_text: str = "") -> InjectConfig:
     """Builds an InjectConfig from the text of the ConfigMap's ``config`` and ``values`` keys."""
     raw = _mapping(config_text, "config")
@@ -138,6 +173,8 @@ def parse_config(config_text: str, values_text: str = "") -> InjectConfig:
     annotations = raw.get("injectedAnnotations") or {}
     if not isinstance(annotations, dict):
         raise InjectionError("config: injectedAnnotations must be a mapping")
+    merged_values = _deep_merge(DEFAULT_VALUES, values)
+    _check_values(merged_values)
     return InjectConfig(
         policy=policy,
         always_inject_selector=_selectors(raw.get("alwaysInjectSelector"), "alwaysInjectSelector"),
@@ -146,7 +183,7 @@ def parse_config(config_text: str, values_text: str = "") -> InjectConfig:
         templates={str(k): v for k, v in templates.items()},
         default_templates=tuple(str(d) for d in defaults),
         aliases={str(k): tuple(str(x) for x in v) for k, v in aliases.items()},
-        values=_deep_merge(DEFAULT_VALUES, values),
+        values=merged_values,
     )
 
 
