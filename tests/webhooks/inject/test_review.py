@@ -101,6 +101,18 @@ def test_malformed_pods_are_refused_with_the_reason() -> None:
         ({"metadata": {}, "spec": {"containers": "app"}}, "spec.containers"),
         ({"metadata": {}, "spec": {"containers": [{"name": "c", "ports": [80]}]}}, "ports"),
         ({"metadata": "x", "spec": {}}, "metadata is not a mapping"),
+        ({"metadata": {}, "spec": {"containers": [{"name": {}}]}}, "name must be a string"),
+        (
+            {"metadata": {}, "spec": {"containers": [{"name": "c", "securityContext": True}]}},
+            "securityContext",
+        ),
+        (
+            {
+                "metadata": {},
+                "spec": {"containers": [{"name": "istio-proxy", "volumeMounts": [{"mountPath": [1]}]}]},
+            },
+            "volumeMounts[].mountPath",
+        ),
     ]
     for pod, message in cases:
         response = handle_inject(_review(pod), InjectConfig())["response"]

@@ -67,6 +67,16 @@ def _status_port(ctx: TemplateContext) -> int:
     return int(text)
 
 
+_CONTAINER_OBJECTS = (
+    "securityContext",
+    "resources",
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+    "lifecycle",
+)
+
+
 def _check_shape(pod: dict[str, Any]) -> None:
     """The parts of the pod the templates read must have Kubernetes' shapes; anything else is a clear
     error here rather than a crash deep in a template."""
@@ -85,12 +95,20 @@ def _check_shape(pod: dict[str, Any]) -> None:
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise InjectionError(f"pod spec.{key} must be a list of objects")
         for item in items:
+            where = f"pod spec.{key}[{item.get('name')!r}]"
+            if not isinstance(item.get("name"), str):
+                raise InjectionError(f"{where}.name must be a string")
+            if key == "volumes":
+                continue
             for field in ("ports", "env", "volumeMounts"):
                 value = item.get(field) or []
                 if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-                    raise InjectionError(
-                        f"pod spec.{key}[{item.get('name')!r}].{field} must be a list of objects"
-                    )
+                    raise InjectionError(f"{where}.{field} must be a list of objects")
+                if not all(isinstance(v.get("name", ""), str) for v in value):
+                    raise InjectionError(f"{where}.{field}[].name must be a string")
+            for field in _CONTAINER_OBJECTS:
+                if item.get(field) is not None and not isinstance(item[field], dict):
+                    raise InjectionError(f"{where}.{field} must be an object")
 
 
 def inject_pod(

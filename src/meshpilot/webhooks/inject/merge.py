@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from meshpilot.webhooks.inject.config import InjectionError
+
 # The patchMergeKey of the pod's merged lists (k8s.io/api/core/v1 types.go).
 MERGE_KEYS = {
     "containers": "name",
@@ -26,6 +28,11 @@ def _merge_list(key: str, base: list[Any], patch: list[Any]) -> list[Any]:
     merge_key = MERGE_KEYS.get(key)
     if merge_key is None or not all(isinstance(i, dict) for i in base + patch):
         return copy.deepcopy(patch)
+    for item in base + patch:
+        if not isinstance(item.get(merge_key), (str, int, type(None))):
+            raise InjectionError(
+                f"{key}[].{merge_key} must be a string or a number, got {item.get(merge_key)!r}"
+            )
     # Ordered as istiod's injected pods show: a patch item the base lacks goes ahead of the base's own
     # remaining items (the template's volumes before the pod's); items both have keep the base's order.
     base_index = {item.get(merge_key): n for n, item in enumerate(base)}
