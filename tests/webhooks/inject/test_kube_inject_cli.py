@@ -121,3 +121,12 @@ def test_inject_config_dir_is_read(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     proxy = yaml.safe_load(done.stdout)["spec"]["template"]["spec"]["containers"][1]
     assert proxy["image"] == "registry.example.com/istio/proxyv2:9.9"
+
+
+def test_malformed_objects_fail_cleanly_or_pass_through() -> None:
+    bad_metadata = _run(["-f", "-"], stdin="apiVersion: apps/v1\nkind: Deployment\nmetadata: 3\n")
+    assert bad_metadata.returncode == 2 and "metadata is not a mapping" in bad_metadata.stderr
+    bad_items = _run(["-f", "-"], stdin="apiVersion: v1\nkind: List\nitems: true\n")
+    assert bad_items.returncode == 2 and "items is not a list" in bad_items.stderr
+    odd_kind = _run(["-f", "-"], stdin="kind: {a: 1}\nx: 1\n")
+    assert odd_kind.returncode == 0 and yaml.safe_load(odd_kind.stdout) == {"kind": {"a": 1}, "x": 1}

@@ -27,6 +27,8 @@ TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
 def _inject_pod_of(obj: dict[str, Any], config: InjectConfig, warn: Callable[[str], None]) -> dict[str, Any]:
     kind = obj.get("kind")
     metadata = obj.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise InjectionError(f"{kind}: metadata is not a mapping")
     name = str(metadata.get("name") or "")
     namespace = str(metadata.get("namespace") or "default")
     workload = Workload(name, namespace, str(obj.get("apiVersion") or ""), str(kind))
@@ -62,10 +64,13 @@ def inject_object(obj: Any, config: InjectConfig, warn: Callable[[str], None]) -
     if not isinstance(obj, dict):
         return obj
     kind = obj.get("kind")
-    if kind == "List" or (
-        isinstance(kind, str) and kind.endswith("List") and isinstance(obj.get("items"), list)
-    ):
-        return {**obj, "items": [inject_object(item, config, warn) for item in obj.get("items") or []]}
+    if not isinstance(kind, str):
+        return obj  # not a Kubernetes object: passed through as istioctl passes unknown kinds
+    if kind.endswith("List") and (kind == "List" or isinstance(obj.get("items"), list)):
+        items = obj.get("items") or []
+        if not isinstance(items, list):
+            raise InjectionError(f"{kind}: items is not a list")
+        return {**obj, "items": [inject_object(item, config, warn) for item in items]}
     if kind == "Pod" or kind in TEMPLATE_PATHS:
         return _inject_pod_of(obj, config, warn)
     return obj
