@@ -75,6 +75,12 @@ def test_selector_operators() -> None:
         ("templates: [a]", "templates must map"),
         ("neverInjectSelector: {app: a}", "neverInjectSelector"),
         ("policy: [unclosed", "not valid YAML"),
+        ("aliases: {a: 3}", "aliases"),
+        ("alwaysInjectSelector: [{matchLabels: 3}]", "matchLabels"),
+        (
+            "neverInjectSelector: [{matchExpressions: [{key: a, operator: In, values: 1}]}]",
+            "matchExpressions",
+        ),
     ],
 )
 def test_bad_config_is_a_clear_error(config: str, message: str) -> None:

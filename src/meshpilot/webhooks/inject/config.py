@@ -118,6 +118,17 @@ def _selectors(raw: Any, what: str) -> tuple[dict[str, Any], ...]:
         return ()
     if not isinstance(raw, list) or not all(isinstance(s, dict) for s in raw):
         raise InjectionError(f"config: {what} must be a list of label selectors")
+    for selector in raw:
+        labels = selector.get("matchLabels") or {}
+        expressions = selector.get("matchExpressions") or []
+        if not isinstance(labels, dict):
+            raise InjectionError(f"config: {what}: matchLabels must be a mapping")
+        if not isinstance(expressions, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("values") or [], list) for e in expressions
+        ):
+            raise InjectionError(
+                f"config: {what}: matchExpressions must be a list of {{key, operator, values}}"
+            )
     return tuple(raw)
 
 
@@ -168,7 +179,7 @@ def parse_config(config_text: str, values_text: str = "") -> InjectConfig:
     if not isinstance(defaults, list):
         raise InjectionError("config: defaultTemplates must be a list of names")
     aliases = raw.get("aliases") or {}
-    if not isinstance(aliases, dict):
+    if not isinstance(aliases, dict) or not all(isinstance(v, list) for v in aliases.values()):
         raise InjectionError("config: aliases must map names to lists of names")
     annotations = raw.get("injectedAnnotations") or {}
     if not isinstance(annotations, dict):
