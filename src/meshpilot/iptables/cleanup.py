@@ -16,11 +16,12 @@ def _undo(rules: tuple[Rule, ...]) -> list[list[str]]:
     for rule in rules:
         if rule.chain in BUILTIN_CHAINS:
             commands.append(["-t", rule.table, "-D", rule.chain, *rule.params])
-    # Jumps are gone by now, so each chain can be emptied and then removed.
-    for table, chains in declared_chains(render_restore(rules)).items():
-        for chain in chains:
-            commands.append(["-t", table, "-F", chain])
-            commands.append(["-t", table, "-X", chain])
+    # Jumps from built-in chains are gone by now. Every chain is emptied before any is
+    # removed, because ISTIO chains jump to each other and -X refuses a referenced chain.
+    declared = declared_chains(render_restore(rules))
+    for op in ("-F", "-X"):
+        for table, chains in declared.items():
+            commands.extend(["-t", table, op, chain] for chain in chains)
     return commands
 
 
