@@ -61,6 +61,20 @@ def saved_chains(save: str) -> dict[str, set[str]]:
 
 
 def _apply_family(restore: str, tool: str) -> None:
+    before = _run([f"{tool}-save"])
+    if before.returncode != 0:
+        raise CaptureError(f"{tool}-save failed: {before.stderr.strip()}")
+    present_before = saved_chains(before.stdout)
+    clash = [
+        f"{table}/{chain}"
+        for table, chains in declared_chains(restore).items()
+        for chain in chains
+        if chain in present_before.get(table, set())
+    ]
+    if clash:
+        # Appending to chains from an earlier run would duplicate every rule; istio also
+        # wants a clean slate, so say how to get one.
+        raise CaptureError(f"chains {', '.join(clash)} already exist; run `meshpilot iptables clean` first")
     done = _run([f"{tool}-restore", "--noflush"], restore)
     if done.returncode != 0:
         raise CaptureError(f"{tool}-restore failed: {done.stderr.strip()}")
