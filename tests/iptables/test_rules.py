@@ -1,9 +1,9 @@
 """`meshpilot iptables --dry-run` against golden rule text.
 
-The first ten cases use the flag sets of istio-iptables' own golden tests
-(tools/istio-iptables/pkg/capture/testdata); their IPv4 rules were checked line by line
-against istio's goldens when these files were written. The rest cover the injector's
-argv, exclusions, IPv6, TPROXY routes and cleanup.
+The first fifteen cases use the flag sets of istio-iptables' own golden tests
+(tools/istio-iptables/pkg/capture/testdata); their rules (IPv4, and IPv6 for the ipv6-*
+cases) were checked line by line against istio's goldens when these files were written.
+The rest cover the injector's argv, exclusions, IPv6, TPROXY routes and cleanup.
 """
 
 from __future__ import annotations
@@ -30,6 +30,18 @@ CASES: dict[str, list[str]] = {
     "inbound-ports-wildcard-tproxy": ["-b", "*", "-m", "TPROXY"],
     "kube-virt-interfaces": ["-k", "eth1,eth2", "-i", "*"],
     "ipnets-with-kube-virt-interfaces": ["-k", "eth1,eth2", "-i", "10.0.0.0/8"],
+    # istio's dual-stack cases: both families' rules were checked against its goldens.
+    "ipv6-inbound-ports": ["-b", "4000,5000", "--ipv6"],
+    "ipv6-virt-interfaces": ["-b", "4000,5000", "-k", "eth0,eth1", "--ipv6"],
+    "ipv6-ipnets": [
+        "-b", "4000,5000", "-d", "6000,7000,", "-k", "eth0,eth1",
+        "-x", "2001:db8::/32", "-i", "2001:db8::/32", "--ipv6",
+    ],
+    "ipv6-uid-gid": [
+        "-b", "4000,5000", "-d", "6000,7000", "-k", "eth0,eth1", "-g", "1,2", "-u", "3,4",
+        "-x", "2001:db8::/32", "-i", "2001:db8::/32", "--ipv6",
+    ],
+    "ipv6-outbound-ports": ["-q", "32000,31000", "--ipv6"],
     # The argv the sidecar injector gives istio-init.
     "sidecar-injector-defaults": [
         "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "",
