@@ -42,9 +42,15 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
+# Programs the tests drive that pip cannot install: iptables for the real capture
+# tests (tests/iptables). Installed once, only when missing.
+$(VENV)/.system-deps: $(BIN)/python
+	command -v iptables-restore >/dev/null || (apt-get update && apt-get install -y iptables)
+	touch $@
+
 # The whole suite: lint, types, then tests with the compiled hot paths (a test
 # fails if they did not load), then the twins' own run of the unit tests.
-test: lint typecheck
+test: $(VENV)/.system-deps lint typecheck
 	MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q
 	MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not envoy and not integration" tests
 

@@ -199,10 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_discovery(sub)
     _add_agent(sub)
+    # istio-iptables' own flags are parsed by meshpilot.iptables, so its argv passes through untouched.
+    # (main() hands them over before this parser sees them; listed here for --help.)
+    sub.add_parser("iptables", help="set up a sidecar's traffic capture (istio-iptables)", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["iptables"]:
+        from meshpilot.iptables.command import main as iptables_main
+
+        return iptables_main(argv[1:])
     args = build_parser().parse_args(argv)
     code: int = args.run(args)
     return code
