@@ -42,10 +42,12 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
-# Programs the tests drive that pip cannot install: iptables for the real capture
-# tests (tests/iptables). Installed once, only when missing.
+# Programs the tests drive that pip cannot install: iptables, ip, setpriv and curl for the
+# real capture tests (tests/iptables). Installed once, only when one is missing.
+SYSTEM_TOOLS := iptables-restore ip setpriv curl
 $(VENV)/.system-deps: $(BIN)/python
-	command -v iptables-restore >/dev/null || (apt-get update && apt-get install -y iptables)
+	for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then apt-get update && apt-get install -y iptables iproute2 util-linux curl; fi
 	touch $@
 
 # The whole suite: lint, types, then tests with the compiled hot paths (a test
