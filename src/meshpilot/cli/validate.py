@@ -47,7 +47,7 @@ def _label(doc: Document) -> str:
     if doc.raw is None:
         return doc.where
     kind, namespace, name = identify(doc.raw)
-    return f"{doc.where} {kind or '?'} {namespace + '/' if namespace else ''}{name or '?'}"
+    return f"{doc.where} {kind or '?'} {namespace or 'default'}/{name or '?'}"
 
 
 def run(files: list[Path], namespace: str, out: TextIO, err: TextIO) -> int:

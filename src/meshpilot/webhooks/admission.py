@@ -24,6 +24,10 @@ API_VERSIONS = frozenset({f"{ADMISSION_GROUP}/v1", f"{ADMISSION_GROUP}/v1beta1"}
 REVIEW_KIND = "AdmissionReview"
 
 
+_STRING_FIELDS = ("uid", "operation", "namespace", "name")
+_OBJECT_FIELDS = ("kind", "resource", "userInfo")
+
+
 class ReviewDecodeError(ValueError):
     """A body that is not an AdmissionReview this server understands."""
 
@@ -52,6 +56,13 @@ def decode_review(body: bytes) -> tuple[str, dict[str, Any]]:
     request = data.get("request")
     if not isinstance(request, dict):
         raise ReviewDecodeError("could not decode object: the review has no request")
+    # Go's decoder refuses a field of the wrong JSON type; so does this.
+    for key in _STRING_FIELDS:
+        if key in request and not isinstance(request[key], str):
+            raise ReviewDecodeError(f"could not decode body: request.{key} must be a string")
+    for key in _OBJECT_FIELDS:
+        if key in request and not isinstance(request[key], dict):
+            raise ReviewDecodeError(f"could not decode body: request.{key} must be an object")
     return api_version, request
 
 

@@ -92,7 +92,9 @@ class ValidationHandler:
         if unknown:
             request_kind = _text(request.get("kind"), "kind")
             where = f"{_text(request, 'namespace')}/{_text(obj.get('metadata'), 'name')}"
-            return fail(REASON_INVALID_CONFIG, f'unknown field "{unknown[0]}" on {request_kind} resource {where}')
+            return fail(
+                REASON_INVALID_CONFIG, f'unknown field "{unknown[0]}" on {request_kind} resource {where}'
+            )
         self.metrics.validation_passed.labels(*labels).inc()
         response: dict[str, Any] = {"allowed": True}
         if result.warnings:
