@@ -1,4 +1,4 @@
-"""``/validate`` over real HTTPS: a ``meshpilot discovery`` process, and a client that verifies its certificate.
+"""``/validate`` over real HTTPS: a ``meshpilot discovery`` process and a client verifying its certificate.
 
 The process serves a certificate issued by the test CA for istiod's Service
 name; the client trusts only that CA, so every request here also proves the
