@@ -324,3 +324,27 @@ async def test_self_signed_certificate_names_istiod_and_the_address() -> None:
                     pass
     finally:
         await server.stop()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tls-cert-file", "{dir}/missing.crt", "--tls-key-file", "{dir}/missing.key"], "cannot load"),
+        (["--tls-cert-file", "{dir}/missing.crt"], "must be given together"),
+    ],
+)
+def test_bad_certificate_flags_fail_with_a_clear_message(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    config = tmp_path / "config"
+    config.mkdir()
+    extra = ["--webhook-addr", f"{HOST}:{free_port(HOST)}", *(f.format(dir=tmp_path) for f in flags)]
+    proc = Meshpilot(tmp_path, config, extra=extra)
+    proc.start()
+    try:
+        assert proc.proc is not None
+        assert proc.proc.wait(20) == 2
+    finally:
+        proc.stop()
+    assert message in proc.log()
+    assert "Traceback" not in proc.log()
