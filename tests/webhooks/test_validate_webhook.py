@@ -16,7 +16,7 @@ import json
 import socket
 import ssl
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -315,6 +315,7 @@ async def test_self_signed_certificate_names_istiod_and_the_address() -> None:
                 answer = await response.json()
             assert answer["response"]["allowed"] is False
             assert "handler bug" in answer["response"]["result"]["message"]
+            await check_shared_transport_rules(session, f"https://{HOST}:{port}", context, metrics)
             async with session.get(f"https://{HOST}:{port}/ready", ssl=context) as response:
                 assert response.status == 200
             with pytest.raises(aiohttp.ClientConnectorCertificateError):
@@ -348,3 +349,34 @@ def test_bad_certificate_flags_fail_with_a_clear_message(
         proc.stop()
     assert message in proc.log()
     assert "Traceback" not in proc.log()
+
+
+async def check_shared_transport_rules(
+    session: aiohttp.ClientSession, base: str, context: ssl.SSLContext, metrics: Metrics
+) -> None:
+    """Every review path refuses bad transport alike; only /validate's refusals count as galley's."""
+
+    def http_errors(status: int) -> float:
+        return (
+            metrics.registry.get_sample_value("galley_validation_http_error_total", {"status": str(status)})
+            or 0
+        )
+
+    async def oversized() -> AsyncIterator[bytes]:
+        # Chunked, so no Content-Length warns the server: it must stop reading by itself.
+        chunk = b" " * 65536
+        for _ in range(MAX_BODY_BYTES // len(chunk) + 2):
+            yield chunk
+
+    for path in ("/inject", "/validate"):
+        headers = {"Content-Type": "application/json"}
+        async with session.post(base + path, data=oversized(), headers=headers, ssl=context) as response:
+            assert response.status == 413
+        async with session.get(base + path, ssl=context) as response:
+            assert (response.status, await response.text()) == (400, "no body found\n")
+        headers = {"Content-Type": "application/json; charset=utf-8"}
+        async with session.post(base + path, data=b"{}", headers=headers, ssl=context) as response:
+            assert response.status == 415
+        if path == "/inject":
+            assert http_errors(413) == http_errors(400) == http_errors(415) == 0
+    assert http_errors(413) == http_errors(400) == http_errors(415) == 1

@@ -45,27 +45,38 @@ class WebhookServer:
         self._ready = ready
         self._cert_file = cert_file
         self._key_file = key_file
-        self._handlers: dict[str, ReviewHandler] = {}
+        self._handlers: dict[str, tuple[ReviewHandler, Callable[[int], None] | None]] = {}
         self._runner: web.AppRunner | None = None
         #: PEM of the certificate served, once started (what a caBundle would hold).
         self.cert_pem = b""
-        self.add_review_handler("/validate", ValidationHandler(metrics))
+        self.add_review_handler(
+            "/validate",
+            ValidationHandler(metrics),
+            on_http_error=lambda status: metrics.validation_http_error.labels(str(status)).inc(),
+        )
 
-    def add_review_handler(self, path: str, handler: ReviewHandler) -> None:
-        """Serve AdmissionReviews at ``path`` and below it; call before ``start``."""
+    def add_review_handler(
+        self, path: str, handler: ReviewHandler, *, on_http_error: Callable[[int], None] | None = None
+    ) -> None:
+        """Serve AdmissionReviews at ``path`` and below it; call before ``start``.
+
+        ``on_http_error`` is told the status of each request refused before
+        reaching ``handler`` (each webhook counts those in its own metric).
+        """
         if self._runner is not None:
             raise RuntimeError("review handlers must be added before the server starts")
         if not path.startswith("/") or path.endswith("/"):
             raise ValueError(f"review path {path!r} must start with '/' and not end with it")
-        self._handlers[path] = handler
+        self._handlers[path] = (handler, on_http_error)
 
     def app(self) -> web.Application:
         # client_max_size is one past the limit, so the 413 below is ours, not aiohttp's.
         app = web.Application(client_max_size=MAX_BODY_BYTES + 1)
         routes = [web.get("/ready", self._ready_handler)]
-        for path, handler in self._handlers.items():
-            serve = self._review_route(handler)
-            routes += [web.post(path, serve), web.post(path + "/{tail:.*}", serve)]
+        for path, (handler, on_http_error) in self._handlers.items():
+            serve = _review_route(handler, on_http_error)
+            # Any method, as istiod's mux: a GET has no body and gets its 400.
+            routes += [web.route("*", path, serve), web.route("*", path + "/{tail:.*}", serve)]
         app.add_routes(routes)
         return app
 
@@ -98,23 +109,27 @@ class WebhookServer:
             return web.Response(text="")
         return web.Response(status=503, text="not ready\n")
 
-    def _review_route(self, handler: ReviewHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def serve(request: web.Request) -> web.Response:
-            body = await _read_limited(request)
-            if body is None:
-                return self._http_error(413, f"request body too large, limit is {MAX_BODY_BYTES}")
-            if not body:
-                return self._http_error(400, "no body found")
-            # istiod compares the header exactly; the API server sends exactly this.
-            if request.headers.get("Content-Type") != "application/json":
-                return self._http_error(415, "invalid Content-Type, want `application/json`")
-            return web.Response(body=answer(body, handler), content_type="application/json")
 
-        return serve
-
-    def _http_error(self, status: int, message: str) -> web.Response:
-        self.metrics.validation_http_error.labels(str(status)).inc()
+def _review_route(
+    handler: ReviewHandler, on_http_error: Callable[[int], None] | None
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def http_error(status: int, message: str) -> web.Response:
+        if on_http_error is not None:
+            on_http_error(status)
         return web.Response(status=status, text=message + "\n")
+
+    async def serve(request: web.Request) -> web.Response:
+        body = await _read_limited(request)
+        if body is None:
+            return http_error(413, f"request body too large, limit is {MAX_BODY_BYTES}")
+        if not body:
+            return http_error(400, "no body found")
+        # istiod compares the header exactly; the API server sends exactly this.
+        if request.headers.get("Content-Type") != "application/json":
+            return http_error(415, "invalid Content-Type, want `application/json`")
+        return web.Response(body=answer(body, handler), content_type="application/json")
+
+    return serve
 
 
 async def _read_limited(request: web.Request) -> bytes | None:
