@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from meshpilot.cli.main import build_parser
+from meshpilot.server.settings import Address
+
 VALID = """\
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -123,3 +126,11 @@ def test_files_are_required() -> None:
     result = run()
     assert result.returncode == 2
     assert "-f" in result.stderr
+
+
+def test_webhook_address_flag() -> None:
+    parse = build_parser().parse_args
+    assert parse(["discovery"]).webhook_addr == Address("", 15017)
+    assert parse(["discovery", "--webhook-addr", "127.0.6.9:9443"]).webhook_addr == Address("127.0.6.9", 9443)
+    assert parse(["discovery", "--webhook-addr", "off"]).webhook_addr is None
+    assert parse(["discovery", "--webhook-addr", ""]).webhook_addr is None

@@ -380,3 +380,20 @@ async def check_shared_transport_rules(
         if path == "/inject":
             assert http_errors(413) == http_errors(400) == http_errors(415) == 0
     assert http_errors(413) == http_errors(400) == http_errors(415) == 1
+
+
+async def test_ready_follows_the_discovery_server() -> None:
+    ready = False
+    port = free_port(HOST)
+    server = WebhookServer(Address(HOST, port), Metrics(), lambda: ready)
+    await server.start()
+    try:
+        context = ssl.create_default_context(cadata=server.cert_pem.decode())
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"https://{HOST}:{port}/ready", ssl=context) as response:
+                assert response.status == 503
+            ready = True
+            async with session.get(f"https://{HOST}:{port}/ready", ssl=context) as response:
+                assert response.status == 200
+    finally:
+        await server.stop()
