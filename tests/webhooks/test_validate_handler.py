@@ -63,11 +63,12 @@ def test_reasons_counted_with_istiod_labels() -> None:
     call(handler, vs(hosts="not-a-list"))
     call(handler, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}})
     call(handler, [1])
+    call(handler, vs() | {"kind": 5})
     call(handler, two_bad_weights(), operation="DELETE")
     assert failed(metrics, "invalid_resource") == 1
     assert failed(metrics, "crd_conversion_error") == 1
     assert failed(metrics, "unknown_type") == 1
-    assert failed(metrics, "yaml_decode_error") == 1
+    assert failed(metrics, "yaml_decode_error") == 2
     assert failed(metrics, "unsupported_operation") == 1
     assert call(handler, vs(hosts="x"))["result"]["message"].startswith(
         "error decoding configuration: spec.hosts"

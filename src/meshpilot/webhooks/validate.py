@@ -75,6 +75,9 @@ class ValidationHandler:
             return fail(
                 REASON_YAML_DECODE_ERROR, "cannot decode configuration: the object is not a JSON object"
             )
+        for key in ("apiVersion", "kind"):
+            if key in obj and not isinstance(obj[key], str):
+                return fail(REASON_YAML_DECODE_ERROR, f"cannot decode configuration: {key} must be a string")
         api_version, kind = _text(obj, "apiVersion"), _text(obj, "kind")
         group, _, version = api_version.rpartition("/")
         schema = _ISTIO_BY_GROUP_KIND.get((group, kind))
