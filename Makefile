@@ -8,7 +8,8 @@ BUILD_INPUTS := pyproject.toml setup.py $(wildcard ext/*.pyx ext/*.pxd) $(shell 
 
 # Addresses for `make run`: istiod's ports, on loopback.
 RUN_FLAGS ?= --config-dir examples/config --mesh-config examples/mesh.yaml \
-	--grpc-addr 127.0.0.1:15010 --http-addr 127.0.0.1:8080 --monitoring-addr 127.0.0.1:15014
+	--grpc-addr 127.0.0.1:15010 --http-addr 127.0.0.1:8080 --monitoring-addr 127.0.0.1:15014 \
+	--webhook-addr 127.0.0.1:15017
 
 .PHONY: run test install install-test lint typecheck unit bench bench-quick clean
 
