@@ -8,7 +8,8 @@ BUILD_INPUTS := pyproject.toml setup.py $(wildcard ext/*.pyx ext/*.pxd) $(shell 
 
 # Addresses for `make run`: istiod's ports, on loopback.
 RUN_FLAGS ?= --config-dir examples/config --mesh-config examples/mesh.yaml \
-	--grpc-addr 127.0.0.1:15010 --http-addr 127.0.0.1:8080 --monitoring-addr 127.0.0.1:15014
+	--grpc-addr 127.0.0.1:15010 --http-addr 127.0.0.1:8080 --monitoring-addr 127.0.0.1:15014 \
+	--webhook-addr 127.0.0.1:15017
 
 .PHONY: run test install install-test lint typecheck unit bench bench-quick clean
 
@@ -42,9 +43,17 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
+# Programs the tests drive that pip cannot install: iptables, ip, setpriv and curl for the
+# real capture tests (tests/iptables). Installed once, only when one is missing.
+SYSTEM_TOOLS := iptables-restore ip setpriv curl
+$(VENV)/.system-deps: $(BIN)/python
+	for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then apt-get update && apt-get install -y iptables iproute2 util-linux curl; fi
+	touch $@
+
 # The whole suite: lint, types, then tests with the compiled hot paths (a test
 # fails if they did not load), then the twins' own run of the unit tests.
-test: lint typecheck
+test: $(VENV)/.system-deps lint typecheck
 	MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q
 	MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not envoy and not integration" tests
 

@@ -44,6 +44,9 @@ class ServerProcess:
             f"127.0.0.1:{self.http_port}",
             "--monitoring-addr",
             f"127.0.0.1:{self.monitoring_port}",
+            # The webhooks are not benchmarked; off, so :15017 is never bound on every interface.
+            "--webhook-addr",
+            "off",
             "--log-level",
             "warn",
             *(extra or []),

@@ -107,6 +107,7 @@ class Meshpilot(Process):
         self.grpc_port = free_port()
         self.http_port = free_port()
         self.monitoring_port = free_port()
+        self.webhook_port = free_port()
         argv = [
             sys.executable,
             "-m",
@@ -120,6 +121,9 @@ class Meshpilot(Process):
             f"127.0.0.1:{self.http_port}",
             "--monitoring-addr",
             f"127.0.0.1:{self.monitoring_port}",
+            # Each process its own port: the default :15017 would clash between tests.
+            "--webhook-addr",
+            f"127.0.0.1:{self.webhook_port}",
             "--debounce-after",
             debounce,
             "--log-level",

@@ -49,6 +49,7 @@ def settings_for(config: Path | None, **overrides: object) -> DiscoverySettings:
         grpc_addr=Address("127.0.0.1", free_port()),
         http_addr=Address("127.0.0.1", free_port()),
         monitoring_addr=Address("127.0.0.1", free_port()),
+        webhook_addr=Address("127.0.0.1", free_port()),
         debounce_after=0.02,
         **overrides,  # type: ignore[arg-type]
     )

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from meshpilot import __version__
+from meshpilot.cli import validate
 from meshpilot.config.errors import ConfigError
 from meshpilot.server import logs
 from meshpilot.server.settings import Address, DiscoverySettings, duration_seconds, env_default
@@ -20,6 +21,12 @@ def _address(text: str) -> Address:
         return Address.parse(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _optional_address(text: str) -> Address | None:
+    if text.strip().lower() in ("", "off"):
+        return None
+    return _address(text)
 
 
 def _duration(text: str) -> float:
@@ -62,6 +69,17 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         type=_address,
         default=Address("", 15014),
         help="address for /metrics and /debug (default :15014)",
+    )
+    p.add_argument(
+        "--webhook-addr",
+        "--httpsAddr",
+        type=_optional_address,
+        default=Address("", 15017),
+        help="HTTPS address of the /validate webhook and /ready; empty or 'off' disables (default :15017)",
+    )
+    p.add_argument("--tls-cert-file", "--tlsCertFile", type=Path, help="webhook serving certificate (PEM)")
+    p.add_argument(
+        "--tls-key-file", "--tlsKeyFile", type=Path, help="key of --tls-cert-file (self-signed if both unset)"
     )
     p.add_argument("--domain", default="cluster.local", help="DNS domain suffix (default cluster.local)")
     p.add_argument(
@@ -127,6 +145,9 @@ def _run_discovery(args: argparse.Namespace) -> int:
         grpc_addr=args.grpc_addr,
         http_addr=args.http_addr,
         monitoring_addr=args.monitoring_addr,
+        webhook_addr=args.webhook_addr,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
         domain=args.domain,
         cluster_id=args.cluster_id,
         debounce_after=args.debounce_after,
@@ -193,6 +214,12 @@ def _run_sds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_validate(args: argparse.Namespace) -> int:
+    # -f may be repeated, each taking several files.
+    files = [path for group in args.files for path in group]
+    return validate.run(files, args.namespace, sys.stdout, sys.stderr)
+
+
 def _add_kube_inject(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "kube-inject",
@@ -230,11 +257,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_discovery(sub)
     _add_agent(sub)
+    # istio-iptables' own flags are parsed by meshpilot.iptables, so its argv passes through untouched.
+    # (main() hands them over before this parser sees them; listed here for --help.)
+    sub.add_parser("iptables", help="set up a sidecar's traffic capture (istio-iptables)", add_help=False)
+    validate.add_parser(sub)
+    sub.choices["validate"].set_defaults(run=_run_validate)
     _add_kube_inject(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["iptables"]:
+        from meshpilot.iptables.command import main as iptables_main
+
+        return iptables_main(argv[1:])
     args = build_parser().parse_args(argv)
     code: int = args.run(args)
     return code

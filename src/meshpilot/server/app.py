@@ -38,6 +38,7 @@ from meshpilot.server.debug import DebugHandlers, DebugSources
 from meshpilot.server.http import http_app, monitoring_app, start_site
 from meshpilot.server.metrics import Metrics
 from meshpilot.server.settings import DiscoverySettings
+from meshpilot.webhooks.server import WebhookServer
 from meshpilot.xds.server import DiscoveryOptions, DiscoveryServer
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,15 @@ class DiscoveryApp:
         self.debug = debug
         self._stop = asyncio.Event()
         self.grpc_server: grpc.aio.Server | None = None
+        self.webhooks: WebhookServer | None = None
+        if settings.webhook_addr is not None:
+            self.webhooks = WebhookServer(
+                settings.webhook_addr,
+                self.metrics,
+                lambda: self.server.ready,
+                cert_file=settings.tls_cert_file,
+                key_file=settings.tls_key_file,
+            )
 
     def _on_config(self, event: ConfigEvent) -> None:
         if event.config.kind in _REGISTRY_KINDS:
@@ -199,13 +209,16 @@ class DiscoveryApp:
                     monitoring_app(self.metrics, self.debug, __version__), settings.monitoring_addr
                 )
             )
+            if self.webhooks is not None:
+                await self.webhooks.start()
             await server.start()
             log.info(
-                "meshpilot %s serving: xDS on %s, HTTP on %s, monitoring on %s",
+                "meshpilot %s serving: xDS on %s, HTTP on %s, monitoring on %s, webhooks on %s",
                 __version__,
                 settings.grpc_addr,
                 settings.http_addr,
                 settings.monitoring_addr,
+                settings.webhook_addr or "(off)",
             )
             tasks.append(asyncio.create_task(self.server.run(), name="push"))
             for source in self.sources:
@@ -216,6 +229,8 @@ class DiscoveryApp:
             await server.stop(settings.shutdown_grace)
             for runner in runners:
                 await runner.cleanup()
+            if self.webhooks is not None:
+                await self.webhooks.stop()
             for task in tasks:
                 task.cancel()
             for task in tasks:

@@ -142,6 +142,23 @@ class Metrics:
             registry=r,
         )
 
+        # The validation webhook's counters, labelled as istiod labels them.
+        self.validation_passed = Counter(
+            "galley_validation_passed",
+            "Resource is valid",
+            ["group", "version", "resource"],
+            registry=r,
+        )
+        self.validation_failed = Counter(
+            "galley_validation_failed",
+            "Resource validation failed",
+            ["group", "version", "resource", "reason"],
+            registry=r,
+        )
+        self.validation_http_error = Counter(
+            "galley_validation_http_error", "Resource validation http serve errors", ["status"], registry=r
+        )
+
     def for_type(self, short: str) -> TypeMetrics:
         """The per-type children of the push metrics (``labels()`` costs microseconds per call)."""
         found = self._by_type.get(short)

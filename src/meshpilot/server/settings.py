@@ -53,6 +53,11 @@ class DiscoverySettings:
     grpc_addr: Address = Address("", 15010)
     http_addr: Address = Address("", 8080)
     monitoring_addr: Address = Address("", 15014)
+    #: HTTPS address of the admission webhooks; None turns them off.
+    webhook_addr: Address | None = Address("", 15017)
+    #: Serving certificate and key of the webhooks; a self-signed pair is made when unset.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     domain: str = "cluster.local"
     cluster_id: str = "Kubernetes"
     #: Quiet period and maximum delay of debounce (PILOT_DEBOUNCE_AFTER / _MAX).

@@ -1,0 +1,1 @@
+"""Admission webhooks served over HTTPS: validation (and, later, sidecar injection)."""

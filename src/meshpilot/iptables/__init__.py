@@ -1,0 +1,1 @@
+"""Traffic capture for sidecars: istio-iptables' rules, built as pure functions and applied by a runner."""
