@@ -127,3 +127,17 @@ def test_bad_proxy_config_annotation_names_the_field() -> None:
     assert response["allowed"] is False
     assert "proxy.istio.io/config" in response["result"]["message"]
     assert "concurency" in response["result"]["message"]
+
+
+def test_handler_plugs_into_the_webhook_servers_review_path() -> None:
+    from meshpilot.webhooks.admission import answer
+    from meshpilot.webhooks.inject.review import InjectionHandler
+
+    body = json.dumps(_review(_pod(), api="admission.k8s.io/v1beta1", uid="srv-1")).encode()
+    out = json.loads(answer(body, InjectionHandler(InjectConfig())))
+    assert out["apiVersion"] == "admission.k8s.io/v1beta1"
+    assert out["response"]["uid"] == "srv-1"
+    assert out["response"]["allowed"] is True
+    assert out["response"]["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(out["response"]["patch"]))
+    assert any(op["path"] == "/spec/initContainers" for op in patch)

@@ -106,3 +106,18 @@ def handle_inject(
         review,
         {"uid": uid, "allowed": True, "patchType": "JSONPatch", "patch": base64.b64encode(patch).decode()},
     )
+
+
+class InjectionHandler:
+    """``handle_inject`` as the webhook server's ``ReviewHandler`` (a review's ``request`` in, its
+    ``response`` out), for ``WebhookServer.add_review_handler("/inject", ...)``; the server decodes
+    the envelope and answers in the caller's apiVersion."""
+
+    def __init__(self, config: InjectConfig, metrics: InjectionMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics
+
+    def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
+        review = {"apiVersion": API_VERSIONS[0], "kind": "AdmissionReview", "request": request}
+        response: dict[str, Any] = handle_inject(review, self.config, self.metrics)["response"]
+        return response
