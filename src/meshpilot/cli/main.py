@@ -81,6 +81,12 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument(
         "--tls-key-file", "--tlsKeyFile", type=Path, help="key of --tls-cert-file (self-signed if both unset)"
     )
+    p.add_argument(
+        "--inject-config",
+        "--injectConfig",
+        type=Path,
+        help="directory with the injector's config and values files, watched (default: built-in template)",
+    )
     p.add_argument("--domain", default="cluster.local", help="DNS domain suffix (default cluster.local)")
     p.add_argument(
         "--cluster-id",
@@ -148,6 +154,7 @@ def _run_discovery(args: argparse.Namespace) -> int:
         webhook_addr=args.webhook_addr,
         tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
+        inject_config=args.inject_config,
         domain=args.domain,
         cluster_id=args.cluster_id,
         debounce_after=args.debounce_after,

@@ -38,6 +38,9 @@ from meshpilot.server.debug import DebugHandlers, DebugSources
 from meshpilot.server.http import http_app, monitoring_app, start_site
 from meshpilot.server.metrics import Metrics
 from meshpilot.server.settings import DiscoverySettings
+from meshpilot.webhooks.inject.config import InjectionError
+from meshpilot.webhooks.inject.review import InjectionHandler, InjectionMetrics
+from meshpilot.webhooks.inject.source import InjectConfigSource
 from meshpilot.webhooks.server import WebhookServer
 from meshpilot.xds.server import DiscoveryOptions, DiscoveryServer
 
@@ -142,6 +145,7 @@ class DiscoveryApp:
         self._stop = asyncio.Event()
         self.grpc_server: grpc.aio.Server | None = None
         self.webhooks: WebhookServer | None = None
+        self.inject_source: InjectConfigSource | None = None
         if settings.webhook_addr is not None:
             self.webhooks = WebhookServer(
                 settings.webhook_addr,
@@ -150,6 +154,14 @@ class DiscoveryApp:
                 cert_file=settings.tls_cert_file,
                 key_file=settings.tls_key_file,
             )
+            # A bad injector directory stops the start with a clear message, as bad TLS flags do.
+            try:
+                inject_config = InjectConfigSource.load(settings.inject_config)
+            except InjectionError as err:
+                raise ConfigError(f"--inject-config {settings.inject_config}: {err}") from None
+            handler = InjectionHandler(inject_config, InjectionMetrics.create(self.metrics.registry))
+            self.webhooks.add_review_handler("/inject", handler)
+            self.inject_source = InjectConfigSource(handler, settings.inject_config)
 
     def _on_config(self, event: ConfigEvent) -> None:
         if event.config.kind in _REGISTRY_KINDS:
@@ -221,6 +233,8 @@ class DiscoveryApp:
                 settings.webhook_addr or "(off)",
             )
             tasks.append(asyncio.create_task(self.server.run(), name="push"))
+            if self.inject_source is not None:
+                tasks.append(asyncio.create_task(self.inject_source.run(self._stop), name="inject config"))
             for source in self.sources:
                 tasks.append(asyncio.create_task(self._watch(source), name=f"watch {source.root}"))
             await self._stop.wait()

@@ -180,8 +180,16 @@ class Metrics:
         return _rename_counters(text, self.registry).encode()
 
 
+# Counters istiod itself names with "_total" (the injector's): they keep the suffix.
+_KEEP_TOTAL_PREFIXES = ("sidecar_injection_",)
+
+
 def _rename_counters(text: str, registry: CollectorRegistry) -> str:
-    counters = [m.name for m in registry.collect() if m.type == "counter"]
+    counters = [
+        m.name
+        for m in registry.collect()
+        if m.type == "counter" and not m.name.startswith(_KEEP_TOTAL_PREFIXES)
+    ]
     if not counters:
         return text
     names = "|".join(re.escape(n) for n in counters)

@@ -58,6 +58,8 @@ class DiscoverySettings:
     #: Serving certificate and key of the webhooks; a self-signed pair is made when unset.
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
+    #: The injector's ``config`` and ``values`` files (istio-sidecar-injector); built-in when None.
+    inject_config: Path | None = None
     domain: str = "cluster.local"
     cluster_id: str = "Kubernetes"
     #: Quiet period and maximum delay of debounce (PILOT_DEBOUNCE_AFTER / _MAX).
