@@ -9,9 +9,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
-from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
-from envoy.extensions.retry.priority.previous_priorities.v3 import previous_priorities_config_pb2
-from envoy.type.matcher.v3 import regex_pb2, string_pb2
+from envoy.type.matcher.v3 import string_pb2
 from envoy.type.v3 import percent_pb2
 
 from meshpilot.model.config import Config
@@ -21,74 +19,10 @@ from meshpilot.model.proxy import Proxy
 from meshpilot.model.service import Service
 from meshpilot.networking import names
 from meshpilot.networking.protobuf import boolean, duration, pack, uint32
+from meshpilot.networking.route_hashing import LookupHash, hash_policy, no_hash
+from meshpilot.networking.route_matches import is_catch_all, route_match, string_matcher
+from meshpilot.networking.route_retries import retry_policy
 
-DEFAULT_RETRY_ON = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
-_HTTP_STATUS_TEXT = frozenset(
-    {
-        100,
-        101,
-        102,
-        103,
-        200,
-        201,
-        202,
-        203,
-        204,
-        205,
-        206,
-        207,
-        208,
-        226,
-        300,
-        301,
-        302,
-        303,
-        304,
-        305,
-        307,
-        308,
-        400,
-        401,
-        402,
-        403,
-        404,
-        405,
-        406,
-        407,
-        408,
-        409,
-        410,
-        411,
-        412,
-        413,
-        414,
-        415,
-        416,
-        417,
-        418,
-        421,
-        422,
-        423,
-        424,
-        425,
-        426,
-        428,
-        429,
-        431,
-        451,
-        500,
-        501,
-        502,
-        503,
-        504,
-        505,
-        506,
-        507,
-        508,
-        510,
-        511,
-    }
-)
 _GRPC_CODES = {
     "OK": 0,
     "CANCELLED": 1,
@@ -120,220 +54,6 @@ _REDIRECT_CODES = {
 _FROM_REQUEST_PORT = 1
 
 LookupService = Callable[[str], Service | None]
-#: The DestinationRule consistent hash for a route destination (an HTTPRouteDestination), if any.
-LookupHash = Callable[[Any], Any | None]
-
-
-def _no_hash(_destination: Any) -> Any | None:
-    return None
-
-
-def hash_policy(consistent_hash: Any | None) -> Any | None:
-    """A DestinationRule ``consistentHash`` as the route hash policy Envoy hashes requests by."""
-    if consistent_hash is None:
-        return None
-    which = consistent_hash.WhichOneof("hash_key")
-    if which == "http_header_name":
-        return rc.RouteAction.HashPolicy(
-            header=rc.RouteAction.HashPolicy.Header(header_name=consistent_hash.http_header_name)
-        )
-    if which == "http_cookie":
-        cookie = consistent_hash.http_cookie
-        out = rc.RouteAction.HashPolicy.Cookie(name=cookie.name, path=cookie.path)
-        if cookie.HasField("ttl"):
-            out.ttl.CopyFrom(cookie.ttl)
-        for attribute in cookie.attributes:
-            out.attributes.add(name=attribute.name, value=attribute.value)
-        return rc.RouteAction.HashPolicy(cookie=out)
-    if which == "use_source_ip":
-        return rc.RouteAction.HashPolicy(
-            connection_properties=rc.RouteAction.HashPolicy.ConnectionProperties(
-                source_ip=consistent_hash.use_source_ip
-            )
-        )
-    if which == "http_query_parameter_name":
-        return rc.RouteAction.HashPolicy(
-            query_parameter=rc.RouteAction.HashPolicy.QueryParameter(
-                name=consistent_hash.http_query_parameter_name
-            )
-        )
-    return None
-
-
-def _port_consistent_hash(policy: Any, port: int) -> Any | None:
-    for settings in policy.port_level_settings:
-        if settings.port.number == port:
-            lb = settings.load_balancer
-            return lb.consistent_hash if lb.HasField("consistent_hash") else None
-    return None
-
-
-def _consistent_hash(policy: Any | None) -> Any | None:
-    if policy is None or not policy.load_balancer.HasField("consistent_hash"):
-        return None
-    return policy.load_balancer.consistent_hash
-
-
-def destination_consistent_hash(rule: Any | None, destination: Any) -> Any | None:
-    """istiod's HashForHTTPDestination: subset port settings, subset, port settings, then the rule.
-
-    ``rule`` is a MergedDestinationRule; port settings count only when the
-    destination names its port.
-    """
-    if rule is None:
-        return None
-    policy = rule.traffic_policy
-    found = _consistent_hash(policy)
-    port = destination.port.number if destination.HasField("port") else 0
-    port_hash = _port_consistent_hash(policy, port) if policy is not None and port else None
-    subset_hash = subset_port_hash = None
-    if destination.subset:
-        subset = rule.subset(destination.subset)
-        if subset is not None and subset.HasField("traffic_policy"):
-            subset_hash = _consistent_hash(subset.traffic_policy)
-            if port:
-                subset_port_hash = _port_consistent_hash(subset.traffic_policy, port)
-    for candidate in (subset_port_hash, subset_hash, port_hash):
-        if candidate is not None:
-            return candidate
-    return found
-
-
-def service_consistent_hash(rule: Any | None, port: int) -> Any | None:
-    """istiod's hashForService: the rule's consistent hash, or its port's when that has one."""
-    if rule is None:
-        return None
-    policy = rule.traffic_policy
-    found = _consistent_hash(policy)
-    if policy is not None:
-        port_hash = _port_consistent_hash(policy, port)
-        if port_hash is not None:
-            found = port_hash
-    return found
-
-
-def previous_hosts_predicate() -> Any:
-    return rc.RetryPolicy.RetryHostPredicate(
-        name="envoy.retry_host_predicates.previous_hosts",
-        typed_config=pack(previous_hosts_pb2.PreviousHostsPredicate()),
-    )
-
-
-def retry_policy(retries: Any | None, *, consistent_hash: bool = False) -> Any | None:
-    """istiod's ``retry.ConvertPolicy``: the default policy, overridden by ``retries``."""
-    out = rc.RetryPolicy(
-        retry_on=DEFAULT_RETRY_ON, num_retries=uint32(2), host_selection_retry_max_attempts=5
-    )
-    if not consistent_hash:
-        out.retry_host_predicate.append(previous_hosts_predicate())
-    if retries is None:
-        return out
-    if retries.attempts <= 0:
-        return None  # retries explicitly disabled
-    out.num_retries.value = retries.attempts
-    if retries.retry_on:
-        conditions, codes = [], []
-        for part in (p.strip() for p in retries.retry_on.split(",")):
-            if not part:
-                continue
-            if part.isdigit() and int(part) in _HTTP_STATUS_TEXT:
-                codes.append(int(part))
-            else:
-                conditions.append(part)
-        out.retry_on = ",".join(conditions)
-        out.retriable_status_codes.extend(codes)
-        if codes and "retriable-status-codes" not in out.retry_on:
-            out.retry_on += ",retriable-status-codes"
-    if retries.HasField("per_try_timeout"):
-        out.per_try_timeout.CopyFrom(retries.per_try_timeout)
-    if retries.HasField("retry_ignore_previous_hosts"):
-        del out.retry_host_predicate[:]
-        if retries.retry_ignore_previous_hosts.value:
-            out.retry_host_predicate.append(previous_hosts_predicate())
-    if retries.HasField("retry_remote_localities") and retries.retry_remote_localities.value:
-        out.retry_priority.name = "envoy.retry_priorities.previous_priorities"
-        out.retry_priority.typed_config.CopyFrom(
-            pack(previous_priorities_config_pb2.PreviousPrioritiesConfig(update_frequency=2))
-        )
-    if retries.HasField("backoff"):
-        out.retry_back_off.base_interval.CopyFrom(retries.backoff)
-    return out
-
-
-def string_matcher(match: Any) -> Any | None:
-    which = match.WhichOneof("match_type")
-    if which == "exact":
-        return string_pb2.StringMatcher(exact=match.exact)
-    if which == "prefix":
-        return string_pb2.StringMatcher(prefix=match.prefix)
-    if which == "regex":
-        return string_pb2.StringMatcher(safe_regex=regex_pb2.RegexMatcher(regex=match.regex))
-    return None
-
-
-def _presence_only(match: Any | None) -> bool:
-    """An empty match or the regex ``*`` means "present", as istiod reads it."""
-    if match is None or match.WhichOneof("match_type") is None:
-        return True
-    return bool(match.WhichOneof("match_type") == "regex" and match.regex == "*")
-
-
-def header_matcher(name: str, match: Any | None) -> Any:
-    out = rc.HeaderMatcher(name=name)
-    if _presence_only(match):
-        out.present_match = True
-    else:
-        matcher = string_matcher(match)
-        if matcher is not None:
-            out.string_match.CopyFrom(matcher)
-    return out
-
-
-def route_match(match: Any | None) -> Any:
-    out = rc.RouteMatch(prefix="/")
-    if match is None:
-        return out
-    headers = [header_matcher(name, m) for name, m in match.headers.items()]
-    for name, m in match.without_headers.items():
-        matcher = header_matcher(name, m)
-        matcher.invert_match = True
-        if not _presence_only(m):
-            matcher.treat_missing_header_as_empty = True
-        headers.append(matcher)
-    headers.sort(key=lambda h: h.name)
-    out.headers.extend(headers)
-    if match.HasField("uri"):
-        which = match.uri.WhichOneof("match_type")
-        if which == "exact":
-            out.path = match.uri.exact
-        elif which == "prefix":
-            out.prefix = match.uri.prefix
-        elif which == "regex":
-            out.safe_regex.regex = match.uri.regex
-    out.case_sensitive.CopyFrom(boolean(not match.ignore_uri_case))
-    for pseudo, field in ((":method", "method"), (":authority", "authority"), (":scheme", "scheme")):
-        if match.HasField(field):
-            out.headers.append(header_matcher(pseudo, getattr(match, field)))
-    for name in sorted(match.query_params):
-        m = match.query_params[name]
-        qp = rc.QueryParameterMatcher(name=name)
-        if _presence_only(m):
-            qp.present_match = True
-        else:
-            matcher = string_matcher(m)
-            if matcher is not None:
-                qp.string_match.CopyFrom(matcher)
-        out.query_parameters.append(qp)
-    return out
-
-
-def is_catch_all(route: Any) -> bool:
-    match = route.match
-    which = match.WhichOneof("path_specifier")
-    catch_all = (which == "prefix" and match.prefix == "/") or (
-        which == "safe_regex" and match.safe_regex.regex == ".*"
-    )
-    return catch_all and not match.headers and not match.query_parameters and not match.dynamic_metadata
 
 
 def _header_options(headers: Any, append: bool) -> tuple[list[Any], str]:
@@ -498,7 +218,7 @@ def translate_route(
     lookup: LookupService,
     mesh: Any,
     domain_suffix: str,
-    lookup_hash: LookupHash = _no_hash,
+    lookup_hash: LookupHash = no_hash,
 ) -> Any | None:
     """One Envoy route for one HTTPRoute and one of its matches; None if it does not apply here."""
     if match is not None and match.port and match.port != listener_port:
@@ -669,7 +389,7 @@ def routes_for_virtual_service(
     lookup: LookupService,
     mesh: Any,
     domain_suffix: str,
-    lookup_hash: LookupHash = _no_hash,
+    lookup_hash: LookupHash = no_hash,
 ) -> list[Any]:
     """Envoy routes of a VirtualService's HTTP section for one listener port, up to the first catch-all."""
     out: list[Any] = []

@@ -26,16 +26,15 @@ from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.model.service import Port, Resolution, Service
 from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking import names, vhosts, vhosts_py
-from meshpilot.networking.http_routes import (
+from meshpilot.networking.http_routes import destination_cluster, routes_for_virtual_service
+from meshpilot.networking.protobuf import boolean, duration, uint32
+from meshpilot.networking.route_hashing import (
     LookupHash,
-    destination_cluster,
     destination_consistent_hash,
     hash_policy,
-    retry_policy,
-    routes_for_virtual_service,
     service_consistent_hash,
 )
-from meshpilot.networking.protobuf import boolean, duration, uint32
+from meshpilot.networking.route_retries import retry_policy
 
 MAX_DIRECT_RESPONSE_BODY = 1048576
 
