@@ -113,26 +113,43 @@ class TcpBackend:
                 except OSError:
                     pass
 
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self._server = socketserver.ThreadingTCPServer((self.host, self.port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve_tcp(self.host, self.port, Handler)
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        stop_server(self._server)
+        self._server = None
+
+
+def serve_tcp(
+    host: str, port: int, handler: type[socketserver.BaseRequestHandler]
+) -> socketserver.ThreadingTCPServer:
+    """A threaded TCP server on ``host:port``, serving in a daemon thread until ``stop_server``."""
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    server = socketserver.ThreadingTCPServer((host, port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def stop_server(server: socketserver.BaseServer | None) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+
+
+def read_line(conn: socket.socket) -> str:
+    """The first line the far end sends; '' when the connection closes first."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(256)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
 
 
 def tcp_hello(host: str, port: int, timeout: float = 5.0) -> str:
-    """Connect, read the first line the far end sends; '' when the connection closes first."""
+    """Connect and read the first line the far end sends."""
     with socket.create_connection((host, port), timeout=timeout) as conn:
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = conn.recv(256)
-            if not chunk:
-                break
-            data += chunk
-    return data.decode(errors="replace").strip()
+        return read_line(conn)

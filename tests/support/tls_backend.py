@@ -12,7 +12,6 @@ import datetime
 import socket
 import socketserver
 import ssl
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from support.backends import read_line, serve_tcp, stop_server
 
 
 def self_signed(names: Sequence[str], directory: Path) -> tuple[Path, Path]:
@@ -89,17 +89,12 @@ class TlsBackend:
             conn.sni = server_name  # type: ignore[union-attr]
 
         context.sni_callback = remember_sni  # type: ignore[assignment]
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self._server = socketserver.ThreadingTCPServer((self.host, self.port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve_tcp(self.host, self.port, Handler)
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        stop_server(self._server)
+        self._server = None
 
 
 def tls_hello(
@@ -118,10 +113,4 @@ def tls_hello(
         socket.create_connection((host, port), timeout=timeout) as raw,
         context.wrap_socket(raw, server_hostname=server_name) as conn,
     ):
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = conn.recv(256)
-            if not chunk:
-                break
-            data += chunk
-    return data.decode(errors="replace").strip()
+        return read_line(conn)
