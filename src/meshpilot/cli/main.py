@@ -40,7 +40,7 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p = sub.add_parser(
         "discovery",
         help="run the discovery server (istiod's pilot-discovery)",
-        description="Serve xDS to Envoy sidecars from config files (and, later, the Kubernetes API).",
+        description="Serve xDS to Envoy sidecars from config files and/or the Kubernetes API.",
     )
     # istiod's camelCase flag names are accepted too, so existing manifests work.
     p.add_argument(
@@ -86,6 +86,30 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--injectConfig",
         type=Path,
         help="directory with the injector's config and values files, watched (default: built-in template)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="read from the Kubernetes API with this kubeconfig (in a pod, in-cluster credentials are used)",
+    )
+    p.add_argument(
+        "--istio-namespace",
+        "-a",
+        "--istioNamespace",
+        default=env_default("POD_NAMESPACE", "istio-system"),
+        help="namespace of the mesh ConfigMap, multicluster Secrets and Leases (default $POD_NAMESPACE)",
+    )
+    p.add_argument(
+        "--enable-status",
+        action=argparse.BooleanOptionalAction,
+        default=env_default("PILOT_ENABLE_STATUS", "false").lower() == "true",
+        help="the leader writes status.observedGeneration on Istio config (default $PILOT_ENABLE_STATUS)",
+    )
+    p.add_argument(
+        "--lease-duration",
+        type=_duration,
+        default="30s",
+        help="leader election Lease duration; renew deadline and retry are 1/2 and 1/4 of it (default 30s)",
     )
     p.add_argument("--domain", default="cluster.local", help="DNS domain suffix (default cluster.local)")
     p.add_argument(
@@ -145,6 +169,8 @@ def _run_discovery(args: argparse.Namespace) -> int:
     if args.config_dir is not None and not args.config_dir.is_dir():
         print(f"meshpilot: --config-dir {args.config_dir} is not a directory", file=sys.stderr)
         return 2
+    from meshpilot.kube.client import in_cluster
+
     settings = DiscoverySettings(
         config_dir=args.config_dir,
         mesh_config=args.mesh_config,
@@ -155,6 +181,11 @@ def _run_discovery(args: argparse.Namespace) -> int:
         tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
         inject_config=args.inject_config,
+        kubeconfig=args.kubeconfig,
+        use_kube=args.kubeconfig is not None or (args.config_dir is None and in_cluster()),
+        istio_namespace=args.istio_namespace,
+        enable_status=args.enable_status,
+        lease_duration=args.lease_duration,
         domain=args.domain,
         cluster_id=args.cluster_id,
         debounce_after=args.debounce_after,

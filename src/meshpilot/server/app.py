@@ -23,6 +23,10 @@ from meshpilot.config.decode import Decoded
 from meshpilot.config.errors import ConfigError
 from meshpilot.config.file_source import FileSource
 from meshpilot.config.store import ConfigEvent, ConfigStore
+from meshpilot.kube.client import KubeError, client_from_kubeconfig
+from meshpilot.kube.controller import KubeController, KubeOptions
+from meshpilot.kube.leader import LeaseTimings
+from meshpilot.kube.metrics import KubeMetrics
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
@@ -140,6 +144,9 @@ class DiscoveryApp:
         self.sources: list[FileSource] = []
         if settings.config_dir is not None:
             self.sources.append(FileSource(settings.config_dir, ObjectRouter(self.store, self.kube)))
+        self.kube_controller: KubeController | None = None
+        if settings.use_kube:
+            self.kube_controller = self._kube_controller(settings)
         debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
         self.debug = debug
         self._stop = asyncio.Event()
@@ -163,6 +170,43 @@ class DiscoveryApp:
             self.webhooks.add_review_handler("/inject", handler)
             self.inject_source = InjectConfigSource(handler, settings.inject_config)
 
+    def _kube_controller(self, settings: DiscoverySettings) -> KubeController:
+        try:
+            api = client_from_kubeconfig(settings.kubeconfig)
+        except KubeError as err:
+            raise ConfigError(str(err)) from None
+
+        def make_registry(cluster_id: str) -> KubeRegistry:
+            return KubeRegistry(
+                self.server,
+                cluster_id=cluster_id,
+                domain_suffix=settings.domain,
+                trust_domain=self.env.mesh.trust_domain,
+            )
+
+        return KubeController(
+            api,
+            ObjectRouter(self.store, self.kube),
+            options=KubeOptions(
+                istio_namespace=settings.istio_namespace,
+                cluster_id=settings.cluster_id,
+                lease=LeaseTimings.for_duration(settings.lease_duration),
+                enable_status=settings.enable_status,
+            ),
+            metrics=KubeMetrics.create(self.metrics.registry),
+            on_mesh=self._on_mesh,
+            make_registry=make_registry,
+            attach=self.registry.workloads.append,
+            detach=self.registry.workloads.remove,
+        )
+
+    def _on_mesh(self, mesh: Any) -> None:
+        """A new MeshConfig (from the ConfigMap): everything may change, so every proxy gets a full push."""
+        self.env.mesh = mesh
+        if self.server.ready:
+            log.info("MeshConfig changed: pushing to all proxies")
+            self.server.config_update(PushRequest(full=True, reasons=Counter({TriggerReason.GLOBAL: 1})))
+
     def _on_config(self, event: ConfigEvent) -> None:
         if event.config.kind in _REGISTRY_KINDS:
             return
@@ -174,8 +218,12 @@ class DiscoveryApp:
             )
         )
 
-    def load(self) -> None:
-        """Read every config source once; the server is ready afterwards."""
+    async def load(self) -> None:
+        """Read every config source once (the Kubernetes lists too); the server is ready afterwards."""
+        if self.kube_controller is not None:
+            self.kube_controller.start()
+            log.info("waiting for the initial lists from the Kubernetes API")
+            await self.kube_controller.wait_synced()
         for source in self.sources:
             source.sync()
             self.metrics.config_rejections.set(len(source.rejections))
@@ -194,7 +242,6 @@ class DiscoveryApp:
 
     async def run(self) -> None:
         settings = self.settings
-        self.load()
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", 4 * 1024 * 1024),
@@ -232,6 +279,9 @@ class DiscoveryApp:
                 settings.monitoring_addr,
                 settings.webhook_addr or "(off)",
             )
+            # Until the sources are loaded /ready answers 503 and new streams get UNAVAILABLE.
+            if not await self._load_unless_stopped():
+                return
             tasks.append(asyncio.create_task(self.server.run(), name="push"))
             if self.inject_source is not None:
                 tasks.append(asyncio.create_task(self.inject_source.run(self._stop), name="inject config"))
@@ -245,11 +295,27 @@ class DiscoveryApp:
                 await runner.cleanup()
             if self.webhooks is not None:
                 await self.webhooks.stop()
+            if self.kube_controller is not None:
+                await self.kube_controller.stop()
             for task in tasks:
                 task.cancel()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def _load_unless_stopped(self) -> bool:
+        """Load, unless a stop comes first (an API server that never answers must not block shutdown)."""
+        loading = asyncio.create_task(self.load(), name="load")
+        stopping = asyncio.create_task(self._stop.wait(), name="stop")
+        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not loading.done():
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            return False
+        loading.result()
+        return True
 
     async def _watch(self, source: FileSource) -> None:
         await source.run(

@@ -60,6 +60,14 @@ class DiscoverySettings:
     tls_key_file: Path | None = None
     #: The injector's ``config`` and ``values`` files (istio-sidecar-injector); built-in when None.
     inject_config: Path | None = None
+    #: Kubernetes API access: a kubeconfig file, or in-cluster credentials when None.
+    kubeconfig: Path | None = None
+    #: Whether to read from the Kubernetes API at all.
+    use_kube: bool = False
+    istio_namespace: str = "istio-system"
+    #: The status-writer leader writes status.observedGeneration (PILOT_ENABLE_STATUS).
+    enable_status: bool = False
+    lease_duration: float = 30.0
     domain: str = "cluster.local"
     cluster_id: str = "Kubernetes"
     #: Quiet period and maximum delay of debounce (PILOT_DEBOUNCE_AFTER / _MAX).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from meshpilot.model.label_selector import SelectorError, is_empty, label_selector_matches
 from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
 
 INJECT_KEY = "sidecar.istio.io/inject"
@@ -14,32 +15,12 @@ STATUS_ANNOTATION = "sidecar.istio.io/status"
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     """A Kubernetes LabelSelector against a label set; an empty selector matches nothing here,
     because istiod skips empty selectors in the inject lists."""
-    match_labels = selector.get("matchLabels") or {}
-    expressions = selector.get("matchExpressions") or []
-    if not match_labels and not expressions:
+    if is_empty(selector):
         return False
-    for key, value in match_labels.items():
-        if labels.get(key) != str(value):
-            return False
-    for expr in expressions:
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        if not isinstance(key, str):
-            raise InjectionError(f"label selector expression without a key: {expr!r}")
-        if op == "In":
-            ok = key in labels and labels[key] in values
-        elif op == "NotIn":
-            ok = labels.get(key) not in values
-        elif op == "Exists":
-            ok = key in labels
-        elif op == "DoesNotExist":
-            ok = key not in labels
-        else:
-            raise InjectionError(
-                f"label selector operator {op!r} is not one of In, NotIn, Exists, DoesNotExist"
-            )
-        if not ok:
-            return False
-    return True
+    try:
+        return label_selector_matches(selector, labels)
+    except SelectorError as err:
+        raise InjectionError(str(err)) from None
 
 
 def injection_required(pod: Mapping[str, Any], namespace: str, config: InjectConfig) -> bool:

@@ -1,0 +1,232 @@
+"""Everything meshpilot reads from and writes to a Kubernetes API server, started and stopped together.
+
+* MeshConfig from ConfigMap ``istio`` (key ``mesh``) in the istio namespace;
+* the registry kinds and Istio config of the local (config) cluster;
+* remote clusters from multicluster Secrets;
+* the status writer, on the leader of the ``istio-status-leader`` Lease.
+
+The server is ready once the MeshConfig, every kind and the Secrets were
+listed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client as kclient
+
+from meshpilot.config.decode import Decoded
+from meshpilot.config.file_source import ObjectSink
+from meshpilot.kube.informer import Delivery, Informer, Pump, Resource
+from meshpilot.kube.leader import STATUS_LEASE, LeaderElector, LeaseTimings
+from meshpilot.kube.metrics import KubeMetrics
+from meshpilot.kube.multicluster import MULTICLUSTER_LABEL, ClusterSecret, RemoteClusters, decode_secret
+from meshpilot.kube.namespaces import NamespaceFilter, selectors_of
+from meshpilot.kube.source import KubeSource
+from meshpilot.kube.status import StatusWriter
+from meshpilot.model.config import Config
+from meshpilot.model.kind import Kind
+from meshpilot.model.mesh import apply_mesh_config, default_mesh_config
+from meshpilot.registry.kube.controller import KubeRegistry
+
+log = logging.getLogger(__name__)
+
+MESH_CONFIGMAP = "istio"
+MESH_KEY = "mesh"
+
+
+@dataclass(frozen=True, slots=True)
+class KubeOptions:
+    istio_namespace: str = "istio-system"
+    cluster_id: str = "Kubernetes"
+    lease: LeaseTimings = field(default_factory=LeaseTimings)
+    #: Write status.observedGeneration on Istio config (PILOT_ENABLE_STATUS).
+    enable_status: bool = False
+    #: Lease holder name; the pod name by default.
+    identity: str | None = None
+    watch_timeout: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MeshText:
+    """The ``mesh`` key of the ConfigMap, parsed over istiod's defaults."""
+
+    mesh: Any
+
+
+def _decode_mesh(raw: dict[str, Any]) -> MeshText:
+    data = raw.get("data") or {}
+    text = data.get(MESH_KEY) if isinstance(data, dict) else None
+    if not text:
+        return MeshText(default_mesh_config())
+    return MeshText(apply_mesh_config(str(text)))
+
+
+class _StatusSink:
+    """Passes objects on and tells the status writer about Istio config."""
+
+    def __init__(self, sink: ObjectSink, writer: StatusWriter) -> None:
+        self._sink = sink
+        self._writer = writer
+
+    def upsert(self, obj: Decoded) -> None:
+        self._sink.upsert(obj)
+        if isinstance(obj, Config):
+            self._writer.observe(obj)
+
+    def remove(self, kind: Kind, namespace: str, name: str) -> None:
+        self._sink.remove(kind, namespace, name)
+        if kind.is_istio:
+            self._writer.forget(kind.value, namespace, name)
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        return self._sink.batch()
+
+
+class KubeController:
+    def __init__(
+        self,
+        api: kclient.ApiClient,
+        sink: ObjectSink,
+        *,
+        options: KubeOptions,
+        metrics: KubeMetrics,
+        on_mesh: Callable[[Any], None],
+        make_registry: Callable[[str], KubeRegistry],
+        attach: Callable[[KubeRegistry], None],
+        detach: Callable[[KubeRegistry], None],
+    ) -> None:
+        self.api = api
+        self.options = options
+        self._on_mesh = on_mesh
+        self.mesh: Any = None
+        self.status = StatusWriter(api) if options.enable_status else None
+        self.source = KubeSource(
+            api,
+            _StatusSink(sink, self.status) if self.status is not None else sink,
+            cluster=options.cluster_id,
+            metrics=metrics,
+            namespaces=NamespaceFilter(),
+            watch_timeout=options.watch_timeout,
+        )
+        self.remotes = RemoteClusters(
+            options.cluster_id,
+            make_registry,
+            attach,
+            detach,
+            metrics=metrics,
+            selectors=self._selectors,
+            watch_timeout=options.watch_timeout,
+        )
+        self.elector = LeaderElector(
+            api,
+            options.istio_namespace,
+            STATUS_LEASE,
+            self._lead,
+            identity=options.identity,
+            timings=options.lease,
+        )
+        self._informers: list[Informer[Any]] = []
+        self._mesh_synced = asyncio.Event()
+        self._secrets_synced = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._elector_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        extra: dict[str, Any] = {"cluster": self.options.cluster_id}
+        if self.options.watch_timeout is not None:
+            extra["watch_timeout"] = self.options.watch_timeout
+        ns = self.options.istio_namespace
+        mesh_informer: Informer[MeshText] = Informer(
+            self.api,
+            Resource(
+                "", "v1", "configmaps", "ConfigMap", ns, field_selector=f"metadata.name={MESH_CONFIGMAP}"
+            ),
+            _decode_mesh,
+            Pump(loop, self._apply_mesh),
+            **extra,
+        )
+        secret_informer: Informer[ClusterSecret] = Informer(
+            self.api,
+            Resource("", "v1", "secrets", "Secret", ns, label_selector=f"{MULTICLUSTER_LABEL}=true"),
+            decode_secret,
+            Pump(loop, self._apply_secrets),
+            **extra,
+        )
+        self._informers = [mesh_informer, secret_informer]
+        for informer in self._informers:
+            informer.start()
+        self.source.start()
+        self._elector_task = asyncio.create_task(self.elector.run(self._stop), name="leader election")
+
+    async def wait_synced(self) -> None:
+        await self._mesh_synced.wait()
+        await self._secrets_synced.wait()
+        await self.source.wait_synced()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._elector_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._elector_task
+        for informer in self._informers:
+            informer.stop()
+        self.source.stop()
+        self.remotes.stop()
+
+    async def _lead(self) -> None:
+        if self.status is not None:
+            await self.status.lead()
+        else:
+            await asyncio.Event().wait()  # nothing to write yet; hold the Lease until told to stop
+
+    def _selectors(self) -> list[dict[str, Any]]:
+        return selectors_of(self.mesh) if self.mesh is not None else []
+
+    def _apply_mesh(self, batch: list[Delivery[MeshText]]) -> None:
+        for delivery in batch:
+            for change in delivery.changes:
+                if change.deleted:
+                    log.info("ConfigMap %s/%s deleted: back to the default MeshConfig", *change.name)
+                    self._set_mesh(default_mesh_config())
+                elif change.obj is None:
+                    log.error(
+                        "ConfigMap %s/%s key %s rejected: %s; the last valid MeshConfig stays",
+                        *change.name,
+                        MESH_KEY,
+                        change.error,
+                    )
+                else:
+                    self._set_mesh(change.obj.mesh)
+            if delivery.listed and not self._mesh_synced.is_set():
+                if self.mesh is None:
+                    log.info(
+                        "no ConfigMap %s/%s: using the default MeshConfig",
+                        self.options.istio_namespace,
+                        MESH_CONFIGMAP,
+                    )
+                    self._set_mesh(default_mesh_config())
+                delivery.informer.synced = True
+                self._mesh_synced.set()
+
+    def _set_mesh(self, mesh: Any) -> None:
+        if self.mesh is not None and mesh == self.mesh:
+            return
+        self.mesh = mesh
+        selectors = selectors_of(mesh)
+        self.source.set_discovery_selectors(selectors)
+        self.remotes.set_discovery_selectors(selectors)
+        self._on_mesh(mesh)
+
+    def _apply_secrets(self, batch: list[Delivery[ClusterSecret]]) -> None:
+        for delivery in batch:
+            self.remotes.apply(delivery.changes)
+            if delivery.listed and not self._secrets_synced.is_set():
+                delivery.informer.synced = True
+                self._secrets_synced.set()
