@@ -37,11 +37,14 @@ class MeshHarness:
     def remove(self, name: str) -> None:
         (self.config_dir / name).unlink()
 
-    def start_meshpilot(self, **kwargs: Any) -> Meshpilot:
-        mp = Meshpilot(self.tmp, self.config_dir, **kwargs)
+    def start_meshpilot(self, *, wait: bool = True, **kwargs: Any) -> Meshpilot:
+        """meshpilot on the config directory, or (``config_dir=None, kubeconfig=...``) on an API server."""
+        kwargs.setdefault("config_dir", self.config_dir)
+        mp = Meshpilot(self.tmp, **kwargs)
         self.processes.append(mp)
         mp.start()
-        mp.wait_ready()
+        if wait:
+            mp.wait_ready()
         self.meshpilot = mp
         return mp
 

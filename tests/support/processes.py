@@ -98,9 +98,12 @@ class Meshpilot(Process):
     def __init__(
         self,
         workdir: Path,
-        config_dir: Path,
+        config_dir: Path | None,
         *,
         mesh_config: Path | None = None,
+        kubeconfig: Path | None = None,
+        log_name: str = "meshpilot.log",
+        env: Mapping[str, str] | None = None,
         extra: Sequence[str] = (),
         debounce: str = "50ms",
     ) -> None:
@@ -113,8 +116,8 @@ class Meshpilot(Process):
             "-m",
             "meshpilot.cli.main",
             "discovery",
-            "--config-dir",
-            str(config_dir),
+            *(["--config-dir", str(config_dir)] if config_dir is not None else []),
+            *(["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else []),
             "--grpc-addr",
             f"127.0.0.1:{self.grpc_port}",
             "--http-addr",
@@ -132,7 +135,7 @@ class Meshpilot(Process):
         ]
         if mesh_config is not None:
             argv += ["--mesh-config", str(mesh_config)]
-        super().__init__("meshpilot", argv, workdir / "meshpilot.log")
+        super().__init__("meshpilot", argv, workdir / log_name, env)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ready() -> bool:

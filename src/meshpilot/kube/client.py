@@ -20,6 +20,9 @@ from kubernetes import config as kconfig
 from kubernetes.config.config_exception import ConfigException
 
 
+POOL_SIZE = 64
+
+
 class KubeError(Exception):
     """A request the API server refused, or that could not be sent."""
 
@@ -33,31 +36,44 @@ def in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
+def _configuration() -> kclient.Configuration:
+    configuration = kclient.Configuration()
+    # One connection per informer's watch plus requests: urllib3's default pool of 10 would
+    # discard connections and reconnect all the time.
+    configuration.connection_pool_maxsize = POOL_SIZE
+    return configuration
+
+
 def client_from_kubeconfig(path: Path | None, context: str | None = None) -> kclient.ApiClient:
     """The client for ``--kubeconfig``, else in-cluster credentials, else ``$KUBECONFIG``/~/.kube/config."""
+    configuration = _configuration()
     try:
         if path is None and in_cluster():
-            configuration = kclient.Configuration()
             kconfig.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            return kclient.ApiClient(configuration)
-        api: kclient.ApiClient = kconfig.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(path) if path is not None else None, context=context
-        )
-        return api
+        else:
+            kconfig.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(path) if path is not None else None,
+                context=context,
+                client_configuration=configuration,
+            )
     except (ConfigException, OSError, yaml.YAMLError) as err:
         raise KubeError(f"cannot load kubeconfig {path or '(default)'}: {err}") from None
+    return kclient.ApiClient(configuration)
 
 
 def client_from_kubeconfig_text(text: str | bytes) -> kclient.ApiClient:
     """A client for a kubeconfig held in a Secret (a remote cluster)."""
+    configuration = _configuration()
     try:
         document = yaml.safe_load(text)
         if not isinstance(document, dict):
             raise KubeError("kubeconfig is not a YAML mapping")
-        api: kclient.ApiClient = kconfig.new_client_from_config_dict(document)  # type: ignore[no-untyped-call]
-        return api
+        kconfig.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+            document, client_configuration=configuration
+        )
     except (ConfigException, yaml.YAMLError, TypeError, ValueError) as err:
         raise KubeError(f"invalid kubeconfig: {err}") from None
+    return kclient.ApiClient(configuration)
 
 
 def resource_path(group: str, version: str, plural: str, namespace: str = "", name: str = "") -> str:

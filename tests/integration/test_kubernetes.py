@@ -1,0 +1,346 @@
+"""meshpilot reading an (emulated) Kubernetes API server, shown by a real Envoy and real traffic.
+
+The API server runs in the test process on loopback; meshpilot is a
+subprocess given a kubeconfig for it, exactly as with a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from integration.conftest import MeshHarness
+from support.ads_client import AdsClient
+from support.kube import endpoint_slice, istio, pod, service, workload, write
+from support.kube_api import KubeApiServer
+from support.processes import Meshpilot, http_get
+from support.wait import eventually
+
+pytestmark = [pytest.mark.integration]
+
+CLIENT_IP = "127.0.66.11"
+PORT = 9080
+REVIEWS_HOST = "reviews.default.svc.cluster.local"
+CLUSTER = f"outbound|{PORT}||{REVIEWS_HOST}"
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApiServer]:
+    with KubeApiServer() as server:
+        yield server
+
+
+def namespace(name: str, **labels: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def mesh_configmap(mesh: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "istio", "namespace": "istio-system"},
+        "data": {"mesh": yaml.safe_dump(mesh)},
+    }
+
+
+def client_objects() -> list[dict[str, Any]]:
+    return [
+        namespace("default"),
+        *workload("client", "default", "10.96.0.10", PORT, {"client-1": CLIENT_IP}),
+        istio(
+            "Sidecar",
+            "client",
+            "default",
+            {"workloadSelector": {"labels": {"app": "client"}}, "egress": [{"bind": CLIENT_IP, "hosts": ["./*"]}]},
+        ),
+    ]
+
+
+def reviews(instances: dict[str, str]) -> list[dict[str, Any]]:
+    versions = {name: name.rsplit("-", 1)[1] for name in instances}
+    return workload("reviews", "default", "10.96.0.20", PORT, instances, versions=versions)
+
+
+def answer(path: str = "/") -> str:
+    status, body, _ = http_get(CLIENT_IP, PORT, path, {"Host": "reviews"})
+    assert status == 200, (status, body)
+    return str(json.loads(body)["name"])
+
+
+@pytest.mark.envoy
+def test_pods_and_slices_from_the_api_move_envoy_endpoints(mesh: MeshHarness, api: KubeApiServer) -> None:
+    for obj in [*client_objects(), *reviews({"reviews-v1": "127.0.66.21"})]:
+        api.apply(obj)
+    mesh.backend("reviews-v1", "127.0.66.21", PORT)
+    mesh.backend("reviews-v2", "127.0.66.22", PORT)
+    mp = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
+    envoy = mesh.sidecar("client-1", CLIENT_IP, labels={"app": "client"})
+    eventually(lambda: envoy.endpoints(CLUSTER) == ["127.0.66.21:9080"], what="the first endpoint")
+    assert answer() == "reviews-v1"
+    pushes = {t: mp.metric(f'pilot_xds_pushes{{type="{t}"}}') for t in ("eds", "cds", "lds")}
+
+    # A second pod and its endpoint: an EDS-only push, and traffic reaches it.
+    api.apply(pod("reviews-v2", "default", "127.0.66.22", {"app": "reviews", "version": "v2"}, "reviews"))
+    api.apply(
+        endpoint_slice(
+            "reviews-slice",
+            "default",
+            "reviews",
+            [("http", PORT)],
+            [("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")],
+        )
+    )
+    eventually(lambda: sorted(envoy.endpoints(CLUSTER)) == ["127.0.66.21:9080", "127.0.66.22:9080"])
+    eventually(lambda: {answer() for _ in range(20)} == {"reviews-v1", "reviews-v2"}, what="both answer")
+    # The first pod goes away.
+    api.apply(endpoint_slice("reviews-slice", "default", "reviews", [("http", PORT)], [("reviews-v2", "127.0.66.22")]))
+    api.delete("pods", "default", "reviews-v1")
+    eventually(lambda: envoy.endpoints(CLUSTER) == ["127.0.66.22:9080"])
+    assert {answer() for _ in range(10)} == {"reviews-v2"}
+    assert mp.metric('pilot_xds_pushes{type="eds"}') > pushes["eds"]
+    assert mp.metric('pilot_xds_pushes{type="cds"}') == pushes["cds"], "endpoint changes push EDS only"
+    assert mp.metric('pilot_xds_pushes{type="lds"}') == pushes["lds"], "endpoint changes push EDS only"
+    assert mp.metric('pilot_k8s_reg_events{event="add",type="Pods"}') == 3
+    assert mp.metric('pilot_k8s_reg_events{event="delete",type="Pods"}') == 1
+    assert envoy.rejected_updates() == {}
+
+
+@pytest.mark.envoy
+def test_virtual_service_created_through_the_api_changes_traffic(mesh: MeshHarness, api: KubeApiServer) -> None:
+    for obj in [*client_objects(), *reviews({"reviews-v1": "127.0.66.31", "reviews-v2": "127.0.66.32"})]:
+        api.apply(obj)
+    mesh.backend("reviews-v1", "127.0.66.31", PORT)
+    mesh.backend("reviews-v2", "127.0.66.32", PORT)
+    mp = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
+    envoy = mesh.sidecar("client-1", CLIENT_IP, labels={"app": "client"})
+    eventually(lambda: {answer() for _ in range(20)} == {"reviews-v1", "reviews-v2"}, what="round robin")
+    with api.api_client() as client:
+        from kubernetes.client import CustomObjectsApi
+
+        objects = CustomObjectsApi(client)
+        objects.create_namespaced_custom_object(
+            "networking.istio.io",
+            "v1",
+            "default",
+            "destinationrules",
+            istio(
+                "DestinationRule",
+                "reviews",
+                "default",
+                {"host": "reviews", "subsets": [{"name": v, "labels": {"version": v}} for v in ("v1", "v2")]},
+            ),
+        )
+        objects.create_namespaced_custom_object(
+            "networking.istio.io",
+            "v1",
+            "default",
+            "virtualservices",
+            istio(
+                "VirtualService",
+                "reviews",
+                "default",
+                {"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "reviews", "subset": "v2"}}]}]},
+            ),
+        )
+    eventually(lambda: {answer() for _ in range(10)} == {"reviews-v2"}, what="all traffic to v2")
+    assert mp.metric('pilot_k8s_cfg_events{event="add",type="VirtualService"}') == 1
+    assert envoy.rejected_updates() == {}
+
+
+def test_ready_only_after_the_initial_lists(mesh: MeshHarness, api: KubeApiServer) -> None:
+    """An API server that is not there yet: /ready is 503 and ADS streams get UNAVAILABLE until it is."""
+    import asyncio
+
+    import grpc
+
+    kubeconfig = api.write_kubeconfig(mesh.tmp / "kubeconfig")
+    api.stop_listening()
+    mp = mesh.start_meshpilot(config_dir=None, kubeconfig=kubeconfig, wait=False)
+    eventually(lambda: mp.get("/ready")[0] == 503, what="/ready answering 503")
+
+    async def stream_status() -> grpc.StatusCode | None:
+        client = AdsClient(f"127.0.0.1:{mp.grpc_port}")
+        try:
+            client.send(
+                "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+                node_id="sidecar~127.0.66.99~x.default~default.svc.cluster.local",
+            )
+            await client.recv(timeout=5)
+            return None
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+        finally:
+            await client.close()
+
+    assert asyncio.run(stream_status()) is grpc.StatusCode.UNAVAILABLE
+    time.sleep(0.5)
+    assert mp.get("/ready")[0] == 503
+    api.start_listening()
+    mp.wait_ready(timeout=30)
+
+
+def test_mesh_config_configmap_is_watched(mesh: MeshHarness, api: KubeApiServer) -> None:
+    """discoverySelectors from the ConfigMap limit what is served; changing it pushes to proxies."""
+    api.apply(namespace("default", mesh="yes"))
+    api.apply(namespace("other"))
+    api.apply(service("a", "default", "10.96.1.1", [("http", 80)]))
+    api.apply(service("b", "other", "10.96.1.2", [("http", 80)]))
+    api.apply(mesh_configmap({"discoverySelectors": [{"matchLabels": {"mesh": "yes"}}]}))
+    mp = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
+
+    def hosts() -> set[str]:
+        return {s["hostname"] for s in mp.get_json("/debug/registryz")}
+
+    assert "a.default.svc.cluster.local" in hosts()
+    assert "b.other.svc.cluster.local" not in hosts()
+    api.apply(mesh_configmap({}))
+    eventually(lambda: "b.other.svc.cluster.local" in hosts(), what="b after the selectors are removed")
+    eventually(lambda: mp.metric('pilot_push_triggers{type="global"}') >= 1, what="a global push")
+    # An invalid MeshConfig is rejected and the last valid one stays.
+    api.apply(mesh_configmap({"connectTimeout": "soon"}))
+    eventually(lambda: "key mesh rejected" in mp.log(), what="the rejection logged")
+    assert "b.other.svc.cluster.local" in hosts()
+
+
+def test_same_objects_from_api_and_directory_give_identical_config(mesh: MeshHarness, api: KubeApiServer) -> None:
+    import asyncio
+
+    objects = [
+        *client_objects(),
+        *reviews({"reviews-v1": "127.0.66.41", "reviews-v2": "127.0.66.42"}),
+        istio(
+            "DestinationRule",
+            "reviews",
+            "default",
+            {
+                "host": "reviews",
+                "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 7}}},
+                "subsets": [{"name": v, "labels": {"version": v}} for v in ("v1", "v2")],
+            },
+        ),
+        istio(
+            "VirtualService",
+            "reviews",
+            "default",
+            {
+                "hosts": ["reviews"],
+                "http": [
+                    {"match": [{"headers": {"x-user": {"exact": "jason"}}}], "route": [{"destination": {"host": "reviews", "subset": "v2"}}]},
+                    {"route": [{"destination": {"host": "reviews", "subset": "v1"}}], "timeout": "3s"},
+                ],
+            },
+        ),
+    ]
+    for obj in objects:
+        api.apply(obj)
+    write(mesh.config_dir / "all.yaml", objects)
+    from_api = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
+    from_dir = mesh.start_meshpilot(log_name="meshpilot-dir.log")
+
+    async def fetch(mp: Meshpilot) -> dict[str, list[bytes]]:
+        client = AdsClient(f"127.0.0.1:{mp.grpc_port}")
+        who: dict[str, Any] = {
+            "node_id": f"sidecar~{CLIENT_IP}~client-1.default~default.svc.cluster.local",
+            "node_metadata": {
+                "NAMESPACE": "default",
+                "CLUSTER_ID": "Kubernetes",
+                "ISTIO_VERSION": "1.28.0",
+                "INTERCEPTION_MODE": "NONE",
+                "LABELS": {"app": "client"},
+            },
+        }
+        out: dict[str, list[bytes]] = {}
+        try:
+            for short in ("cluster.v3.Cluster", "listener.v3.Listener"):
+                url = f"type.googleapis.com/envoy.config.{short}"
+                client.send(url, **who)
+                response = await client.recv(timeout=10)
+                out[short] = sorted(r.value for r in response.resources)
+            client.send("type.googleapis.com/envoy.config.route.v3.RouteConfiguration", names=[str(PORT)], **who)
+            out["route"] = sorted(r.value for r in (await client.recv(timeout=10)).resources)
+            cla = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+            client.send(cla, names=[CLUSTER, f"outbound|{PORT}|v1|{REVIEWS_HOST}"], **who)
+            out["eds"] = sorted(r.value for r in (await client.recv(timeout=10)).resources)
+        finally:
+            await client.close()
+        return out
+
+    a, b = asyncio.run(fetch(from_api)), asyncio.run(fetch(from_dir))
+    assert a.keys() == b.keys()
+    for type_ in a:
+        assert a[type_], type_
+        assert a[type_] == b[type_], f"{type_} differs between the API and the directory"
+
+
+def _replica(mesh: MeshHarness, api: KubeApiServer, name: str) -> Meshpilot:
+    return mesh.start_meshpilot(
+        config_dir=None,
+        kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"),
+        extra=["--enable-status", "--lease-duration", "2s"],
+        env={"POD_NAME": name},
+        log_name=f"{name}.log",
+    )
+
+
+def test_two_replicas_one_leader_and_a_takeover(mesh: MeshHarness, api: KubeApiServer) -> None:
+    api.apply(namespace("istio-system"))
+    api.apply(istio("VirtualService", "vs", "default", {"hosts": ["web"], "http": [{"route": [{"destination": {"host": "web"}}]}]}))
+    first = _replica(mesh, api, "istiod-a")
+    eventually(lambda: (api.get("leases", "istio-system", "istio-status-leader") or {}).get("spec", {}).get("holderIdentity") == "istiod-a")
+    second = _replica(mesh, api, "istiod-b")
+    eventually(lambda: (api.get("virtualservices", "default", "vs") or {}).get("status", {}).get("observedGeneration") == 1)
+    time.sleep(1.5)  # a few retry periods: the second replica must not take the Lease from a live leader
+    lease = api.get("leases", "istio-system", "istio-status-leader")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "istiod-a"
+    assert "istiod-b is leading" not in second.log()
+    # The leader dies without releasing: the other replica takes over after the lease duration.
+    assert first.proc is not None
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(5)
+    killed = time.monotonic()
+    eventually(
+        lambda: (api.get("leases", "istio-system", "istio-status-leader") or {}).get("spec", {}).get("holderIdentity") == "istiod-b",
+        timeout=10,
+    )
+    assert time.monotonic() - killed < 2 + 1.5, "taken over within the lease duration plus a retry"
+    # The new leader writes status: a new generation of the object gets its observedGeneration.
+    api.apply(istio("VirtualService", "vs", "default", {"hosts": ["web2"], "http": [{"route": [{"destination": {"host": "web2"}}]}]}))
+    generation = (api.get("virtualservices", "default", "vs") or {})["metadata"]["generation"]
+    assert generation == 2
+    eventually(lambda: (api.get("virtualservices", "default", "vs") or {}).get("status", {}).get("observedGeneration") == 2)
+
+
+def test_multicluster_secret_adds_and_removes_a_cluster(mesh: MeshHarness, api: KubeApiServer) -> None:
+    import base64
+
+    with KubeApiServer() as remote:
+        api.apply(namespace("default"))
+        api.apply(service("reviews", "default", "10.96.0.20", [("http", PORT)], {"app": "reviews"}))
+        remote.apply(namespace("default"))
+        for obj in reviews({"reviews-r1": "127.0.66.51"}):
+            remote.apply(obj)
+        mp = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
+
+        def shards() -> dict[str, Any]:
+            for svc in mp.get_json("/debug/endpointShardz").get(REVIEWS_HOST, {}).values():
+                return dict(svc.get("Shards", {}))
+            return {}
+
+        kubeconfig = remote.write_kubeconfig(mesh.tmp / "remote-kubeconfig").read_bytes()
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "istio-remote-secret-west", "namespace": "istio-system", "labels": {"istio/multiCluster": "true"}},
+            "data": {"west": base64.b64encode(kubeconfig).decode()},
+        }
+        api.apply(secret)
+        eventually(lambda: "west/Kubernetes" in json.dumps(shards()) or "Kubernetes/west" in json.dumps(shards()), what="the remote shard")
+        assert "127.0.66.51" in json.dumps(shards())
+        api.delete("secrets", "istio-system", "istio-remote-secret-west")
+        eventually(lambda: "127.0.66.51" not in json.dumps(shards()), what="the remote endpoints removed")
