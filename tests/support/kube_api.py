@@ -42,7 +42,10 @@ T = TypeVar("T")
 
 
 class KubeApiServer:
-    """``KubeApiEmulator`` served on ``host:port`` (port 0 picks one, kept across restarts)."""
+    """``KubeApiEmulator`` served on ``host:port`` (port 0 picks one, kept across restarts).
+
+    ``stop()`` then ``start()`` also keeps the objects, the counter and the port.
+    """
 
     def __init__(self, port: int = 0, *, host: str = "127.0.0.1", history_limit: int = 1000) -> None:
         self.host, self.port = host, port
@@ -57,6 +60,10 @@ class KubeApiServer:
     def start(self) -> Self:
         """Start the loop thread (if not running) and listen."""
         if self._loop is None:
+            # kmock binds asyncio primitives to the loop it first runs on: a new loop, a new emulator.
+            emulator = KubeApiEmulator(history_limit=self.emulator.history_limit)
+            emulator.carry_over(self.emulator)
+            self.emulator = emulator
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="kube-api", daemon=True)
             self._thread.start()
