@@ -25,7 +25,6 @@ from typing import Any, Self, TypeVar
 import aiohttp.web
 import yaml
 from kubernetes import client as k8s_client
-
 from support.kube_emulator import (
     RESOURCES,
     KubeApiEmulator,
@@ -114,7 +113,7 @@ class KubeApiServer:
             return
         self._listener.close()
         self.emulator.end_watches()
-        await self._web.shutdown(timeout=1.0)
+        await self._web.shutdown(timeout=0.25)  # handlers in flight; watches have ended
         await self._listener.wait_closed()
         self._listener = self._web = None
 

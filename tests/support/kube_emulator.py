@@ -23,7 +23,7 @@ import copy
 import datetime
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,6 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
-
 from support.kube_selectors import Predicate, SelectorError, field_selector, label_selector
 
 Obj = dict[str, Any]
@@ -88,7 +87,7 @@ RESOURCES: tuple[ResourceType, ...] = (
 
 
 def find_resource(name: str) -> ResourceType:
-    """A resource by kind (``Pod``), plural (``pods``) or ``plural.group`` (``sidecars.networking.istio.io``)."""
+    """A resource by kind (``Pod``), plural (``pods``) or ``plural.group``."""
     for rtype in RESOURCES:
         if name in (rtype.kind, rtype.plural, f"{rtype.plural}.{rtype.group}"):
             return rtype
@@ -136,7 +135,9 @@ class _Target:
 class StatusError(Exception):
     """An API error answered as a ``kind: Status`` body with the HTTP status ``code``."""
 
-    def __init__(self, code: int, reason: str, message: str, rtype: ResourceType | None = None, name: str = ""):
+    def __init__(
+        self, code: int, reason: str, message: str, rtype: ResourceType | None = None, name: str = ""
+    ):
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
         self.details = {"name": name, "group": rtype.group, "kind": rtype.plural} if rtype else {}
@@ -240,7 +241,9 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         return obj
 
     def list_objects(self, rtype: ResourceType, matches: Predicate | None = None) -> list[Obj]:
-        found = [obj for (group, plural, _, _), obj in self._store.items() if (group, plural) == self._id(rtype)]
+        found = [
+            obj for (group, plural, _, _), obj in self._store.items() if (group, plural) == self._id(rtype)
+        ]
         return [obj for obj in found if matches is None or matches(obj)]
 
     def create_object(self, rtype: ResourceType, namespace: str, body: Obj) -> Obj:
@@ -275,7 +278,9 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         obj.setdefault("kind", rtype.kind)
         return self._commit(rtype, self._key(rtype, namespace, name), "MODIFIED", obj, old)
 
-    def patch_object(self, rtype: ResourceType, namespace: str, name: str, patch: Any, json_patch: bool) -> Obj:
+    def patch_object(
+        self, rtype: ResourceType, namespace: str, name: str, patch: Any, json_patch: bool
+    ) -> Obj:
         old = self.get_object(rtype, namespace, name)
         if json_patch:
             body = jsonpatch.apply_patch(old, patch)
@@ -390,7 +395,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         result: Obj
         if method == "GET" and request.params.get("watch") in ("true", "1"):
             return await self._serve_watch_stream(request, target)
-        elif method == "GET" and name is None:
+        if method == "GET" and name is None:
             items = self.list_objects(rtype, self._predicate(request, target))
             result = {
                 "kind": f"{rtype.kind}List",
@@ -431,9 +436,13 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             checks.append(field_selector(f"metadata.name={target.name}"))
         return lambda obj: all(check(obj) for check in checks)
 
-    async def _serve_watch_stream(self, request: kmock.Request, target: _Target) -> aiohttp.web.StreamResponse:
+    async def _serve_watch_stream(
+        self, request: kmock.Request, target: _Target
+    ) -> aiohttp.web.StreamResponse:
         params, rtype = request.params, target.rtype
-        watcher = _Watcher(rtype, self._predicate(request, target), params.get("allowWatchBookmarks") == "true")
+        watcher = _Watcher(
+            rtype, self._predicate(request, target), params.get("allowWatchBookmarks") == "true"
+        )
         since_text = params.get("resourceVersion", "")
         try:
             since = int(since_text) if since_text not in ("", "0") else None
