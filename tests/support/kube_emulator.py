@@ -75,6 +75,8 @@ RESOURCES: tuple[ResourceType, ...] = (
             ("sidecars", "Sidecar"),
         ]
     ),
+    ResourceType("networking.istio.io", ("v1alpha3",), "envoyfilters", "EnvoyFilter"),
+    ResourceType("telemetry.istio.io", ("v1", "v1alpha1"), "telemetries", "Telemetry"),
     *(
         ResourceType("security.istio.io", _ISTIO_SECURITY, plural, kind)
         for plural, kind in [
@@ -114,6 +116,7 @@ class _Target:
 
     @classmethod
     def parse(cls, path: str) -> _Target | None:
+        """None for discovery paths; StatusError 404 for resources or subresources not served."""
         parts = path.strip("/").split("/")
         if parts[0] == "api" and len(parts) >= 3:
             group, version, rest = "", parts[1], parts[2:]
@@ -124,12 +127,12 @@ class _Target:
         namespace = None
         if len(rest) >= 3 and rest[0] == "namespaces":
             namespace, rest = rest[1], rest[2:]
-        if len(rest) > 2:
-            return None  # subresources (status, scale, ...) are not served
         for rtype in RESOURCES:
             if (rtype.group, rtype.plural) == (group, rest[0]) and version in rtype.versions:
+                if len(rest) > 2:  # status, scale, ...
+                    break
                 return cls(rtype, version, namespace, rest[1] if len(rest) == 2 else None)
-        return None
+        raise StatusError(404, "NotFound", "the server could not find the requested resource")
 
 
 class StatusError(Exception):
@@ -365,9 +368,12 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         # kmock's path parsing misreads /api/v1/namespaces[/NAME], so object URLs are parsed here.
-        target = _Target.parse(raw.path)
+        try:
+            target = _Target.parse(raw.path)
+        except StatusError as e:
+            return aiohttp.web.json_response(e.status(), status=e.code)
         if target is None:
-            return await super().__call__(raw)  # discovery, /version, unknown resources
+            return await super().__call__(raw)  # discovery and /version
         body = await raw.read()
         request = kmock.Request(
             id=len(self._requests),

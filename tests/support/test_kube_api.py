@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -225,6 +226,8 @@ def test_missing_and_duplicate_objects(api: ApiClient) -> None:
         (404, lambda: v1.patch_namespaced_pod("b", "ns", {"metadata": {"labels": {"x": "y"}}})),
         (404, lambda: v1.delete_namespaced_pod("b", "ns")),
         (404, lambda: v1.read_namespaced_pod("a", "other")),
+        (404, lambda: v1.read_namespaced_pod_status("a", "ns")),  # subresources are not served
+        (404, lambda: CustomObjectsApi(api).list_cluster_custom_object("example.com", "v1", "widgets")),
     ]
     for status, call in calls:
         with pytest.raises(ApiException) as raised:
@@ -359,3 +362,12 @@ def test_selector_predicates() -> None:
     assert field_selector("metadata.name==n")(obj)
     with pytest.raises(SelectorError):
         field_selector("spec.x=1")
+
+
+def test_discovery_lists_the_served_resources(kube: KubeApiServer) -> None:
+    with urllib.request.urlopen(f"{kube.url}/api/v1", timeout=5) as response:
+        core = json.load(response)
+    assert {"pods", "namespaces", "services"} <= {r["name"] for r in core["resources"]}
+    with urllib.request.urlopen(f"{kube.url}/apis", timeout=5) as response:
+        groups = {g["name"] for g in json.load(response)["groups"]}
+    assert {"networking.istio.io", "security.istio.io", "coordination.k8s.io"} <= groups
