@@ -25,15 +25,8 @@ from typing import Any, Self, TypeVar
 import aiohttp.web
 import yaml
 from kubernetes import client as k8s_client
-from support.kube_emulator import (
-    RESOURCES,
-    KubeApiEmulator,
-    Obj,
-    ResourceType,
-    StatusError,
-    find_resource,
-    resource_of,
-)
+from support.kube_emulator import KubeApiEmulator
+from support.kube_resources import RESOURCES, Obj, ResourceType, StatusError, find_resource, resource_of
 
 __all__ = ["RESOURCES", "KubeApiEmulator", "KubeApiServer", "ResourceType", "StatusError"]
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -371,3 +373,18 @@ def test_discovery_lists_the_served_resources(kube: KubeApiServer) -> None:
     with urllib.request.urlopen(f"{kube.url}/apis", timeout=5) as response:
         groups = {g["name"] for g in json.load(response)["groups"]}
     assert {"networking.istio.io", "security.istio.io", "coordination.k8s.io"} <= groups
+
+
+def test_another_process_reaches_the_server_through_the_kubeconfig(
+    kube: KubeApiServer, tmp_path: Path
+) -> None:
+    kube.apply(pod("a", "ns", "10.0.0.1", {}))
+    path = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    script = (
+        "import sys; from kubernetes import client, config; config.load_kube_config(sys.argv[1]);"
+        "print(*[p.metadata.name for p in client.CoreV1Api().list_namespaced_pod('ns').items])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert done.stdout.split() == ["a"]
