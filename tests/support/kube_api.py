@@ -15,6 +15,7 @@ writes. ``restart()`` keeps the objects and the resourceVersion counter and the 
 from __future__ import annotations
 
 import asyncio
+import copy
 import socket
 import threading
 from collections.abc import Coroutine, Mapping
@@ -115,10 +116,10 @@ class KubeApiServer:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
 
     def _run(self, fn: Any, *args: Any) -> Any:
-        """Run ``fn(*args)`` on the loop's thread, where the emulator's state lives."""
+        """Run ``fn(*args)`` on the loop's thread, where the emulator's state lives; returns a copy."""
 
         async def call() -> Any:
-            return fn(*args)
+            return copy.deepcopy(fn(*args))
 
         return self._call(call())
 
