@@ -15,6 +15,7 @@ writes. ``restart()`` keeps the objects and the resourceVersion counter and the 
 from __future__ import annotations
 
 import asyncio
+import copy
 import socket
 import threading
 from collections.abc import Coroutine, Mapping
@@ -25,16 +26,8 @@ from typing import Any, Self, TypeVar
 import aiohttp.web
 import yaml
 from kubernetes import client as k8s_client
-
-from support.kube_emulator import (
-    RESOURCES,
-    KubeApiEmulator,
-    Obj,
-    ResourceType,
-    StatusError,
-    find_resource,
-    resource_of,
-)
+from support.kube_emulator import KubeApiEmulator
+from support.kube_resources import RESOURCES, Obj, ResourceType, StatusError, find_resource, resource_of
 
 __all__ = ["RESOURCES", "KubeApiEmulator", "KubeApiServer", "ResourceType", "StatusError"]
 
@@ -42,7 +35,10 @@ T = TypeVar("T")
 
 
 class KubeApiServer:
-    """``KubeApiEmulator`` served on ``host:port`` (port 0 picks one, kept across restarts)."""
+    """``KubeApiEmulator`` served on ``host:port`` (port 0 picks one, kept across restarts).
+
+    ``stop()`` then ``start()`` also keeps the objects, the counter and the port.
+    """
 
     def __init__(self, port: int = 0, *, host: str = "127.0.0.1", history_limit: int = 1000) -> None:
         self.host, self.port = host, port
@@ -57,6 +53,10 @@ class KubeApiServer:
     def start(self) -> Self:
         """Start the loop thread (if not running) and listen."""
         if self._loop is None:
+            # kmock binds asyncio primitives to the loop it first runs on: a new loop, a new emulator.
+            emulator = KubeApiEmulator(history_limit=self.emulator.history_limit)
+            emulator.carry_over(self.emulator)
+            self.emulator = emulator
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="kube-api", daemon=True)
             self._thread.start()
@@ -107,7 +107,7 @@ class KubeApiServer:
             return
         self._listener.close()
         self.emulator.end_watches()
-        await self._web.shutdown(timeout=1.0)
+        await self._web.shutdown(timeout=0.25)  # handlers in flight; watches have ended
         await self._listener.wait_closed()
         self._listener = self._web = None
 
@@ -116,10 +116,10 @@ class KubeApiServer:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
 
     def _run(self, fn: Any, *args: Any) -> Any:
-        """Run ``fn(*args)`` on the loop's thread, where the emulator's state lives."""
+        """Run ``fn(*args)`` on the loop's thread, where the emulator's state lives; returns a copy."""
 
         async def call() -> Any:
-            return fn(*args)
+            return copy.deepcopy(fn(*args))
 
         return self._call(call())
 

@@ -23,7 +23,6 @@ import copy
 import datetime
 import json
 import uuid
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,98 +30,38 @@ import aiohttp.web
 import attrs
 import jsonpatch
 import kmock
-
+from support.kube_resources import RESOURCES, Obj, ResourceType, StatusError
 from support.kube_selectors import Predicate, SelectorError, field_selector, label_selector
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
-class ResourceType:
-    """A served resource; its objects are shared by all its versions (served as aliases)."""
+class _Target:
+    """What an object URL names: ``/api[s]/GROUP/VERSION[/namespaces/NS]/PLURAL[/NAME]``."""
 
-    group: str
-    versions: tuple[str, ...]
-    plural: str
-    kind: str
-    namespaced: bool = True
+    rtype: ResourceType
+    version: str
+    namespace: str | None
+    name: str | None
 
-    def api_version(self, version: str | None = None) -> str:
-        version = version or self.versions[0]
-        return f"{self.group}/{version}" if self.group else version
-
-
-_ISTIO_NETWORKING = ("v1", "v1beta1", "v1alpha3")
-_ISTIO_SECURITY = ("v1", "v1beta1")
-RESOURCES: tuple[ResourceType, ...] = (
-    ResourceType("", ("v1",), "namespaces", "Namespace", namespaced=False),
-    ResourceType("", ("v1",), "nodes", "Node", namespaced=False),
-    ResourceType("", ("v1",), "services", "Service"),
-    ResourceType("", ("v1",), "pods", "Pod"),
-    ResourceType("", ("v1",), "configmaps", "ConfigMap"),
-    ResourceType("", ("v1",), "secrets", "Secret"),
-    ResourceType("", ("v1",), "endpoints", "Endpoints"),
-    ResourceType("discovery.k8s.io", ("v1",), "endpointslices", "EndpointSlice"),
-    ResourceType("coordination.k8s.io", ("v1",), "leases", "Lease"),
-    *(
-        ResourceType("networking.istio.io", _ISTIO_NETWORKING, plural, kind)
-        for plural, kind in [
-            ("virtualservices", "VirtualService"),
-            ("destinationrules", "DestinationRule"),
-            ("gateways", "Gateway"),
-            ("serviceentries", "ServiceEntry"),
-            ("workloadentries", "WorkloadEntry"),
-            ("workloadgroups", "WorkloadGroup"),
-            ("sidecars", "Sidecar"),
-        ]
-    ),
-    *(
-        ResourceType("security.istio.io", _ISTIO_SECURITY, plural, kind)
-        for plural, kind in [
-            ("peerauthentications", "PeerAuthentication"),
-            ("authorizationpolicies", "AuthorizationPolicy"),
-            ("requestauthentications", "RequestAuthentication"),
-        ]
-    ),
-)
-
-
-def find_resource(name: str) -> ResourceType:
-    """A resource by kind (``Pod``), plural (``pods``) or ``plural.group`` (``sidecars.networking.istio.io``)."""
-    for rtype in RESOURCES:
-        if name in (rtype.kind, rtype.plural, f"{rtype.plural}.{rtype.group}"):
-            return rtype
-    raise KeyError(f"not a served resource: {name!r}")
-
-
-def resource_of(obj: Mapping[str, Any]) -> ResourceType:
-    """The resource an object belongs to, from its apiVersion and kind."""
-    group = obj.get("apiVersion", "").rpartition("/")[0]
-    for rtype in RESOURCES:
-        if rtype.group == group and rtype.kind == obj.get("kind"):
-            return rtype
-    raise KeyError(f"not a served resource: {obj.get('apiVersion')} {obj.get('kind')}")
-
-
-class StatusError(Exception):
-    """An API error answered as a ``kind: Status`` body with the HTTP status ``code``."""
-
-    def __init__(self, code: int, reason: str, message: str, rtype: ResourceType | None = None, name: str = ""):
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-        self.details = {"name": name, "group": rtype.group, "kind": rtype.plural} if rtype else {}
-
-    def status(self) -> Obj:
-        return {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "details": self.details,
-            "code": self.code,
-        }
+    @classmethod
+    def parse(cls, path: str) -> _Target | None:
+        """None for discovery paths; StatusError 404 for resources or subresources not served."""
+        parts = path.strip("/").split("/")
+        if parts[0] == "api" and len(parts) >= 3:
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[0] == "apis" and len(parts) >= 4:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            return None
+        namespace = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        for rtype in RESOURCES:
+            if (rtype.group, rtype.plural) == (group, rest[0]) and version in rtype.versions:
+                if len(rest) > 2:  # status, scale, ...
+                    break
+                return cls(rtype, version, namespace, rest[1] if len(rest) == 2 else None)
+        raise StatusError(404, "NotFound", "the server could not find the requested resource")
 
 
 @dataclass(frozen=True)
@@ -211,7 +150,9 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         return obj
 
     def list_objects(self, rtype: ResourceType, matches: Predicate | None = None) -> list[Obj]:
-        found = [obj for (group, plural, _, _), obj in self._store.items() if (group, plural) == self._id(rtype)]
+        found = [
+            obj for (group, plural, _, _), obj in self._store.items() if (group, plural) == self._id(rtype)
+        ]
         return [obj for obj in found if matches is None or matches(obj)]
 
     def create_object(self, rtype: ResourceType, namespace: str, body: Obj) -> Obj:
@@ -246,7 +187,9 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         obj.setdefault("kind", rtype.kind)
         return self._commit(rtype, self._key(rtype, namespace, name), "MODIFIED", obj, old)
 
-    def patch_object(self, rtype: ResourceType, namespace: str, name: str, patch: Any, json_patch: bool) -> Obj:
+    def patch_object(
+        self, rtype: ResourceType, namespace: str, name: str, patch: Any, json_patch: bool
+    ) -> Obj:
         old = self.get_object(rtype, namespace, name)
         if json_patch:
             body = jsonpatch.apply_patch(old, patch)
@@ -262,7 +205,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         return self._commit(rtype, self._key(rtype, namespace, name), "DELETED", copy.deepcopy(old), None)
 
     def compact(self) -> None:
-        """Drop all watch history: resuming from any version seen so far answers 410 Expired."""
+        """Drop all watch history: resuming from a version older than the current one answers 410 Expired."""
         self._compacted_at = self._rv
         self._history.clear()
 
@@ -283,6 +226,11 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
     def fail_next(self, count: int, status: int) -> None:
         """Answer the next ``count`` object requests with ``status`` and a Status body."""
         self._failures.extend([status] * count)
+
+    def carry_over(self, previous: KubeApiEmulator) -> None:
+        """Take the objects, counter and history of an emulator that served on an earlier event loop."""
+        self._rv, self._store, self._history = previous._rv, previous._store, previous._history
+        self._floors, self._compacted_at = previous._floors, previous._compacted_at
 
     def _commit(self, rtype: ResourceType, key: Key, kind: str, obj: Obj, old: Obj | None) -> Obj:
         self._rv += 1
@@ -324,69 +272,69 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
 
     # -- HTTP --
 
-    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
-        rtype = self._served(request)
-        if rtype is None:
-            return await super()._handle(request)  # discovery, /version, unknown resources
+    async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock's path parsing misreads /api/v1/namespaces[/NAME], so object URLs are parsed here.
+        try:
+            target = _Target.parse(raw.path)
+        except StatusError as e:
+            return aiohttp.web.json_response(e.status(), status=e.code)
+        if target is None:
+            return await super().__call__(raw)  # discovery and /version
+        body = await raw.read()
+        request = kmock.Request(
+            id=len(self._requests),
+            method=raw.method,
+            url=raw.url,
+            params=dict(raw.query),
+            headers=dict(raw.headers),
+            body=body,
+            raw_request=raw,
+        )
+        self._requests.append(request)  # for request_count() and kmock's assertions
         try:
             if self._failures:
                 status = self._failures.popleft()
                 raise StatusError(status, "InternalError", f"injected failure {status}")
-            return await self._serve(request, rtype)
+            return await self._serve(request, target)
         except StatusError as e:
             return aiohttp.web.json_response(e.status(), status=e.code)
 
-    def _served(self, request: kmock.Request) -> ResourceType | None:
-        res = request.resource
-        if res is None or request.subresource:
-            return None
-        for rtype in RESOURCES:
-            if (rtype.group, rtype.plural) == (res.group, res.plural) and res.version in rtype.versions:
-                return rtype
-        return None
-
-    async def _serve(self, request: kmock.Request, rtype: ResourceType) -> aiohttp.web.StreamResponse:
-        method, name = request.method.value.upper(), request.name
-        namespace = request.namespace or ""
-        if request.namespace is not None and not rtype.namespaced:
+    async def _serve(self, request: kmock.Request, target: _Target) -> aiohttp.web.StreamResponse:
+        rtype, name = target.rtype, target.name
+        method, namespace = request.method.value.upper(), target.namespace or ""
+        if target.namespace is not None and not rtype.namespaced:
             raise StatusError(404, "NotFound", f"{rtype.plural} is not namespaced", rtype)
         result: Obj
         if method == "GET" and request.params.get("watch") in ("true", "1"):
-            return await self._serve_watch_stream(request, rtype)
-        elif method == "GET" and name is None:
-            matches = self._predicate(request)
-            items = sorted(self.list_objects(rtype, matches), key=lambda o: int(o["metadata"]["resourceVersion"]))
+            return await self._serve_watch_stream(request, target)
+        if method == "GET" and name is None:
+            items = self.list_objects(rtype, self._predicate(request, target))
             result = {
                 "kind": f"{rtype.kind}List",
-                "apiVersion": rtype.api_version(request.resource and request.resource.version),
+                "apiVersion": rtype.api_version(target.version),
                 "metadata": {"resourceVersion": str(self._rv)},
-                "items": items,
+                "items": sorted(items, key=_version_of),
             }
         elif method == "GET" and name is not None:
             result = self.get_object(rtype, namespace, name)
         elif method == "POST" and name is None:
-            result = self.create_object(rtype, namespace, self._body(request))
+            result = self.create_object(rtype, namespace, _json_object(request.body))
         elif method == "PUT" and name is not None:
-            result = self.replace_object(rtype, namespace, name, self._body(request))
+            result = self.replace_object(rtype, namespace, name, _json_object(request.body))
         elif method == "PATCH" and name is not None:
             json_patch = "json-patch" in request.headers.get("Content-Type", "")
-            result = self.patch_object(rtype, namespace, name, request.data, json_patch)
+            patch = json.loads(request.body) if json_patch else _json_object(request.body)
+            result = self.patch_object(rtype, namespace, name, patch, json_patch)
         elif method == "DELETE" and name is not None:
             result = self.delete_object(rtype, namespace, name)
         else:
             raise StatusError(405, "MethodNotAllowed", f"{method} is not supported here", rtype)
-        status = 201 if method == "POST" else 200
-        return aiohttp.web.json_response(result, status=status)
+        return aiohttp.web.json_response(result, status=201 if method == "POST" else 200)
 
     @staticmethod
-    def _body(request: kmock.Request) -> Obj:
-        if not isinstance(request.data, dict):
-            raise StatusError(400, "BadRequest", "the body must be a JSON object")
-        return request.data
-
-    def _predicate(self, request: kmock.Request) -> Predicate:
+    def _predicate(request: kmock.Request, target: _Target) -> Predicate:
         """Namespace, name and selectors of a list or watch request, as one predicate."""
-        checks: list[Callable[[Mapping[str, Any]], bool]] = []
+        checks: list[Predicate] = []
         try:
             if labels := request.params.get("labelSelector"):
                 checks.append(label_selector(labels))
@@ -394,15 +342,19 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
                 checks.append(field_selector(fields))
         except SelectorError as e:
             raise StatusError(400, "BadRequest", str(e)) from None
-        if request.namespace is not None:
-            checks.append(field_selector(f"metadata.namespace={request.namespace}"))
-        if request.name is not None:
-            checks.append(field_selector(f"metadata.name={request.name}"))
+        if target.namespace is not None:
+            checks.append(field_selector(f"metadata.namespace={target.namespace}"))
+        if target.name is not None:
+            checks.append(field_selector(f"metadata.name={target.name}"))
         return lambda obj: all(check(obj) for check in checks)
 
-    async def _serve_watch_stream(self, request: kmock.Request, rtype: ResourceType) -> aiohttp.web.StreamResponse:
-        params = request.params
-        watcher = _Watcher(rtype, self._predicate(request), params.get("allowWatchBookmarks") == "true")
+    async def _serve_watch_stream(
+        self, request: kmock.Request, target: _Target
+    ) -> aiohttp.web.StreamResponse:
+        params, rtype = request.params, target.rtype
+        watcher = _Watcher(
+            rtype, self._predicate(request, target), params.get("allowWatchBookmarks") == "true"
+        )
         since_text = params.get("resourceVersion", "")
         try:
             since = int(since_text) if since_text not in ("", "0") else None
@@ -417,7 +369,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         # From here to the registration there is no await: no event falls between the two.
         initial: list[Obj | None]
         if since is None:
-            objs = sorted(self.list_objects(rtype, watcher.matches), key=lambda o: int(o["metadata"]["resourceVersion"]))
+            objs = sorted(self.list_objects(rtype, watcher.matches), key=_version_of)
             initial = [{"type": "ADDED", "object": obj} for obj in objs]
         elif since < self._floor(rtype):
             expired = StatusError(410, "Expired", f"too old resource version: {since} ({self._floor(rtype)})")
@@ -429,10 +381,11 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             watcher.queue.put_nowait(event)
         self._watchers.add(watcher)
 
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         try:
             while True:
-                left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+                left = None if deadline is None else deadline - loop.time()
                 try:
                     sent = await asyncio.wait_for(watcher.queue.get(), left)
                 except TimeoutError:
@@ -445,3 +398,17 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         finally:
             self._watchers.discard(watcher)
         return response
+
+
+def _version_of(obj: Obj) -> int:
+    return int(obj["metadata"]["resourceVersion"])
+
+
+def _json_object(body: bytes) -> Obj:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise StatusError(400, "BadRequest", "the body must be a JSON object")
+    return obj

@@ -68,6 +68,10 @@ def label_selector(selector: str) -> Predicate:
     return matches
 
 
+def _field_term(field: str, equal: bool, value: str) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda meta: (meta.get(field, "") == value) == equal
+
+
 def field_selector(selector: str) -> Predicate:
     """A predicate for a field selector string; only metadata.name and metadata.namespace are known."""
     terms: list[Callable[[Mapping[str, Any]], bool]] = []
@@ -75,9 +79,7 @@ def field_selector(selector: str) -> Predicate:
         m = _EQ_RE.match(term)
         if m is None or m.group(1) not in _FIELDS:
             raise SelectorError(f"field label not supported: {term!r}")
-        field, op, value = _FIELDS[m.group(1)], m.group(2), m.group(3)
-        equal = op != "!="
-        terms.append(lambda meta, f=field, v=value, eq=equal: (meta.get(f, "") == v) == eq)
+        terms.append(_field_term(_FIELDS[m.group(1)], m.group(2) != "!=", m.group(3)))
 
     def matches(obj: Mapping[str, Any]) -> bool:
         meta = obj.get("metadata", {})
