@@ -10,7 +10,6 @@ import json
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,7 +56,10 @@ def client_objects() -> list[dict[str, Any]]:
             "Sidecar",
             "client",
             "default",
-            {"workloadSelector": {"labels": {"app": "client"}}, "egress": [{"bind": CLIENT_IP, "hosts": ["./*"]}]},
+            {
+                "workloadSelector": {"labels": {"app": "client"}},
+                "egress": [{"bind": CLIENT_IP, "hosts": ["./*"]}],
+            },
         ),
     ]
 
@@ -99,7 +101,11 @@ def test_pods_and_slices_from_the_api_move_envoy_endpoints(mesh: MeshHarness, ap
     eventually(lambda: sorted(envoy.endpoints(CLUSTER)) == ["127.0.66.21:9080", "127.0.66.22:9080"])
     eventually(lambda: {answer() for _ in range(20)} == {"reviews-v1", "reviews-v2"}, what="both answer")
     # The first pod goes away.
-    api.apply(endpoint_slice("reviews-slice", "default", "reviews", [("http", PORT)], [("reviews-v2", "127.0.66.22")]))
+    api.apply(
+        endpoint_slice(
+            "reviews-slice", "default", "reviews", [("http", PORT)], [("reviews-v2", "127.0.66.22")]
+        )
+    )
     api.delete("pods", "default", "reviews-v1")
     eventually(lambda: envoy.endpoints(CLUSTER) == ["127.0.66.22:9080"])
     assert {answer() for _ in range(10)} == {"reviews-v2"}
@@ -112,7 +118,9 @@ def test_pods_and_slices_from_the_api_move_envoy_endpoints(mesh: MeshHarness, ap
 
 
 @pytest.mark.envoy
-def test_virtual_service_created_through_the_api_changes_traffic(mesh: MeshHarness, api: KubeApiServer) -> None:
+def test_virtual_service_created_through_the_api_changes_traffic(
+    mesh: MeshHarness, api: KubeApiServer
+) -> None:
     for obj in [*client_objects(), *reviews({"reviews-v1": "127.0.66.31", "reviews-v2": "127.0.66.32"})]:
         api.apply(obj)
     mesh.backend("reviews-v1", "127.0.66.31", PORT)
@@ -145,7 +153,10 @@ def test_virtual_service_created_through_the_api_changes_traffic(mesh: MeshHarne
                 "VirtualService",
                 "reviews",
                 "default",
-                {"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "reviews", "subset": "v2"}}]}]},
+                {
+                    "hosts": ["reviews"],
+                    "http": [{"route": [{"destination": {"host": "reviews", "subset": "v2"}}]}],
+                },
             ),
         )
     eventually(lambda: {answer() for _ in range(10)} == {"reviews-v2"}, what="all traffic to v2")
@@ -208,7 +219,9 @@ def test_mesh_config_configmap_is_watched(mesh: MeshHarness, api: KubeApiServer)
     assert "b.other.svc.cluster.local" in hosts()
 
 
-def test_same_objects_from_api_and_directory_give_identical_config(mesh: MeshHarness, api: KubeApiServer) -> None:
+def test_same_objects_from_api_and_directory_give_identical_config(
+    mesh: MeshHarness, api: KubeApiServer
+) -> None:
     import asyncio
 
     objects = [
@@ -231,7 +244,10 @@ def test_same_objects_from_api_and_directory_give_identical_config(mesh: MeshHar
             {
                 "hosts": ["reviews"],
                 "http": [
-                    {"match": [{"headers": {"x-user": {"exact": "jason"}}}], "route": [{"destination": {"host": "reviews", "subset": "v2"}}]},
+                    {
+                        "match": [{"headers": {"x-user": {"exact": "jason"}}}],
+                        "route": [{"destination": {"host": "reviews", "subset": "v2"}}],
+                    },
                     {"route": [{"destination": {"host": "reviews", "subset": "v1"}}], "timeout": "3s"},
                 ],
             },
@@ -262,7 +278,9 @@ def test_same_objects_from_api_and_directory_give_identical_config(mesh: MeshHar
                 client.send(url, **who)
                 response = await client.recv(timeout=10)
                 out[short] = sorted(r.value for r in response.resources)
-            client.send("type.googleapis.com/envoy.config.route.v3.RouteConfiguration", names=[str(PORT)], **who)
+            client.send(
+                "type.googleapis.com/envoy.config.route.v3.RouteConfiguration", names=[str(PORT)], **who
+            )
             out["route"] = sorted(r.value for r in (await client.recv(timeout=10)).resources)
             cla = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
             client.send(cla, names=[CLUSTER, f"outbound|{PORT}|v1|{REVIEWS_HOST}"], **who)
@@ -290,11 +308,30 @@ def _replica(mesh: MeshHarness, api: KubeApiServer, name: str) -> Meshpilot:
 
 def test_two_replicas_one_leader_and_a_takeover(mesh: MeshHarness, api: KubeApiServer) -> None:
     api.apply(namespace("istio-system"))
-    api.apply(istio("VirtualService", "vs", "default", {"hosts": ["web"], "http": [{"route": [{"destination": {"host": "web"}}]}]}))
+    api.apply(
+        istio(
+            "VirtualService",
+            "vs",
+            "default",
+            {"hosts": ["web"], "http": [{"route": [{"destination": {"host": "web"}}]}]},
+        )
+    )
     first = _replica(mesh, api, "istiod-a")
-    eventually(lambda: (api.get("leases", "istio-system", "istio-status-leader") or {}).get("spec", {}).get("holderIdentity") == "istiod-a")
+    eventually(
+        lambda: (
+            (api.get("leases", "istio-system", "istio-status-leader") or {})
+            .get("spec", {})
+            .get("holderIdentity")
+            == "istiod-a"
+        )
+    )
     second = _replica(mesh, api, "istiod-b")
-    eventually(lambda: (api.get("virtualservices", "default", "vs") or {}).get("status", {}).get("observedGeneration") == 1)
+    eventually(
+        lambda: (
+            (api.get("virtualservices", "default", "vs") or {}).get("status", {}).get("observedGeneration")
+            == 1
+        )
+    )
     time.sleep(1.5)  # a few retry periods: the second replica must not take the Lease from a live leader
     lease = api.get("leases", "istio-system", "istio-status-leader")
     assert lease is not None and lease["spec"]["holderIdentity"] == "istiod-a"
@@ -305,15 +342,32 @@ def test_two_replicas_one_leader_and_a_takeover(mesh: MeshHarness, api: KubeApiS
     first.proc.wait(5)
     killed = time.monotonic()
     eventually(
-        lambda: (api.get("leases", "istio-system", "istio-status-leader") or {}).get("spec", {}).get("holderIdentity") == "istiod-b",
+        lambda: (
+            (api.get("leases", "istio-system", "istio-status-leader") or {})
+            .get("spec", {})
+            .get("holderIdentity")
+            == "istiod-b"
+        ),
         timeout=10,
     )
     assert time.monotonic() - killed < 2 + 1.5, "taken over within the lease duration plus a retry"
     # The new leader writes status: a new generation of the object gets its observedGeneration.
-    api.apply(istio("VirtualService", "vs", "default", {"hosts": ["web2"], "http": [{"route": [{"destination": {"host": "web2"}}]}]}))
+    api.apply(
+        istio(
+            "VirtualService",
+            "vs",
+            "default",
+            {"hosts": ["web2"], "http": [{"route": [{"destination": {"host": "web2"}}]}]},
+        )
+    )
     generation = (api.get("virtualservices", "default", "vs") or {})["metadata"]["generation"]
     assert generation == 2
-    eventually(lambda: (api.get("virtualservices", "default", "vs") or {}).get("status", {}).get("observedGeneration") == 2)
+    eventually(
+        lambda: (
+            (api.get("virtualservices", "default", "vs") or {}).get("status", {}).get("observedGeneration")
+            == 2
+        )
+    )
 
 
 def test_multicluster_secret_adds_and_removes_a_cluster(mesh: MeshHarness, api: KubeApiServer) -> None:
@@ -336,11 +390,18 @@ def test_multicluster_secret_adds_and_removes_a_cluster(mesh: MeshHarness, api: 
         secret = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": "istio-remote-secret-west", "namespace": "istio-system", "labels": {"istio/multiCluster": "true"}},
+            "metadata": {
+                "name": "istio-remote-secret-west",
+                "namespace": "istio-system",
+                "labels": {"istio/multiCluster": "true"},
+            },
             "data": {"west": base64.b64encode(kubeconfig).decode()},
         }
         api.apply(secret)
-        eventually(lambda: "west/Kubernetes" in json.dumps(shards()) or "Kubernetes/west" in json.dumps(shards()), what="the remote shard")
+        eventually(
+            lambda: "west/Kubernetes" in json.dumps(shards()) or "Kubernetes/west" in json.dumps(shards()),
+            what="the remote shard",
+        )
         assert "127.0.66.51" in json.dumps(shards())
         api.delete("secrets", "istio-system", "istio-remote-secret-west")
         eventually(lambda: "127.0.66.51" not in json.dumps(shards()), what="the remote endpoints removed")

@@ -81,6 +81,14 @@ class KubeApiServer:
         self._call(self._unlisten())
         self._call(self._listen())
 
+    def stop_listening(self) -> None:
+        """Go away (connections refused, watches end) while tests can still change the objects."""
+        self._call(self._unlisten())
+
+    def start_listening(self) -> None:
+        """Come back on the same port after ``stop_listening``."""
+        self._call(self._listen())
+
     def __enter__(self) -> Self:
         return self.start()
 

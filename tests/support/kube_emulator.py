@@ -42,6 +42,8 @@ class _Target:
     version: str
     namespace: str | None
     name: str | None
+    #: Only ``status`` is served: writes there change the status and nothing else.
+    subresource: str | None = None
 
     @classmethod
     def parse(cls, path: str) -> _Target | None:
@@ -58,7 +60,9 @@ class _Target:
             namespace, rest = rest[1], rest[2:]
         for rtype in RESOURCES:
             if (rtype.group, rtype.plural) == (group, rest[0]) and version in rtype.versions:
-                if len(rest) > 2:  # status, scale, ...
+                if len(rest) == 3 and rest[2] == "status":
+                    return cls(rtype, version, namespace, rest[1], "status")
+                if len(rest) > 2:  # scale, ...
                     break
                 return cls(rtype, version, namespace, rest[1] if len(rest) == 2 else None)
         raise StatusError(404, "NotFound", "the server could not find the requested resource")
@@ -199,6 +203,22 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         return self.replace_object(rtype, namespace, name, body)
 
+    def write_status(self, rtype: ResourceType, namespace: str, name: str, request: kmock.Request) -> Obj:
+        """The status subresource: only ``status`` changes (generation stays, as for a real CRD)."""
+        old = self.get_object(rtype, namespace, name)
+        sent = _json_object(request.body)
+        if request.method.value.upper() == "PUT":
+            self._check_version(rtype, old, sent)
+            status = sent.get("status")
+        else:
+            status = _merge_patch(old.get("status"), sent.get("status"))
+        body = copy.deepcopy(old)
+        if status is None:
+            body.pop("status", None)
+        else:
+            body["status"] = status
+        return self.replace_object(rtype, namespace, name, body)
+
     def delete_object(self, rtype: ResourceType, namespace: str, name: str) -> Obj:
         """Remove at once (finalizers are not honoured); DELETED carries a new resourceVersion."""
         old = self.get_object(rtype, namespace, name)
@@ -305,6 +325,9 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         if target.namespace is not None and not rtype.namespaced:
             raise StatusError(404, "NotFound", f"{rtype.plural} is not namespaced", rtype)
         result: Obj
+        if target.subresource == "status" and name is not None and method in ("PUT", "PATCH"):
+            result = self.write_status(rtype, namespace, name, request)
+            return aiohttp.web.json_response(result)
         if method == "GET" and request.params.get("watch") in ("true", "1"):
             return await self._serve_watch_stream(request, target)
         if method == "GET" and name is None:

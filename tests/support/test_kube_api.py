@@ -228,7 +228,7 @@ def test_missing_and_duplicate_objects(api: ApiClient) -> None:
         (404, lambda: v1.patch_namespaced_pod("b", "ns", {"metadata": {"labels": {"x": "y"}}})),
         (404, lambda: v1.delete_namespaced_pod("b", "ns")),
         (404, lambda: v1.read_namespaced_pod("a", "other")),
-        (404, lambda: v1.read_namespaced_pod_status("a", "ns")),  # subresources are not served
+        (404, lambda: v1.read_namespaced_pod_ephemeralcontainers("a", "ns")),  # only status is served
         (404, lambda: CustomObjectsApi(api).list_cluster_custom_object("example.com", "v1", "widgets")),
     ]
     for status, call in calls:
@@ -388,3 +388,31 @@ def test_another_process_reaches_the_server_through_the_kubeconfig(
         [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=30, check=True
     )
     assert done.stdout.split() == ["a"]
+
+
+def test_status_subresource_changes_only_the_status(kube: KubeApiServer, api: ApiClient) -> None:
+    custom = CustomObjectsApi(api)
+    group = "networking.istio.io"
+    vs = {
+        "apiVersion": f"{group}/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": "r"},
+        "spec": {"hosts": ["r"]},
+    }
+    custom.create_namespaced_custom_object(group, "v1", "ns", "virtualservices", vs)
+    body = {"spec": {"hosts": ["ignored"]}, "status": {"observedGeneration": 1}}
+    written = custom.patch_namespaced_custom_object_status(group, "v1", "ns", "virtualservices", "r", body)
+    assert written["status"] == {"observedGeneration": 1}
+    assert written["spec"] == {"hosts": ["r"]}, "a status write leaves the spec alone"
+    assert written["metadata"]["generation"] == 1
+    assert int(written["metadata"]["resourceVersion"]) > 1
+
+
+def test_stop_listening_refuses_connections_while_objects_still_change(kube: KubeApiServer) -> None:
+    kube.stop_listening()
+    with kube.api_client() as client, pytest.raises(Exception, match=r"(?i)refused|Max retries"):
+        CoreV1Api(client).list_namespaced_pod("ns", _request_timeout=1)
+    kube.apply(pod("late", "ns", "10.0.0.9", {}))
+    kube.start_listening()
+    with kube.api_client() as client:
+        assert [p.metadata.name for p in CoreV1Api(client).list_namespaced_pod("ns").items] == ["late"]
