@@ -19,7 +19,6 @@ from kubernetes import client as kclient
 from kubernetes import config as kconfig
 from kubernetes.config.config_exception import ConfigException
 
-
 POOL_SIZE = 64
 
 
