@@ -3,7 +3,6 @@ for a value of the wrong kind, ``%!verb(MISSING)`` and ``%!(EXTRA …)``."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -117,8 +116,6 @@ def format_one(verb: str, flags: str, precision: int | None, value: Any) -> str:
         if isinstance(value, int) and not isinstance(value, bool):
             return f"U+{value:04X}"
         return _bad(verb, value)
-    if verb == "j":  # not Go: never produced
-        return json.dumps(value)
     return f"%!{verb}({type_name(value)}={sprint(value)})"
 
 
