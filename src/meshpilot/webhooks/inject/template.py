@@ -76,7 +76,17 @@ def render_user_template(name: str, text: str, ctx: TemplateContext) -> dict[str
         return {}
     if not isinstance(data, dict):
         raise InjectionError(f"template {name!r} must render to a pod (a mapping)")
-    return data
+    return _drop_nulls(data)
+
+
+def _drop_nulls(value: Any) -> Any:
+    """istiod reads the fragment into a typed Pod, where a field written as null (``emptyDir:``) is
+    simply absent."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
 
 
 def render_templates(ctx: TemplateContext, config: InjectConfig) -> list[dict[str, Any]]:
