@@ -72,7 +72,7 @@ def truth(value: Any) -> bool:
     if value is MISSING or value is None:
         return False
     if isinstance(value, GoStruct):
-        return True
+        return bool(value)  # a nil pointer to a struct defines __bool__ as False
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)):
