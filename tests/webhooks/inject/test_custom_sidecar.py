@@ -178,7 +178,9 @@ def _from_mirror(path: str) -> str:
 
 def _chart_values() -> dict[str, Any]:
     """The injector's values as the chart renders them: its defaults, with ``pilot.cni`` beside."""
-    values: dict[str, Any] = yaml.safe_load(_from_mirror(f"{CHART}/values.yaml"))["_internal_defaults_do_not_set"]
+    values: dict[str, Any] = yaml.safe_load(_from_mirror(f"{CHART}/values.yaml"))[
+        "_internal_defaults_do_not_set"
+    ]
     values["pilot"] = {"cni": values.get("cni", {})}
     values["global"].update({"hub": "docker.io/istio", "tag": "1.28.0"})
     return values
@@ -190,7 +192,9 @@ def _chart_values() -> dict[str, Any]:
 def test_istio_chart_templates_parse_and_render(name: str) -> None:
     text = _from_mirror(f"{CHART}/files/{name}.yaml")
     config = parse_config("{}", yaml.safe_dump(_chart_values()))
-    ctx = TemplateContext(copy.deepcopy(POD), Workload("shop", "default", "apps/v1", "Deployment"), {}, config.values, "default")
+    ctx = TemplateContext(
+        copy.deepcopy(POD), Workload("shop", "default", "apps/v1", "Deployment"), {}, config.values, "default"
+    )
     rendered = yaml.safe_load(render_text(name, text, ctx))
     assert isinstance(rendered, dict)
     assert rendered["spec"]["containers"]

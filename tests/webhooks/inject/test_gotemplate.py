@@ -75,8 +75,8 @@ def run(text: str, data: Any = None) -> str:
         ("{{ range .Empty }}x{{ else }}empty{{ end }}", "empty"),
         ("{{ range .Missing }}x{{ else }}none{{ end }}", "none"),
         ("{{ range 3 }}{{ . }}{{ end }}", "012"),
-        ("{{ range .L }}{{ if eq . \"b\" }}{{ continue }}{{ end }}{{ . }}{{ end }}", "ac"),
-        ("{{ range .L }}{{ if eq . \"b\" }}{{ break }}{{ end }}{{ . }}{{ end }}", "a"),
+        ('{{ range .L }}{{ if eq . "b" }}{{ continue }}{{ end }}{{ . }}{{ end }}', "ac"),
+        ('{{ range .L }}{{ if eq . "b" }}{{ break }}{{ end }}{{ . }}{{ end }}', "a"),
         ("{{ range .L }}{{ $.S }}{{ end }}", "strstrstr"),
         # variables: declaration, assignment, scope
         ("{{ $x := 1 }}{{ $x }}{{ $x = 2 }}{{ $x }}", "12"),
@@ -88,17 +88,23 @@ def run(text: str, data: Any = None) -> str:
         ('{{ "x" | printf "%s-%s" "a" }}', "a-x"),
         ('{{ (index .Nested "Inner").Deep }}', "d"),
         ("{{ $n := .Nested }}{{ $n.Inner.Deep }}", "d"),
-        ("{{ len .S }} {{ len .L }} {{ len .M }} {{ len \"é\" }}", "3 3 3 2"),
+        ('{{ len .S }} {{ len .L }} {{ len .M }} {{ len "é" }}', "3 3 3 2"),
         ('{{ index .L 1 }} {{ index .M "z" }} {{ index .Nested "Inner" "Deep" }}', "b 26 d"),
         ("{{ slice .S 1 }} {{ slice .L 1 2 }}", "tr [b]"),
         # comparisons
         ('{{ eq .S "x" "str" }} {{ eq .N 3 }} {{ ne .N 4 }} {{ eq .Missing "x" }}', "true true true false"),
-        ("{{ lt 1 2 }} {{ le 2 2 }} {{ gt .F 1 }} {{ ge \"b\" \"a\" }}", "true true true true"),
+        ('{{ lt 1 2 }} {{ le 2 2 }} {{ gt .F 1 }} {{ ge "b" "a" }}', "true true true true"),
         # print functions
         ('{{ print "a" 1 2 "b" }}', "a1 2b"),
         ('{{ println "a" 1 }}', "a 1\n"),
-        ('{{ printf "%d|%5d|%-4s|%05.1f|%x|%X|%o" 42 7 "ab" 3.14159 255 255 8 }}', "42|    7|ab  |003.1|ff|FF|10"),
-        ('{{ printf "%v %q %t %s %T %T" .L "q\\"" true .N .S .M }}', '[a b c] "q\\"" true %!s(int=3) string map[string]interface {}'),
+        (
+            '{{ printf "%d|%5d|%-4s|%05.1f|%x|%X|%o" 42 7 "ab" 3.14159 255 255 8 }}',
+            "42|    7|ab  |003.1|ff|FF|10",
+        ),
+        (
+            '{{ printf "%v %q %t %s %T %T" .L "q\\"" true .N .S .M }}',
+            '[a b c] "q\\"" true %!s(int=3) string map[string]interface {}',
+        ),
         ('{{ printf "%s %%" }}', "%!s(MISSING) %"),
         ('{{ printf "%s" "a" "b" }}', "a%!(EXTRA string=b)"),
         ('{{ printf "%e %g %.2f" 1234.5 0.00001 2.0 }}', "1.234500e+03 1e-05 2.00"),
@@ -159,7 +165,7 @@ def test_parse_errors_name_template_and_line(text: str, message: str) -> None:
     [
         ("a\n\n{{ .S.Field }}", "template: t:3: can't evaluate field Field in type string"),
         ("{{ .Nil.Field }}", "nil pointer evaluating interface {}.Field"),
-        ('{{ eq .S 1 }}', "error calling eq: incompatible types for comparison"),
+        ("{{ eq .S 1 }}", "error calling eq: incompatible types for comparison"),
         ("{{ lt .L 1 }}", "error calling lt: invalid type for comparison"),
         ("{{ index .L 5 }}", "error calling index: index out of range: 5"),
         ("{{ len .N }}", "error calling len: len of type int"),

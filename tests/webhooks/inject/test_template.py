@@ -33,7 +33,8 @@ def test_paths_index_and_trimming() -> None:
 
 
 def test_struct_fields_use_go_names() -> None:
-    text = "{{ .TypeMeta.APIVersion }}/{{ .TypeMeta.Kind }} {{ .DeploymentMeta.Name }}.{{ .DeploymentMeta.Namespace }}"
+    text = "{{ .TypeMeta.APIVersion }}/{{ .TypeMeta.Kind }} "
+    text += "{{ .DeploymentMeta.Name }}.{{ .DeploymentMeta.Namespace }}"
     assert _render(text) == "v1/Pod p.ns"
     assert _render("{{ .ProxyConfig.InterceptionMode }} {{ .ProxyConfig.InterceptionMode.String }}") == (
         "REDIRECT REDIRECT"

@@ -76,7 +76,8 @@ def render_user_template(name: str, text: str, ctx: TemplateContext) -> dict[str
         return {}
     if not isinstance(data, dict):
         raise InjectionError(f"template {name!r} must render to a pod (a mapping)")
-    return _drop_nulls(data)
+    fragment: dict[str, Any] = _drop_nulls(data)
+    return fragment
 
 
 def _drop_nulls(value: Any) -> Any:

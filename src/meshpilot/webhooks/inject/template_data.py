@@ -152,7 +152,9 @@ class ProtoMessage:
     """A mesh proto message (ProxyConfig, MeshConfig, …) from its protojson form; ``data`` None is a
     nil pointer, whose getters return zero values as Go's generated getters do."""
 
-    def __init__(self, data: Mapping[str, Any] | None, type_name: str, defaults: Mapping[str, Any] | None = None):
+    def __init__(
+        self, data: Mapping[str, Any] | None, type_name: str, defaults: Mapping[str, Any] | None = None
+    ):
         self.data = data
         self.type_name = type_name
         self.defaults = defaults or {}
@@ -221,7 +223,9 @@ def template_data(ctx: TemplateContext, proxy_image: str, proxy_init_image: str)
         "inject.SidecarTemplateData",
         {
             "TypeMeta": Struct("v1.TypeMeta", {"Kind": workload.kind, "APIVersion": workload.api_version}),
-            "DeploymentMeta": Struct("types.NamespacedName", {"Name": workload.name, "Namespace": workload.namespace}),
+            "DeploymentMeta": Struct(
+                "types.NamespacedName", {"Name": workload.name, "Namespace": workload.namespace}
+            ),
             "ObjectMeta": KubeObject(metadata, "v1.ObjectMeta"),
             "Spec": KubeObject(ctx.pod.get("spec") or {}, "v1.PodSpec"),
             "ProxyConfig": ProtoMessage(ctx.proxy_config, "v1alpha1.ProxyConfig"),

@@ -151,24 +151,32 @@ def _directory(path: Any) -> str:
 
 
 def append_multus_network(existing: Any, network: Any) -> str:
-    existing, network = strval(existing), strval(network)
-    if existing == "":
-        return network
-    close = existing.rfind("]")
+    """Adds the istio-cni network to a pod's ``k8s.v1.cni.cncf.io/networks`` value (a JSON list or
+    a comma list) unless it is there already."""
+    current, cni = strval(existing), strval(network)
+    if current == "":
+        return cni
+    close = current.rfind("]")
     if close != -1:
         try:
-            networks = json.loads(existing)
+            networks = json.loads(current)
         except ValueError:
-            return existing
-        namespace, _, name = network.rpartition("/")
+            return current
+        namespace, _, name = cni.rpartition("/")
         for net in networks if isinstance(networks, list) else []:
-            if isinstance(net, Mapping) and net.get("name") == name and (net.get("namespace") or "") == namespace:
-                return existing
-        entry = f', {{"name": "{name}"}}' if not namespace else f', {{"name": "{name}", "namespace": "{namespace}"}}'
-        return existing[:close] + entry + existing[close:]
-    if any(part.strip() == network for part in existing.split(",")):
-        return existing
-    return existing + ", " + network
+            if (
+                isinstance(net, Mapping)
+                and net.get("name") == name
+                and (net.get("namespace") or "") == namespace
+            ):
+                return current
+        entry = f', {{"name": "{name}"}}'
+        if namespace:
+            entry = f', {{"name": "{name}", "namespace": "{namespace}"}}'
+        return current[:close] + entry + current[close:]
+    if any(part.strip() == cni for part in current.split(",")):
+        return current
+    return current + ", " + cni
 
 
 def _omit(d: Any, *keys: Any) -> StrMap:
@@ -226,7 +234,9 @@ def _image_tag_digest(image: str) -> tuple[str, str]:
     return (image[colon + 1 :] if colon > slash else ""), digest
 
 
-def otel_resource_attributes(mesh: Any, annotations: Any, labels: Any, namespace: Any, containers: Any) -> str:
+def otel_resource_attributes(
+    mesh: Any, annotations: Any, labels: Any, namespace: Any, containers: Any
+) -> str:
     """OTEL_RESOURCE_ATTRIBUTES when a mesh OpenTelemetry provider asks for semantic conventions."""
     providers = _field(mesh, "ExtensionProviders", "extensionProviders") or []
     enabled = False

@@ -119,9 +119,8 @@ def _eq(arg1: Any, *others: Any) -> bool:
             continue
         if k1 == "invalid":
             return True
-        if k1 == "other":
-            if isinstance(arg1, (list, Mapping)) or isinstance(arg, (list, Mapping)):
-                raise FuncError(f"non-comparable type {sprint_args([arg1])}: {type_name(arg1)}")
+        if k1 == "other" and (isinstance(arg1, (list, Mapping)) or isinstance(arg, (list, Mapping))):
+            raise FuncError(f"non-comparable type {sprint_args([arg1])}: {type_name(arg1)}")
         if arg1 == arg:
             return True
     return False

@@ -84,7 +84,9 @@ _Dumper.add_representer(str, _str_representer)
 def to_yaml(value: Any) -> str:
     """sigs.k8s.io/yaml's Marshal: keys sorted, block style, a trailing newline."""
     data = plain_data(value)
-    text = yaml.dump(data, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=1 << 30, allow_unicode=True)
+    text = yaml.dump(
+        data, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=1 << 30, allow_unicode=True
+    )
     if text.endswith("\n...\n"):
         text = text[: -len("...\n")]
     return text

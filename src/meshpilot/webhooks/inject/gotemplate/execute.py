@@ -295,7 +295,7 @@ class _State:
             raise
         except RecursionError:
             raise self.error(f"error calling {name}: too deeply nested") from None
-        except Exception as err:  # noqa: BLE001 - Go recovers a function's panic the same way
+        except Exception as err:  # Go recovers a function's panic the same way
             raise self.error(f"error calling {name}: {err}") from None
 
     def printable(self, value: Any) -> str:

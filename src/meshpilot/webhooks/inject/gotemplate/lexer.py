@@ -121,7 +121,9 @@ class Lexer:
                 self._text(text[self.pos :])
                 self.pos = len(text)
                 break
-            trim_left = text.startswith("-", start + 2) and start + 3 < len(text) and text[start + 3] in " \t\r\n"
+            trim_left = (
+                text.startswith("-", start + 2) and start + 3 < len(text) and text[start + 3] in " \t\r\n"
+            )
             chunk = text[self.pos : start]
             if trim_left:
                 chunk = chunk.rstrip(" \t\r\n")

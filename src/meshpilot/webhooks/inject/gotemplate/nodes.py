@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 
 @dataclass
@@ -103,7 +102,19 @@ class LoopControl:
     line: int
 
 
-Node = Union[
-    Text, Field, Variable, Dot, Nil, Literal, Identifier, Chain, Command, Pipeline, Action, Branch,
-    TemplateCall, LoopControl,
-]
+Node = (
+    Text
+    | Field
+    | Variable
+    | Dot
+    | Nil
+    | Literal
+    | Identifier
+    | Chain
+    | Command
+    | Pipeline
+    | Action
+    | Branch
+    | TemplateCall
+    | LoopControl
+)

@@ -126,12 +126,12 @@ def nindent(spaces: Any, text: Any) -> str:
 
 
 def trunc(count: Any, text: Any) -> str:
-    count, text = to_int(count), strval(text)
-    if count < 0 and len(text) + count > 0:
-        return text[len(text) + count :]
-    if count >= 0 and len(text) > count:
-        return text[:count]
-    return text
+    n, s = to_int(count), strval(text)
+    if n < 0 and len(s) + n > 0:
+        return s[len(s) + n :]
+    if n >= 0 and len(s) > n:
+        return s[:n]
+    return s
 
 
 def _go_title(text: str) -> str:
