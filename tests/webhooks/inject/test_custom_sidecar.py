@@ -17,7 +17,7 @@ import jsonpatch
 import pytest
 import yaml
 
-from meshpilot.webhooks.inject.config import InjectConfig, load_config_dir, parse_config
+from meshpilot.webhooks.inject.config import InjectConfig, InjectionError, load_config_dir, parse_config
 from meshpilot.webhooks.inject.context import TemplateContext, Workload
 from meshpilot.webhooks.inject.inject import inject_pod
 from meshpilot.webhooks.inject.quantity import canonical_quantity
@@ -215,12 +215,30 @@ def _normalise(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def test_istio_sidecar_template_matches_the_builtin_for_a_simple_pod() -> None:
+CASES = Path(__file__).parent / "cases"
+PODS = sorted(
+    p
+    for p in CASES.glob("*.yaml")
+    if not p.name.endswith(".golden.yaml") and "config" not in yaml.safe_load(p.read_text())
+)
+
+
+def _inject_or_error(pod: dict[str, Any], config: InjectConfig) -> dict[str, Any] | str | None:
+    namespace = pod["metadata"].get("namespace", "default")
+    try:
+        injected = inject_pod(copy.deepcopy(pod), namespace, config)
+    except InjectionError as err:
+        return str(err)
+    return _normalise(injected) if injected is not None else None
+
+
+@pytest.mark.parametrize("path", PODS, ids=[p.stem for p in PODS])
+def test_istio_sidecar_template_matches_the_builtin(path: Path) -> None:
+    """Istio's chart template, run by the engine, injects what the built-in Python template does for
+    every golden pod (modulo Go's typed-Pod normalisation, see ``_normalise``)."""
     text = _from_mirror(f"{CHART}/files/injection-template.yaml")
-    values = _chart_values()
-    # The built-in template's defaults (DEFAULT_VALUES) give the proxy a 1Gi limit, the chart 1024Mi.
-    config = parse_config(yaml.safe_dump({"templates": {"sidecar": text}}), yaml.safe_dump(values))
-    from_chart = inject_pod(copy.deepcopy(POD), "default", config)
-    builtin = inject_pod(copy.deepcopy(POD), "default", parse_config("{}", yaml.safe_dump(values)))
-    assert from_chart is not None and builtin is not None
-    assert _normalise(from_chart) == _normalise(builtin)
+    values = yaml.safe_dump(_chart_values())
+    pod = yaml.safe_load(path.read_text())["pod"]
+    from_chart = _inject_or_error(pod, parse_config(yaml.safe_dump({"templates": {"sidecar": text}}), values))
+    builtin = _inject_or_error(pod, parse_config("{}", values))
+    assert from_chart == builtin

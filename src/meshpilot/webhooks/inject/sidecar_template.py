@@ -417,8 +417,7 @@ def _volumes(ctx: TemplateContext) -> list[dict[str, Any]]:
 
 
 def render_sidecar(ctx: TemplateContext) -> dict[str, Any]:
-    """The pod fragment to merge into the pod."""
-    validate_annotations(ctx)
+    """The pod fragment to merge into the pod (its annotations already validated)."""
     mode = interception_mode(ctx)
     labels = ctx.labels
     annotations: dict[str, str] = {"istio.io/rev": ctx.revision}

@@ -24,7 +24,7 @@ from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
 from meshpilot.webhooks.inject.context import TemplateContext
 from meshpilot.webhooks.inject.gotemplate import Template, TemplateError
 from meshpilot.webhooks.inject.gotemplate.sprig import FUNCS as SPRIG_FUNCS
-from meshpilot.webhooks.inject.sidecar_template import image_reference, render_sidecar
+from meshpilot.webhooks.inject.sidecar_template import image_reference, render_sidecar, validate_annotations
 from meshpilot.webhooks.inject.template_data import template_data
 from meshpilot.webhooks.inject.template_funcs import injection_funcs
 
@@ -91,7 +91,9 @@ def _drop_nulls(value: Any) -> Any:
 
 
 def render_templates(ctx: TemplateContext, config: InjectConfig) -> list[dict[str, Any]]:
-    """Each selected template's pod fragment, in order."""
+    """Each selected template's pod fragment, in order. The pod's traffic annotations are checked first,
+    whichever templates run, as istiod's RunTemplate does."""
+    validate_annotations(ctx)
     fragments = []
     for name in template_names(ctx, config):
         if name in config.templates:
