@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from meshpilot.webhooks.inject.gotemplate import GoStruct, StrMap
+from meshpilot.webhooks.inject.gotemplate.convert import strval, to_int
 from meshpilot.webhooks.inject.gotemplate.encode import to_json, to_yaml
-from meshpilot.webhooks.inject.gotemplate.sprig import strval, to_int
 from meshpilot.webhooks.inject.gotemplate.values import sprint
 from meshpilot.webhooks.inject.sidecar_template import PROXY_NAME, exclude_inbound_ports
 
