@@ -21,7 +21,8 @@ from meshpilot.webhooks.inject.config import InjectConfig, InjectionError, load_
 from meshpilot.webhooks.inject.context import TemplateContext, Workload
 from meshpilot.webhooks.inject.inject import inject_pod
 from meshpilot.webhooks.inject.quantity import canonical_quantity
-from meshpilot.webhooks.inject.review import handle_inject
+from meshpilot.webhooks.inject.review import InjectionHandler, handle_inject
+from meshpilot.webhooks.inject.source import InjectConfigSource
 from meshpilot.webhooks.inject.template import render_text
 
 CUSTOM_SIDECAR = """\
@@ -157,6 +158,17 @@ def test_without_a_sidecar_template_the_builtin_is_used(tmp_path: Path) -> None:
     (tmp_path / "config").write_text("policy: enabled\n")
     pod = _inject_through_handler(load_config_dir(tmp_path), copy.deepcopy(POD))
     assert "istio-proxy" in [c["name"] for c in pod["spec"]["containers"]]
+
+
+def test_a_template_that_does_not_parse_keeps_the_last_good_config(config_dir: Path) -> None:
+    handler = InjectionHandler(InjectConfigSource.load(config_dir))
+    source = InjectConfigSource(handler, config_dir)
+    good = handler.config
+    (config_dir / "config").write_text(yaml.safe_dump({"templates": {"sidecar": "{{ if .Values }}"}}))
+    assert source.reload() is False
+    assert handler.config is good
+    with pytest.raises(InjectionError, match="template: sidecar:1: unexpected EOF"):
+        InjectConfigSource.load(config_dir)
 
 
 # -- Istio's own chart templates, when a local mirror of istio/istio is available

@@ -54,6 +54,13 @@ def parse_template(name: str, text: str) -> Template:
         raise InjectionError(str(err)) from None
 
 
+def check_templates(config: InjectConfig) -> InjectConfig:
+    """The config, once each of its templates parses (istiod refuses a config whose templates do not)."""
+    for name, text in config.templates.items():
+        parse_template(name, text)
+    return config
+
+
 def render_text(name: str, text: str, ctx: TemplateContext) -> str:
     """The template's output for this pod."""
     template = parse_template(name, text)
