@@ -1,4 +1,4 @@
-"""The user-template subset and template selection."""
+"""Rendering config templates through the Go template engine, and template selection."""
 
 from __future__ import annotations
 
@@ -18,19 +18,49 @@ def _ctx(annotations: dict[str, str] | None = None) -> TemplateContext:
     return TemplateContext(pod, Workload("p", "ns", "v1", "Pod"), {}, InjectConfig().values, "default")
 
 
+def _render(text: str, ctx: TemplateContext | None = None) -> str:
+    return render_text("t", text, ctx or _ctx())
+
+
 def test_paths_index_and_trimming() -> None:
-    ctx = _ctx()
-    assert render_text("sa: {{ .Spec.ServiceAccountName }}", ctx) == "sa: sa"
-    assert render_text('app: {{ index .ObjectMeta.Labels "app" }}', ctx) == "app: shop"
-    assert render_text("a: [ {{- .Values.global.proxy.statusPort -}} ]", ctx) == "a: [15020]"
-    assert render_text("missing: {{ .Values.nope.nothing }}.", ctx) == "missing: ."
-    assert render_text("c: {{ .Spec.Containers }}", ctx) == 'c: [{"name":"c"}]'
+    assert _render("sa: {{ .Spec.ServiceAccountName }}") == "sa: sa"
+    assert _render('app: {{ index .ObjectMeta.Labels "app" }}') == "app: shop"
+    assert _render("a: [ {{- .Values.global.proxy.statusPort -}} ]") == "a: [15020]"
+    # Go prints a missing map key as <no value>; a missing label (map[string]string) is "".
+    assert _render("missing: {{ .Values.nope.nothing }}.") == "missing: <no value>."
+    assert _render('l: "{{ index .ObjectMeta.Labels "nope" }}"') == 'l: ""'
+    assert _render("c: {{ range .Spec.Containers }}{{ .Name }}{{ end }}") == "c: c"
 
 
-@pytest.mark.parametrize("action", ["if .Values", "range .Spec.Containers", ".Values | quote", "$x"])
-def test_unsupported_actions_fail_naming_the_action(action: str) -> None:
-    with pytest.raises(InjectionError, match="not supported"):
-        render_text("x: {{ " + action + " }}", _ctx())
+def test_struct_fields_use_go_names() -> None:
+    text = "{{ .TypeMeta.APIVersion }}/{{ .TypeMeta.Kind }} "
+    text += "{{ .DeploymentMeta.Name }}.{{ .DeploymentMeta.Namespace }}"
+    assert _render(text) == "v1/Pod p.ns"
+    assert _render("{{ .ProxyConfig.InterceptionMode }} {{ .ProxyConfig.InterceptionMode.String }}") == (
+        "REDIRECT REDIRECT"
+    )
+    assert _render("{{ .ProxyConfig.HoldApplicationUntilProxyStarts.GetValue }}") == "false"
+    assert _render("[{{ .ProxyConfig.GetTracing.GetTlsSettings.GetCaCertificates }}]") == "[]"
+    assert _render("{{ .MeshConfig.ProxyListenPort }} {{ .MeshConfig.TrustDomain }}") == "15001 cluster.local"
+    assert _render("{{ .Spec.HostNetwork }} {{ .Revision }} {{ .ProxyUID }}") == "false default 1337"
+
+
+def test_field_of_a_string_is_an_error_naming_template_and_line() -> None:
+    with pytest.raises(InjectionError, match=r"template: t:2: can't evaluate field Nope in type string"):
+        _render("a: b\n{{ .Spec.ServiceAccountName.Nope }}")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{{ if .Values }}", r"template: t:1: unexpected EOF"),
+        ("x\n{{ nope .Values }}", r'template: t:2: function "nope" not defined'),
+        ("{{ $x }}", r'undefined variable "\$x"'),
+    ],
+)
+def test_parse_errors_fail_the_injection(text: str, message: str) -> None:
+    with pytest.raises(InjectionError, match=message):
+        _render(text)
 
 
 def test_selection_by_annotation_default_and_alias() -> None:

@@ -111,7 +111,7 @@ def _resources(ctx: TemplateContext) -> dict[str, Any]:
     return out
 
 
-def _image(ctx: TemplateContext, image: str) -> str:
+def image_reference(ctx: TemplateContext, image: str) -> str:
     override = ctx.annotations.get("sidecar.istio.io/proxyImage", image)
     if "/" in override:
         return override
@@ -201,7 +201,7 @@ def _init_container(ctx: TemplateContext, mode: str) -> dict[str, Any]:
     )
     init: dict[str, Any] = {
         "name": INIT_NAME,
-        "image": _image(ctx, ctx.values["global"]["proxy_init"]["image"]),
+        "image": image_reference(ctx, ctx.values["global"]["proxy_init"]["image"]),
         "args": args,
     }
     if ctx.values["global"].get("imagePullPolicy"):
@@ -290,7 +290,7 @@ def _proxy_container(ctx: TemplateContext, mode: str) -> dict[str, Any]:
     ann = ctx.annotation
     container: dict[str, Any] = {
         "name": PROXY_NAME,
-        "image": _image(ctx, proxy["image"]),
+        "image": image_reference(ctx, proxy["image"]),
         "ports": [{"containerPort": 15090, "protocol": "TCP", "name": "http-envoy-prom"}],
         "args": [
             "proxy",
@@ -417,8 +417,7 @@ def _volumes(ctx: TemplateContext) -> list[dict[str, Any]]:
 
 
 def render_sidecar(ctx: TemplateContext) -> dict[str, Any]:
-    """The pod fragment to merge into the pod."""
-    validate_annotations(ctx)
+    """The pod fragment to merge into the pod (its annotations already validated)."""
     mode = interception_mode(ctx)
     labels = ctx.labels
     annotations: dict[str, str] = {"istio.io/rev": ctx.revision}

@@ -1,8 +1,8 @@
 """The injector's templates and values from ``--inject-config DIR``, reloaded when the files change.
 
 As istiod watches its mounted ``istio-sidecar-injector`` ConfigMap: a change
-takes effect for the next pod; a change that does not parse is logged and the
-last good configuration keeps serving.
+takes effect for the next pod; a change that does not parse (YAML or a template
+in it) is logged and the last good configuration keeps serving.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import watchfiles
 
 from meshpilot.webhooks.inject.config import InjectConfig, InjectionError, load_config_dir
 from meshpilot.webhooks.inject.review import InjectionHandler
+from meshpilot.webhooks.inject.template import check_templates
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +30,14 @@ class InjectConfigSource:
     @classmethod
     def load(cls, directory: Path | None) -> InjectConfig:
         """The configuration at start: a bad directory is an error the caller reports."""
-        return load_config_dir(directory) if directory is not None else InjectConfig()
+        return check_templates(load_config_dir(directory)) if directory is not None else InjectConfig()
 
     def reload(self) -> bool:
         """Re-read the directory; False (and the old configuration kept) when it does not load."""
         if self.directory is None:
             return False
         try:
-            self.handler.config = load_config_dir(self.directory)
+            self.handler.config = check_templates(load_config_dir(self.directory))
         except InjectionError as err:
             log.error("injector config %s not reloaded, the last good one stays: %s", self.directory, err)
             return False

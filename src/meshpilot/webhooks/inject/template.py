@@ -1,38 +1,38 @@
 """Choosing and rendering the injection templates.
 
-istiod runs Go text/template (with sprig) over ``templates`` from its config. Python cannot run Go
-templates, so:
+istiod parses each of the config's ``templates`` with Go's text/template, sprig's functions and its own
+(``InjectionFuncmap``), executes it on ``SidecarTemplateData`` and reads the output as a YAML pod
+fragment. meshpilot does the same with its Python port of text/template (``gotemplate/``): sprig's
+functions in ``gotemplate/sprig.py``, Istio's over them in ``template_funcs.py``, the data in
+``template_data.py`` (Go field names such as ``.Spec.ServiceAccountName`` or
+``.ObjectMeta.Annotations`` map onto the pod's JSON there).
 
-* the built-in ``sidecar`` template is Python (``sidecar_template.py``) and is used for the name
-  ``sidecar`` even when the config carries the chart's Go text for it (that text is the chart's default
-  template, which the Python one reproduces);
-* every other template is rendered with a small subset of Go's syntax:
-  ``{{ .Path.To.Field }}`` and ``{{ index .Path "key" }}`` (with ``{{-``/``-}}`` whitespace trimming).
-  Roots are ``.ObjectMeta``, ``.Spec``, ``.Values``, ``.ProxyConfig``, ``.DeploymentMeta``,
-  ``.Revision``. Go's capitalised field names are looked up as written, then with a lower-case first
-  letter (``.Spec.ServiceAccountName`` is ``spec.serviceAccountName``). Strings are inserted as they
-  are; other values as JSON (which YAML reads back). A missing field inserts nothing.
-  Any other action (``if``, ``range``, ``with``, pipes, functions, variables) is unsupported and fails
-  the injection with an error naming the action, rather than injecting something else.
-"""
+Every template the config names renders that way, ``sidecar`` included. Only when the config has no
+``sidecar`` template (or there is no config) does ``sidecar`` mean the built-in Python template
+(``sidecar_template.py``), which reproduces the chart's default. A template that fails to parse or
+execute fails the injection with Go's message (``template: NAME:LINE: …``)."""
 
 from __future__ import annotations
 
-import re
+import functools
+import os
 from typing import Any
 
 import yaml
 
 from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
-from meshpilot.webhooks.inject.context import TemplateContext, go_json
-from meshpilot.webhooks.inject.sidecar_template import render_sidecar
+from meshpilot.webhooks.inject.context import TemplateContext
+from meshpilot.webhooks.inject.gotemplate import Template, TemplateError
+from meshpilot.webhooks.inject.gotemplate.sprig import FUNCS as SPRIG_FUNCS
+from meshpilot.webhooks.inject.sidecar_template import image_reference, render_sidecar, validate_annotations
+from meshpilot.webhooks.inject.template_data import template_data
+from meshpilot.webhooks.inject.template_funcs import injection_funcs
 
 TEMPLATES_ANNOTATION = "inject.istio.io/templates"
 BUILTIN = {"sidecar": render_sidecar}
-
-_ACTION = re.compile(r"(\s*)\{\{(-?)(.*?)(-?)\}\}(\s*)", re.DOTALL)
-_PATH = re.compile(r"^\.[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_INDEX = re.compile(r'^index\s+(\.[A-Za-z0-9_.]+)\s+(?:"([^"]*)"|`([^`]*)`)$')
+# Istio's functions replace sprig's of the same name, as istiod's Funcs(sprig).Funcs(istio) does.
+# ``env`` reads the process environment when it runs, as istiod's does.
+FUNCS = {**SPRIG_FUNCS, **injection_funcs(os.environ)}
 
 
 def template_names(ctx: TemplateContext, config: InjectConfig) -> list[str]:
@@ -45,68 +45,36 @@ def template_names(ctx: TemplateContext, config: InjectConfig) -> list[str]:
     return out
 
 
-def _root(ctx: TemplateContext) -> dict[str, Any]:
-    metadata = ctx.pod.get("metadata") or {}
-    w = ctx.workload
-    return {
-        "ObjectMeta": metadata,
-        "Spec": ctx.pod.get("spec") or {},
-        "Values": ctx.values,
-        "ProxyConfig": ctx.proxy_config,
-        "DeploymentMeta": {"name": w.name, "namespace": w.namespace},
-        "Revision": ctx.revision,
-    }
+@functools.lru_cache(maxsize=64)
+def parse_template(name: str, text: str) -> Template:
+    """The parsed template (cached: the config's texts change only when it is reloaded)."""
+    try:
+        return Template(name, text, FUNCS)
+    except TemplateError as err:
+        raise InjectionError(str(err)) from None
 
 
-def _lookup(data: Any, path: str) -> Any:
-    value: Any = data
-    for part in path.strip(".").split("."):
-        if not isinstance(value, dict):
-            return None
-        if part in value:
-            value = value[part]
-        else:
-            value = value.get(part[:1].lower() + part[1:])
-    return value
+def check_templates(config: InjectConfig) -> InjectConfig:
+    """The config, once each of its templates parses (istiod refuses a config whose templates do not)."""
+    for name, text in config.templates.items():
+        parse_template(name, text)
+    return config
 
 
-def _evaluate(action: str, root: dict[str, Any]) -> Any:
-    action = action.strip()
-    if _PATH.match(action):
-        return _lookup(root, action)
-    index = _INDEX.match(action)
-    if index:
-        container = _lookup(root, index.group(1))
-        key = index.group(2) if index.group(2) is not None else index.group(3)
-        return container.get(key) if isinstance(container, dict) else None
-    raise InjectionError(
-        f"template action {{{{ {action} }}}} is not supported: meshpilot renders only "
-        '{{ .Field.Path }} and {{ index .Path "key" }} in user templates'
-    )
-
-
-def render_text(text: str, ctx: TemplateContext) -> str:
-    root = _root(ctx)
-
-    def substitute(match: re.Match[str]) -> str:
-        lead, trim_left, action, trim_right, trail = match.groups()
-        if action.strip().startswith("/*"):
-            value: Any = None  # a comment
-        else:
-            value = _evaluate(action, root)
-        if value is None:
-            text_value = ""
-        elif isinstance(value, str):
-            text_value = value
-        else:
-            text_value = go_json(value)
-        return ("" if trim_left else lead) + text_value + ("" if trim_right else trail)
-
-    return _ACTION.sub(substitute, text)
+def render_text(name: str, text: str, ctx: TemplateContext) -> str:
+    """The template's output for this pod."""
+    template = parse_template(name, text)
+    proxy = ctx.values["global"]["proxy"]
+    proxy_init = ctx.values["global"]["proxy_init"]
+    data = template_data(ctx, image_reference(ctx, proxy["image"]), image_reference(ctx, proxy_init["image"]))
+    try:
+        return template.execute(data)
+    except TemplateError as err:
+        raise InjectionError(str(err)) from None
 
 
 def render_user_template(name: str, text: str, ctx: TemplateContext) -> dict[str, Any]:
-    rendered = render_text(text, ctx)
+    rendered = render_text(name, text, ctx)
     try:
         data = yaml.safe_load(rendered)
     except yaml.YAMLError as err:
@@ -115,17 +83,30 @@ def render_user_template(name: str, text: str, ctx: TemplateContext) -> dict[str
         return {}
     if not isinstance(data, dict):
         raise InjectionError(f"template {name!r} must render to a pod (a mapping)")
-    return data
+    fragment: dict[str, Any] = _drop_nulls(data)
+    return fragment
+
+
+def _drop_nulls(value: Any) -> Any:
+    """istiod reads the fragment into a typed Pod, where a field written as null (``emptyDir:``) is
+    simply absent."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
 
 
 def render_templates(ctx: TemplateContext, config: InjectConfig) -> list[dict[str, Any]]:
-    """Each selected template's pod fragment, in order."""
+    """Each selected template's pod fragment, in order. The pod's traffic annotations are checked first,
+    whichever templates run, as istiod's RunTemplate does."""
+    validate_annotations(ctx)
     fragments = []
     for name in template_names(ctx, config):
-        if name in BUILTIN:
-            fragments.append(BUILTIN[name](ctx))
-        elif name in config.templates:
+        if name in config.templates:
             fragments.append(render_user_template(name, config.templates[name], ctx))
+        elif name in BUILTIN:
+            fragments.append(BUILTIN[name](ctx))
         else:
             raise InjectionError(f"requested template {name!r} is not in the injector config")
     return fragments
