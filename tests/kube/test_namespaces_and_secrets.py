@@ -46,7 +46,9 @@ def test_namespace_filter_membership_changes() -> None:
 
 def test_selectors_from_mesh_config() -> None:
     mesh = apply_mesh_config(
-        "discoverySelectors:\n- matchLabels: {env: prod}\n- matchExpressions: [{key: team, operator: Exists}]\n"
+        "discoverySelectors:\n"
+        "- matchLabels: {env: prod}\n"
+        "- matchExpressions: [{key: team, operator: Exists}]\n"
     )
     assert selectors_of(mesh) == [
         {"matchLabels": {"env": "prod"}},
@@ -57,7 +59,7 @@ def test_selectors_from_mesh_config() -> None:
 def test_secret_decoding() -> None:
     raw = {"data": {"west": base64.b64encode(b"apiVersion: v1\n").decode()}}
     assert decode_secret(raw).kubeconfigs == {"west": "apiVersion: v1\n"}
-    with pytest.raises(ConfigError, match="data.east is not a base64 kubeconfig"):
+    with pytest.raises(ConfigError, match=r"data\.east is not a base64 kubeconfig"):
         decode_secret({"data": {"east": "***"}})
 
 
@@ -80,7 +82,8 @@ class _Updater:
 
 
 async def test_remote_clusters_from_secrets() -> None:
-    """The local cluster's key is ignored, a duplicate ID loses to the first Secret, a bad kubeconfig is reported."""
+    """The local cluster's key is ignored, a duplicate ID loses to the first Secret, a bad kubeconfig
+    is reported and skipped."""
     attached: list[str] = []
     remotes = RemoteClusters(
         "Kubernetes",
