@@ -87,3 +87,16 @@ def test_fleet_connections_are_shared_or_one_per_proxy(tmp_path: Path, own_conne
         if fleet is not None:
             fleet.stop()
         server.stop()
+
+
+@pytest.mark.timeout(120)
+def test_kube_sync_benchmark_lists_and_indexes_a_small_cluster(tmp_path: Path) -> None:
+    from bench import kube_sync
+
+    result = kube_sync.run(pods=40, services=4, workdir=tmp_path)
+    assert result["pods_listed"] == 40
+    assert result["services"] == 4
+    assert result["endpoints_indexed"] == 40
+    assert 0 < result["synced_seconds"] <= result["ready_seconds"]
+    rendered = "\n".join(report.kube_section({**result, "machine": {}}))
+    assert "| every informer synced |" in rendered

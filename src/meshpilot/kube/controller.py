@@ -176,7 +176,9 @@ class KubeController:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._elector_task
         for informer in self._informers:
-            informer.stop()
+            informer.request_stop()
+        for informer in self._informers:
+            informer.join()
         self.source.stop()
         self.remotes.stop()
 

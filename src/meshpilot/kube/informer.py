@@ -166,14 +166,25 @@ class Informer(Generic[T]):
         self._thread = threading.Thread(target=self._run, name=f"informer {self.resource}", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def request_stop(self) -> None:
+        """Tell the thread to end and unblock its read of the watch stream; see ``join``."""
         self._stop.set()
         with self._response_lock:
             if self._response is not None:
-                # Unblocks the thread's read of the watch stream.
-                self._response.shutdown()
+                # shutdown() (urllib3 2.3+) interrupts a read blocked in another thread.
+                shutdown = getattr(self._response, "shutdown", None)
+                if shutdown is not None:
+                    shutdown()
+                else:
+                    self._response.close()
+
+    def join(self, timeout: float = 5.0) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.request_stop()
+        self.join(timeout)
 
     # -- the thread -------------------------------------------------------------
 

@@ -108,6 +108,7 @@ class KubeSource:
         self._rejections: dict[ObjectKey, str] = {}
         self.informers: dict[Informer[Decoded], Kind] = {}
         self._synced = asyncio.Event()
+        self._stopped = False
 
     @property
     def rejections(self) -> list[Rejection]:
@@ -140,10 +141,12 @@ class KubeSource:
             informer.start()
 
     def stop(self) -> None:
+        """Stop every informer; deliveries still on their way are dropped."""
+        self._stopped = True
         for informer in self.informers:
-            informer._stop.set()  # all at once, then wait for each
+            informer.request_stop()  # all at once, then wait for each
         for informer in self.informers:
-            informer.stop()
+            informer.join()
 
     def remove_all(self) -> None:
         """Take everything this source applied out of the sink (its cluster went away)."""
@@ -163,6 +166,8 @@ class KubeSource:
     # -- applying deliveries (on the loop) ----------------------------------------
 
     def _apply(self, batch: list[Delivery[Decoded]]) -> None:
+        if self._stopped:
+            return
         with self._sink.batch():
             for delivery in batch:
                 kind = self.informers[delivery.informer]
