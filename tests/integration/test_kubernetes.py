@@ -114,6 +114,26 @@ def test_pods_and_slices_from_the_api_move_envoy_endpoints(mesh: MeshHarness, ap
     assert mp.metric('pilot_xds_pushes{type="lds"}') == pushes["lds"], "endpoint changes push EDS only"
     assert mp.metric('pilot_k8s_reg_events{event="add",type="Pods"}') == 3
     assert mp.metric('pilot_k8s_reg_events{event="delete",type="Pods"}') == 1
+
+    # The API server goes away: meshpilot keeps serving the last state, and catches up when it is back.
+    api.stop_listening()
+    time.sleep(1.0)
+    assert {answer() for _ in range(5)} == {"reviews-v2"}
+    assert mp.get("/ready")[0] == 200
+    api.apply(pod("reviews-v1", "default", "127.0.66.21", {"app": "reviews", "version": "v1"}, "reviews"))
+    api.apply(
+        endpoint_slice(
+            "reviews-slice",
+            "default",
+            "reviews",
+            [("http", PORT)],
+            [("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")],
+        )
+    )
+    api.start_listening()
+    eventually(
+        lambda: sorted(envoy.endpoints(CLUSTER)) == ["127.0.66.21:9080", "127.0.66.22:9080"], timeout=20
+    )
     assert envoy.rejected_updates() == {}
 
 
