@@ -94,6 +94,7 @@ def test_a_pod_gets_the_sidecar_and_the_init_container(injector) -> None:
     assert pod["metadata"]["labels"]["security.istio.io/tlsMode"] == "istio"
     assert "sidecar.istio.io/status" in pod["metadata"]["annotations"]
     assert proc.metric("sidecar_injection_success_total") == before + 1
+    assert proc.metric("sidecar_injection_time_seconds_count") >= 1
 
 
 def test_v1beta1_and_skips_are_answered_without_a_patch(injector) -> None:

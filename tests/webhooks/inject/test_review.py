@@ -92,6 +92,10 @@ def test_counters_count_requests_successes_skips_and_failures() -> None:
     assert _value(registry, "sidecar_injection_success_total") == 1
     assert _value(registry, "sidecar_injection_skip_total") == 1
     assert _value(registry, "sidecar_injection_failure_total") == 1
+    # Every request's time is recorded, in istiod's buckets.
+    assert _value(registry, "sidecar_injection_time_seconds_count") == 3
+    assert _value(registry, "sidecar_injection_time_seconds_sum") > 0
+    assert registry.get_sample_value("sidecar_injection_time_seconds_bucket", {"le": "60.0"}) == 3
 
 
 def test_malformed_pods_are_refused_with_the_reason() -> None:
