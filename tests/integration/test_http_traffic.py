@@ -20,7 +20,7 @@ import pytest
 from integration.conftest import MeshHarness
 from support import certs
 from support.backends import Backend
-from support.kube import istio, workload
+from support.kube import egress_sidecar, istio, workload
 from support.processes import http_get
 from support.wait import eventually
 
@@ -127,15 +127,7 @@ def _config(mesh: MeshHarness) -> None:
     mesh.write(
         "istio.yaml",
         [
-            istio(
-                "Sidecar",
-                "client",
-                "default",
-                {
-                    "workloadSelector": {"labels": {"app": "client"}},
-                    "egress": [{"bind": CLIENT_IP, "hosts": ["./*"]}],
-                },
-            ),
+            egress_sidecar("client", CLIENT_IP),
             istio(
                 "DestinationRule",
                 "reviews",

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from integration.conftest import MeshHarness
 from support.ads_client import AdsClient
-from support.kube import endpoint_slice, istio, pod, service, workload, write
+from support.kube import egress_sidecar, endpoint_slice, istio, pod, service, workload, write
 from support.kube_api import KubeApiServer
 from support.processes import Meshpilot, http_get
 from support.wait import eventually
@@ -52,21 +52,17 @@ def client_objects() -> list[dict[str, Any]]:
     return [
         namespace("default"),
         *workload("client", "default", "10.96.0.10", PORT, {"client-1": CLIENT_IP}),
-        istio(
-            "Sidecar",
-            "client",
-            "default",
-            {
-                "workloadSelector": {"labels": {"app": "client"}},
-                "egress": [{"bind": CLIENT_IP, "hosts": ["./*"]}],
-            },
-        ),
+        egress_sidecar("client", CLIENT_IP),
     ]
 
 
 def reviews(instances: dict[str, str]) -> list[dict[str, Any]]:
     versions = {name: name.rsplit("-", 1)[1] for name in instances}
     return workload("reviews", "default", "10.96.0.20", PORT, instances, versions=versions)
+
+
+def reviews_slice(*pods: tuple[str, str]) -> dict[str, Any]:
+    return endpoint_slice("reviews-slice", "default", "reviews", [("http", PORT)], list(pods))
 
 
 def answer(path: str = "/") -> str:
@@ -89,23 +85,11 @@ def test_pods_and_slices_from_the_api_move_envoy_endpoints(mesh: MeshHarness, ap
 
     # A second pod and its endpoint: an EDS-only push, and traffic reaches it.
     api.apply(pod("reviews-v2", "default", "127.0.66.22", {"app": "reviews", "version": "v2"}, "reviews"))
-    api.apply(
-        endpoint_slice(
-            "reviews-slice",
-            "default",
-            "reviews",
-            [("http", PORT)],
-            [("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")],
-        )
-    )
+    api.apply(reviews_slice(("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")))
     eventually(lambda: sorted(envoy.endpoints(CLUSTER)) == ["127.0.66.21:9080", "127.0.66.22:9080"])
     eventually(lambda: {answer() for _ in range(20)} == {"reviews-v1", "reviews-v2"}, what="both answer")
     # The first pod goes away.
-    api.apply(
-        endpoint_slice(
-            "reviews-slice", "default", "reviews", [("http", PORT)], [("reviews-v2", "127.0.66.22")]
-        )
-    )
+    api.apply(reviews_slice(("reviews-v2", "127.0.66.22")))
     api.delete("pods", "default", "reviews-v1")
     eventually(lambda: envoy.endpoints(CLUSTER) == ["127.0.66.22:9080"])
     assert {answer() for _ in range(10)} == {"reviews-v2"}
@@ -121,15 +105,7 @@ def test_pods_and_slices_from_the_api_move_envoy_endpoints(mesh: MeshHarness, ap
     assert {answer() for _ in range(5)} == {"reviews-v2"}
     assert mp.get("/ready")[0] == 200
     api.apply(pod("reviews-v1", "default", "127.0.66.21", {"app": "reviews", "version": "v1"}, "reviews"))
-    api.apply(
-        endpoint_slice(
-            "reviews-slice",
-            "default",
-            "reviews",
-            [("http", PORT)],
-            [("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")],
-        )
-    )
+    api.apply(reviews_slice(("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")))
     api.start_listening()
     eventually(
         lambda: sorted(envoy.endpoints(CLUSTER)) == ["127.0.66.21:9080", "127.0.66.22:9080"], timeout=20

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from support.backends import tcp_hello
-from support.kube import istio, pod, workload
+from support.kube import egress_sidecar, istio, pod, workload
 from support.wait import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
@@ -33,17 +33,7 @@ def base_config(mesh) -> None:
     mesh.write("client.yaml", workload("client", "default", "10.96.0.10", 9080, {"client-0": CLIENT_IP}))
     mesh.write(
         "sidecar.yaml",
-        [
-            istio(
-                "Sidecar",
-                "client",
-                "default",
-                {
-                    "workloadSelector": {"labels": {"app": "client"}},
-                    "egress": [{"bind": CLIENT_IP, "hosts": ["./*"]}],
-                },
-            )
-        ],
+        [egress_sidecar("client", CLIENT_IP)],
     )
 
 

@@ -119,6 +119,17 @@ def istio(
     }
 
 
+def egress_sidecar(app: str, bind: str, namespace: str = "default") -> dict[str, Any]:
+    """A Sidecar binding ``app``'s egress listeners to ``bind``: how tests send through a sidecar
+    that captures nothing (requests to ``bind:PORT`` with a Host header are routed as an app's)."""
+    return istio(
+        "Sidecar",
+        app,
+        namespace,
+        {"workloadSelector": {"labels": {"app": app}}, "egress": [{"bind": bind, "hosts": ["./*"]}]},
+    )
+
+
 def write(path: Path, docs: Iterable[Mapping[str, Any]]) -> Path:
     """Write documents as one multi-document YAML file, atomically (the watcher never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -120,19 +120,9 @@ def open_request(
     return opened
 
 
-def request_json(
-    api: kclient.ApiClient,
-    method: str,
-    path: str,
-    *,
-    query: list[tuple[str, Any]] | None = None,
-    body: Any = None,
-    content_type: str = "application/json",
-    timeout: tuple[float, float] = (5.0, 30.0),
-) -> Any:
-    response = open_request(
-        api, method, path, query=query, body=body, content_type=content_type, timeout=timeout
-    )
+def request_json(api: kclient.ApiClient, method: str, path: str, **options: Any) -> Any:
+    """``open_request`` (same options), the whole body read and parsed."""
+    response = open_request(api, method, path, **options)
     try:
         return orjson.loads(response.data)
     except orjson.JSONDecodeError as err:
