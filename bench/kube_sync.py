@@ -201,6 +201,8 @@ def run(pods: int, services: int, workdir: Path) -> dict[str, Any]:
         if child.stdin is not None:
             child.stdin.close()
         child.wait(30)
+        if child.stdout is not None:
+            child.stdout.close()
     return {"pods": pods, "services_requested": services, "emulator_load_seconds": round(load, 1), **result}
 
 

@@ -215,6 +215,23 @@ def test_mesh_config_configmap_is_watched(mesh: MeshHarness, api: KubeApiServer)
     assert "b.other.svc.cluster.local" in hosts()
 
 
+def test_a_mesh_config_file_wins_over_the_configmap(mesh: MeshHarness, api: KubeApiServer) -> None:
+    """As istiod with a mesh file: the file is used (its discoverySelectors too), the ConfigMap is not read."""
+    api.apply(namespace("default", mesh="yes"))
+    api.apply(namespace("other"))
+    api.apply(service("a", "default", "10.96.1.1", [("http", 80)]))
+    api.apply(service("b", "other", "10.96.1.2", [("http", 80)]))
+    api.apply(mesh_configmap({}))
+    mesh_file = mesh.tmp / "mesh.yaml"
+    mesh_file.write_text(yaml.safe_dump({"discoverySelectors": [{"matchLabels": {"mesh": "yes"}}]}))
+    mp = mesh.start_meshpilot(
+        config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"), mesh_config=mesh_file
+    )
+    hosts = {s["hostname"] for s in mp.get_json("/debug/registryz")}
+    assert "a.default.svc.cluster.local" in hosts
+    assert "b.other.svc.cluster.local" not in hosts
+
+
 def test_same_objects_from_api_and_directory_give_identical_config(
     mesh: MeshHarness, api: KubeApiServer
 ) -> None:

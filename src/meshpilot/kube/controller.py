@@ -50,6 +50,9 @@ class KubeOptions:
     #: Lease holder name; the pod name by default.
     identity: str | None = None
     watch_timeout: tuple[int, int] | None = None
+    #: Read MeshConfig from the ``istio`` ConfigMap; False when a mesh config file was given, which
+    #: then wins (istiod uses its mesh file when one exists and watches the ConfigMap otherwise).
+    watch_mesh: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,18 +103,20 @@ class KubeController:
         make_registry: Callable[[str], KubeRegistry],
         attach: Callable[[KubeRegistry], None],
         detach: Callable[[KubeRegistry], None],
+        mesh: Any = None,
     ) -> None:
         self.api = api
         self.options = options
         self._on_mesh = on_mesh
-        self.mesh: Any = None
+        #: The MeshConfig in force; a given one (from a file) is used as is when the ConfigMap is not watched.
+        self.mesh: Any = mesh
         self.status = StatusWriter(api) if options.enable_status else None
         self.source = KubeSource(
             api,
             _StatusSink(sink, self.status) if self.status is not None else sink,
             cluster=options.cluster_id,
             metrics=metrics,
-            namespaces=NamespaceFilter(),
+            namespaces=NamespaceFilter(selectors_of(mesh) if mesh is not None else ()),
             watch_timeout=options.watch_timeout,
         )
         self.remotes = RemoteClusters(
@@ -159,7 +164,11 @@ class KubeController:
             Pump(loop, self._apply_secrets),
             **extra,
         )
-        self._informers = [mesh_informer, secret_informer]
+        self._informers = [secret_informer]
+        if self.options.watch_mesh:
+            self._informers.append(mesh_informer)
+        else:
+            self._mesh_synced.set()
         for informer in self._informers:
             informer.start()
         self.source.start()

@@ -192,12 +192,14 @@ class DiscoveryApp:
                 cluster_id=settings.cluster_id,
                 lease=LeaseTimings.for_duration(settings.lease_duration),
                 enable_status=settings.enable_status,
+                watch_mesh=settings.mesh_config is None,
             ),
             metrics=KubeMetrics.create(self.metrics.registry),
             on_mesh=self._on_mesh,
             make_registry=make_registry,
             attach=self.registry.workloads.append,
             detach=self.registry.workloads.remove,
+            mesh=self.env.mesh if settings.mesh_config is not None else None,
         )
 
     def _on_mesh(self, mesh: Any) -> None:
