@@ -309,3 +309,18 @@ async def test_status_only_change_is_not_reapplied(api: KubeApiServer, cluster: 
     api.apply({**stored, "status": {"observedGeneration": 1}})
     await asyncio.sleep(0.5)
     assert events == []
+
+
+async def test_a_watch_refused_with_410_relists(api: KubeApiServer, cluster: Cluster) -> None:
+    """410 as the watch request's own status (not an ERROR event) also means: list again."""
+    for obj in web({"web-a": "10.1.0.1"}):
+        api.apply(obj)
+    cluster.source.start()
+    await asyncio.wait_for(cluster.source.wait_synced(), 10)
+    before = sum(informer.lists for informer in cluster.source.informers)
+    api.fail_next(1, status=410)
+    api.restart()  # every informer reconnects; the first to ask gets 410
+    await until(lambda: sum(i.lists for i in cluster.source.informers) == before + 1, what="one relist")
+    api.apply(pod("web-b", "default", "10.1.0.2", {"app": "web"}))
+    api.apply(endpoint_slice("web-1", "default", "web", [("http", 8080)], [("web-b", "10.1.0.2")]))
+    await until(lambda: cluster.endpoint_ips("web.default.svc.cluster.local") == {"10.1.0.2"})

@@ -293,9 +293,15 @@ class Informer(Generic[T]):
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", timeout),
         ]
-        response = open_request(
-            self.api, "GET", self.resource.path, query=query, timeout=(5.0, timeout + 30.0)
-        )
+        try:
+            response = open_request(
+                self.api, "GET", self.resource.path, query=query, timeout=(5.0, timeout + 30.0)
+            )
+        except KubeError as err:
+            # Some servers refuse a compacted resourceVersion with the status itself, not an event.
+            if err.status == 410:
+                raise Expired from None
+            raise
         with self._response_lock:
             if self._stop.is_set():
                 response.release_conn()
