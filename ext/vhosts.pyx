@@ -198,7 +198,7 @@ def default_virtual_hosts(services, long port, str proxy_domain, http_protocols,
     cdef const char *host_data
     cdef const char *name_data
     cdef bint plain, wildcards
-    cdef object matching
+    cdef object matching, resolution
     cdef object wanted = port
     cdef str suffix = f":{port}"
     # The cluster name is this prefix and the hostname, written without building the string.
@@ -217,7 +217,8 @@ def default_virtual_hosts(services, long port, str proxy_domain, http_protocols,
             if matching is None or matching.protocol not in http_protocols:
                 continue
             hostname = svc.hostname
-            if hostname in covered or svc.resolution is _ALIAS:
+            resolution = svc.resolution
+            if hostname in covered or resolution is _ALIAS:
                 continue
             name = hostname + suffix
             before = PySet_GET_SIZE(seen_names)
@@ -228,7 +229,7 @@ def default_virtual_hosts(services, long port, str proxy_domain, http_protocols,
             # Every name but the addresses is cut from the hostname (or adds "." and "*."),
             # so a lowercase ASCII hostname makes them all lowercase.
             plain = _plain(hostname)
-            wildcards = svc.resolution is _PASSTHROUGH and svc.registry is _KUBERNETES
+            wildcards = resolution is _PASSTHROUGH and svc.registry is _KUBERNETES
             buf.size = 0
             put_str_field(&buf, 1, name)
             kept = _keep(&buf, hostname, plain, expanded, known, seen_domains)
