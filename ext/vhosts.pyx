@@ -171,10 +171,11 @@ cdef inline Py_ssize_t field_size(Py_ssize_t length) noexcept:
 cdef int _keep(Buffer *buf, str domain, bint plain, list expanded, known, set seen_domains) except -1:
     """Write ``domain`` as field 2 unless an earlier host took it or it is another service's name.
 
-    Returns 1 when it is kept (an empty domain is kept but writes nothing, as in the twin).
-    ``plain``: the domain is known to be lowercase ASCII, so it needs no scan.
+    Returns 1 when it is kept. ``plain``: the domain is known to be lowercase ASCII, so it
+    needs no scan.
     """
-    cdef Py_ssize_t before
+    cdef Py_ssize_t before, size
+    cdef const char *data
     if domain in expanded and domain in known:
         return 0
     # add() both tests and records: the set grows only for a domain not seen before.
@@ -182,7 +183,10 @@ cdef int _keep(Buffer *buf, str domain, bint plain, list expanded, known, set se
     seen_domains.add(domain if plain else _lower(domain))
     if PySet_GET_SIZE(seen_domains) == before:
         return 0
-    put_str_field(buf, 2, domain)
+    # A repeated string is written even when empty (a short name can be ""), as protobuf does;
+    # put_str_field would drop it, as proto3 drops an empty singular string.
+    data = PyUnicode_AsUTF8AndSize(domain, &size)
+    put_len_field(buf, 2, data, size)
     return 1
 
 
