@@ -15,7 +15,7 @@ from cpython.unicode cimport (
 from libc.stdint cimport uint64_t
 
 from protowire cimport (
-    Buffer, buf_bytes, buf_free, buf_init, put_len_field, put_raw, put_str_field, put_varint,
+    Buffer, buf_bytes, buf_free, buf_init, buf_reserve, put_len_field, put_raw, put_str_field, put_varint,
     varint_size,
 )
 
@@ -280,10 +280,16 @@ def route_configuration(bytes header, virtual_hosts, bytes catch_all):
     """A serialized RouteConfiguration: its fixed fields, then the virtual hosts in order."""
     cdef Buffer buf
     cdef bytes vhost
+    cdef list hosts = virtual_hosts if type(virtual_hosts) is list else list(virtual_hosts)
+    # Sized up front: growing by doubling would copy the configuration several times over.
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(header) + field_size(PyBytes_GET_SIZE(catch_all))
+    for vhost in hosts:
+        size += field_size(PyBytes_GET_SIZE(vhost))
     buf_init(&buf)
     try:
+        buf_reserve(&buf, size)
         put_raw(&buf, PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header))
-        for vhost in virtual_hosts:
+        for vhost in hosts:
             put_bytes(&buf, vhost)
         put_bytes(&buf, catch_all)
         return buf_bytes(&buf)

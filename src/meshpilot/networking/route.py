@@ -394,11 +394,12 @@ def encode_route_configuration(proxy: Proxy, push: PushContext, name: str) -> by
         ("route-catch-all", _catch_all_key(proxy, port)),
         lambda: _serialize(catch_all_virtual_host(proxy, port)),
     )
-    return vhosts.route_configuration(header, [body for _, body in encoded], catch_all)
+    return vhosts.route_configuration(header, list(map(_BODY, encoded)), catch_all)
 
 
-# A C-level key: a Python function here would be one frame per virtual host.
+# C-level accessors: a Python function or comprehension here would run per virtual host.
 _BY_NAME = itemgetter(0)
+_BODY = itemgetter(1)
 
 
 def _serialize(message: Any) -> bytes:
