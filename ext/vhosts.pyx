@@ -8,12 +8,15 @@ encodings and is the typed source of truth.
 import ipaddress
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.set cimport PySet_GET_SIZE
+from cpython.unicode cimport (
+    PyUnicode_1BYTE_DATA, PyUnicode_AsUTF8AndSize, PyUnicode_FindChar, PyUnicode_GET_LENGTH,
+)
 from libc.stdint cimport uint64_t
 
 from protowire cimport (
-    Buffer, begin_message, buf_bytes, buf_free, buf_init, end_message, put_len_field, put_raw,
-    put_str_field,
-    put_varint,
+    Buffer, buf_bytes, buf_free, buf_init, buf_reserve, put_len_field, put_raw, put_str_field, put_varint,
+    varint_size,
 )
 
 from meshpilot.model.service import Registry, Resolution
@@ -29,19 +32,18 @@ cdef int put_bytes(Buffer *buf, bytes data) except -1:
     return put_len_field(buf, 2, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
 
 
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object text)
+
+
 cdef bint _is_ip(str text) except -1:
     # Only digits and dots, or a colon, can be an address; the parse settles the rest.
+    # A hostname fails at its first letter, without a pass over the whole name.
     cdef Py_UCS4 ch
-    cdef bint colon = False
-    cdef bint other = False
-    for ch in text:
-        if ch == u":":
-            colon = True
-            break
-        if ch != u"." and not (u"0" <= ch <= u"9"):
-            other = True
-    if other and not colon:
-        return False
+    if PyUnicode_FindChar(text, u":", 0, PyUnicode_GET_LENGTH(text), 1) == -1:
+        for ch in text:
+            if ch != u"." and not (u"0" <= ch <= u"9"):
+                return False
     try:
         ipaddress.ip_address(text)
     except ValueError:
@@ -49,13 +51,22 @@ cdef bint _is_ip(str text) except -1:
     return True
 
 
+cdef inline bint _plain(str text) noexcept:
+    # ASCII without capitals: lower() would give the same string.
+    cdef const unsigned char *data
+    cdef Py_ssize_t i
+    if not PyUnicode_IS_ASCII(text):
+        return False
+    data = <const unsigned char *>PyUnicode_1BYTE_DATA(text)
+    for i in range(PyUnicode_GET_LENGTH(text)):
+        if 65 <= data[i] <= 90:
+            return False
+    return True
+
+
 cdef inline str _lower(str text):
     # Hostnames are almost always lowercase already: no new string then.
-    cdef Py_UCS4 ch
-    for ch in text:
-        if u"A" <= ch <= u"Z" or ch > 127:
-            return text.lower()
-    return text
+    return text if _plain(text) else text.lower()
 
 
 cdef class _Domain:
@@ -130,9 +141,11 @@ def services_on_port(services, long port):
     cdef set known = set()
     cdef str suffix = f":{port}"
     cdef str key, hostname
+    # One int object to compare with, rather than a new one per candidate.
+    cdef object wanted = port
     for svc in services:
         for candidate in svc.ports:
-            if candidate.port == port:
+            if candidate.port == wanted:
                 key = _lower(svc.hostname)
                 by_host[key] = svc
                 ports[key] = candidate
@@ -144,63 +157,117 @@ def services_on_port(services, long port):
     return by_host, ports, known
 
 
+cdef inline int put_head(Buffer *buf, int field, Py_ssize_t length) except -1:
+    # The tag and length of a length-delimited field whose bytes follow.
+    put_varint(buf, <uint64_t>(field << 3 | 2))
+    return put_varint(buf, <uint64_t>length)
+
+
+cdef inline Py_ssize_t field_size(Py_ssize_t length) noexcept:
+    # A length-delimited field of a number below 16 with ``length`` bytes.
+    return 1 + varint_size(<uint64_t>length) + length
+
+
+cdef int _keep(Buffer *buf, str domain, bint plain, list expanded, known, set seen_domains) except -1:
+    """Write ``domain`` as field 2 unless an earlier host took it or it is another service's name.
+
+    Returns 1 when it is kept. ``plain``: the domain is known to be lowercase ASCII, so it
+    needs no scan.
+    """
+    cdef Py_ssize_t before, size
+    cdef const char *data
+    if domain in expanded and domain in known:
+        return 0
+    # add() both tests and records: the set grows only for a domain not seen before.
+    before = PySet_GET_SIZE(seen_domains)
+    seen_domains.add(domain if plain else _lower(domain))
+    if PySet_GET_SIZE(seen_domains) == before:
+        return 0
+    # A repeated string is written even when empty (a short name can be ""), as protobuf does;
+    # put_str_field would drop it, as proto3 drops an empty singular string.
+    data = PyUnicode_AsUTF8AndSize(domain, &size)
+    put_len_field(buf, 2, data, size)
+    return 1
+
+
 def default_virtual_hosts(services, long port, str proxy_domain, http_protocols, covered, known,
                           set seen_names, set seen_domains, bytes route_template):
     """(name, serialized VirtualHost) of each service on ``port`` that gets the default route."""
     cdef list out = []
-    cdef list domains, expanded, kept
-    cdef str hostname, name, domain, lowered, address
+    cdef list expanded
+    cdef str hostname, name, domain, address
     cdef Buffer buf
-    cdef Py_ssize_t route_at, action, decorator
-    cdef object matching
+    cdef Py_ssize_t before, kept, host_len, name_len, cluster_len, action_len, operation_len
+    cdef Py_ssize_t decorator_len, route_len
+    cdef const char *host_data
+    cdef const char *name_data
+    cdef bint plain, wildcards
+    cdef object matching, resolution
+    cdef object wanted = port
+    cdef str suffix = f":{port}"
+    # The cluster name is this prefix and the hostname, written without building the string.
+    cdef bytes cluster_prefix = f"outbound|{port}||".encode()
+    cdef Py_ssize_t prefix_len = len(cluster_prefix)
+    cdef Py_ssize_t template_len = len(route_template)
     cdef _Domain domain_info = _Domain(proxy_domain)
     buf_init(&buf)
     try:
         for svc in services:
             matching = None
             for candidate in svc.ports:
-                if candidate.port == port:
+                if candidate.port == wanted:
                     matching = candidate
                     break
             if matching is None or matching.protocol not in http_protocols:
                 continue
             hostname = svc.hostname
-            if hostname in covered or svc.resolution is _ALIAS:
+            resolution = svc.resolution
+            if hostname in covered or resolution is _ALIAS:
                 continue
-            name = f"{hostname}:{port}"
-            if name in seen_names:
-                continue
+            name = hostname + suffix
+            before = PySet_GET_SIZE(seen_names)
             seen_names.add(name)
-            expanded = _alt_hosts(hostname, domain_info)
-            domains = [hostname]
-            domains.extend(expanded)
-            if svc.resolution is _PASSTHROUGH and svc.registry is _KUBERNETES:
-                domains.extend(["*." + d for d in domains])
-            for address in svc.addresses:
-                if address and address != "0.0.0.0":
-                    domains.append(f"[{address}]" if ":" in address else address)
-            kept = []
-            for domain in domains:
-                lowered = _lower(domain)
-                if lowered in seen_domains or (domain in expanded and domain in known):
-                    continue
-                kept.append(domain)
-                seen_domains.add(lowered)
-            if not kept:
+            if PySet_GET_SIZE(seen_names) == before:
                 continue
+            expanded = _alt_hosts(hostname, domain_info)
+            # Every name but the addresses is cut from the hostname (or adds "." and "*."),
+            # so a lowercase ASCII hostname makes them all lowercase.
+            plain = _plain(hostname)
+            wildcards = resolution is _PASSTHROUGH and svc.registry is _KUBERNETES
             buf.size = 0
             put_str_field(&buf, 1, name)
-            for domain in kept:
-                put_str_field(&buf, 2, domain)
-            route_at = begin_message(&buf, 3)
-            put_raw(&buf, PyBytes_AS_STRING(route_template), PyBytes_GET_SIZE(route_template))
-            action = begin_message(&buf, 2)
-            put_str_field(&buf, 1, f"outbound|{port}||{hostname}")
-            end_message(&buf, action)
-            decorator = begin_message(&buf, 5)
-            put_str_field(&buf, 1, name + "/*")
-            end_message(&buf, decorator)
-            end_message(&buf, route_at)
+            kept = _keep(&buf, hostname, plain, expanded, known, seen_domains)
+            for domain in expanded:
+                kept += _keep(&buf, domain, plain, expanded, known, seen_domains)
+            if wildcards:
+                kept += _keep(&buf, "*." + hostname, plain, expanded, known, seen_domains)
+                for domain in expanded:
+                    kept += _keep(&buf, "*." + domain, plain, expanded, known, seen_domains)
+            for address in svc.addresses:
+                if address and address != "0.0.0.0":
+                    domain = f"[{address}]" if ":" in address else address
+                    kept += _keep(&buf, domain, False, expanded, known, seen_domains)
+            if not kept:
+                continue
+            # The route: the template, then route {cluster} and decorator {operation},
+            # with every length known up front so nothing is moved afterwards.
+            host_data = PyUnicode_AsUTF8AndSize(hostname, &host_len)
+            name_data = PyUnicode_AsUTF8AndSize(name, &name_len)
+            cluster_len = prefix_len + host_len
+            action_len = field_size(cluster_len)
+            operation_len = name_len + 2
+            decorator_len = field_size(operation_len)
+            route_len = template_len + field_size(action_len) + field_size(decorator_len)
+            put_head(&buf, 3, route_len)
+            put_raw(&buf, PyBytes_AS_STRING(route_template), template_len)
+            put_head(&buf, 2, action_len)
+            put_head(&buf, 1, cluster_len)
+            put_raw(&buf, PyBytes_AS_STRING(cluster_prefix), prefix_len)
+            put_raw(&buf, host_data, host_len)
+            put_head(&buf, 5, decorator_len)
+            put_head(&buf, 1, operation_len)
+            put_raw(&buf, name_data, name_len)
+            put_raw(&buf, "/*", 2)
             put_varint(&buf, <uint64_t>(14 << 3))
             put_varint(&buf, 1)
             out.append((name, buf_bytes(&buf)))
@@ -213,10 +280,16 @@ def route_configuration(bytes header, virtual_hosts, bytes catch_all):
     """A serialized RouteConfiguration: its fixed fields, then the virtual hosts in order."""
     cdef Buffer buf
     cdef bytes vhost
+    cdef list hosts = virtual_hosts if type(virtual_hosts) is list else list(virtual_hosts)
+    # Sized up front: growing by doubling would copy the configuration several times over.
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(header) + field_size(PyBytes_GET_SIZE(catch_all))
+    for vhost in hosts:
+        size += field_size(PyBytes_GET_SIZE(vhost))
     buf_init(&buf)
     try:
+        buf_reserve(&buf, size)
         put_raw(&buf, PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header))
-        for vhost in virtual_hosts:
+        for vhost in hosts:
             put_bytes(&buf, vhost)
         put_bytes(&buf, catch_all)
         return buf_bytes(&buf)

@@ -150,3 +150,58 @@ def test_compiled_default_hosts_equal_the_twins() -> None:
         results.append((out, seen_names, seen_domains))
     assert results[0] == results[1]
     assert len(results[0][0]) == 20  # 22 services: s3 seen before, s7 covered by a VirtualService
+
+
+host_labels = st.sampled_from(["a", "B", "ns", "svc", "cluster", "local", "com", "é", "10", ""])
+service_hosts = st.one_of(
+    st.lists(host_labels, min_size=1, max_size=6).map(".".join),
+    st.sampled_from(["10.0.0.1", "a.ns.svc.cluster.local", "A.Ns.svc.cluster.local", "*.wild.com"]),
+)
+
+
+@st.composite
+def raw_services(draw: Any) -> Any:
+    from meshpilot.model.protocol import Protocol
+    from meshpilot.model.service import Port, Registry, Resolution, Service
+
+    ports = draw(st.lists(st.sampled_from([80, 8080]), min_size=1, max_size=2, unique=True))
+    protocol = draw(st.sampled_from([Protocol.HTTP, Protocol.TCP]))
+    return Service(
+        hostname=draw(service_hosts),
+        namespace="ns",
+        name="s",
+        ports=tuple(Port(f"p{p}", p, protocol) for p in ports),
+        registry=draw(st.sampled_from(list(Registry))),
+        addresses=tuple(draw(st.lists(st.sampled_from(["", "0.0.0.0", "10.0.0.1", "FD00::1"]), max_size=2))),
+        resolution=draw(st.sampled_from(list(Resolution))),
+    )
+
+
+@given(st.lists(raw_services(), max_size=6), domains, st.sets(service_hosts, max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_default_hosts_twins_agree_on_odd_services(
+    services: list[Any], proxy_domain: str, seen: set[str]
+) -> None:
+    """Capitals, non-ASCII and empty labels, IPs, wildcards and repeated names give the same bytes."""
+    compiled = _compiled()
+    if compiled is None:
+        pytest.skip("compiled extension not built")
+    from meshpilot.model.protocol import Protocol
+
+    results = []
+    for module in (vhosts_py, compiled):
+        _, _, known = module.services_on_port(services, 8080)
+        seen_names, seen_domains = {f"{h}:8080" for h in seen}, set(seen)
+        out = module.default_virtual_hosts(
+            services,
+            8080,
+            proxy_domain,
+            (Protocol.HTTP,),
+            set(),
+            known,
+            seen_names,
+            seen_domains,
+            b"\x0a\x00",
+        )
+        results.append((out, seen_names, seen_domains))
+    assert results[0] == results[1]

@@ -216,7 +216,7 @@ def test_mesh_config_configmap_is_watched(mesh: MeshHarness, api: KubeApiServer)
 
 
 def test_a_mesh_config_file_wins_over_the_configmap(mesh: MeshHarness, api: KubeApiServer) -> None:
-    """As istiod with a mesh file: the file is used (its discoverySelectors too), the ConfigMap is not read."""
+    """As istiod with a mesh file: the file is used (its discoverySelectors too), the ConfigMap unread."""
     api.apply(namespace("default", mesh="yes"))
     api.apply(namespace("other"))
     api.apply(service("a", "default", "10.96.1.1", [("http", 80)]))
