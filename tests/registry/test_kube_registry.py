@@ -274,3 +274,24 @@ def test_headless_tcp_services_push_config_when_their_addresses_change() -> None
         updater.requests.clear()
         apply(registry, pod("db-1", "default", "10.1.0.6", {"app": "db", "version": "v2"}))
         assert updater.requests == [], "same addresses: EDS is enough"
+
+
+def test_proxies_are_looked_up_in_their_own_cluster() -> None:
+    """Two clusters reuse a pod IP (overlapping pod CIDRs): each proxy gets its own cluster's workload."""
+    from meshpilot.registry.aggregate import AggregateRegistry
+
+    east, west = KubeRegistry(Updater(), cluster_id="east"), KubeRegistry(Updater(), cluster_id="west")
+    apply(east, pod("ratings-1", "default", "10.1.0.1", {"app": "ratings"}))
+    apply(west, pod("reviews-1", "default", "10.1.0.1", {"app": "reviews"}))
+    aggregate = AggregateRegistry([east, west], [])
+
+    def proxy(cluster: str) -> Any:
+        return parse_proxy(
+            "sidecar~10.1.0.1~unknown.default~default.svc.cluster.local",
+            NodeMetadata.parse({"NAMESPACE": "default", "CLUSTER_ID": cluster}),
+        )
+
+    assert aggregate.workload_labels(proxy("east")) == {"app": "ratings"}
+    assert aggregate.workload_labels(proxy("west")) == {"app": "reviews"}
+    # A cluster no registry has: looked up everywhere (the first registry that knows it).
+    assert aggregate.workload_labels(proxy("elsewhere")) == {"app": "ratings"}

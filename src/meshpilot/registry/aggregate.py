@@ -16,6 +16,8 @@ class ServiceRegistry(Protocol):
 class WorkloadRegistry(ServiceRegistry, Protocol):
     """A registry that also knows the workloads behind proxies (the Kubernetes registry)."""
 
+    cluster_id: str
+
     def workload_labels(self, proxy: Proxy) -> dict[str, str] | None: ...
 
     def proxy_locality(self, proxy: Proxy) -> str: ...
@@ -36,15 +38,22 @@ class AggregateRegistry:
             out.extend(registry.services())
         return out
 
+    def _of_cluster(self, proxy: Proxy) -> list[WorkloadRegistry]:
+        """The registries that may hold the proxy's workload: those of its own cluster, as istiod
+        looks a proxy up only in its cluster (pod IPs and names repeat across clusters). A proxy
+        whose cluster no registry has is looked up everywhere, as before there were several."""
+        own = [r for r in self.workloads if r.cluster_id == proxy.cluster_id]
+        return own or self.workloads
+
     def workload_labels(self, proxy: Proxy) -> dict[str, str] | None:
-        for registry in self.workloads:
+        for registry in self._of_cluster(proxy):
             labels = registry.workload_labels(proxy)
             if labels is not None:
                 return labels
         return None
 
     def proxy_locality(self, proxy: Proxy) -> str:
-        for registry in self.workloads:
+        for registry in self._of_cluster(proxy):
             locality = registry.proxy_locality(proxy)
             if locality:
                 return locality
@@ -52,6 +61,6 @@ class AggregateRegistry:
 
     def service_targets(self, proxy: Proxy) -> list[ServiceTarget]:
         out: list[ServiceTarget] = []
-        for registry in self.workloads:
+        for registry in self._of_cluster(proxy):
             out.extend(registry.service_targets(proxy))
         return out
