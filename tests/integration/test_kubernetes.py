@@ -384,8 +384,6 @@ def test_two_replicas_one_leader_and_a_takeover(mesh: MeshHarness, api: KubeApiS
 
 
 def test_multicluster_secret_adds_and_removes_a_cluster(mesh: MeshHarness, api: KubeApiServer) -> None:
-    import base64
-
     with KubeApiServer() as remote:
         api.apply(namespace("default"))
         api.apply(service("reviews", "default", "10.96.0.20", [("http", PORT)], {"app": "reviews"}))
@@ -400,21 +398,48 @@ def test_multicluster_secret_adds_and_removes_a_cluster(mesh: MeshHarness, api: 
             return {}
 
         kubeconfig = remote.write_kubeconfig(mesh.tmp / "remote-kubeconfig").read_bytes()
-        secret = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {
-                "name": "istio-remote-secret-west",
-                "namespace": "istio-system",
-                "labels": {"istio/multiCluster": "true"},
-            },
-            "data": {"west": base64.b64encode(kubeconfig).decode()},
-        }
+        secret = _remote_secret("istio-remote-secret-west", "west", kubeconfig)
         api.apply(secret)
-        eventually(
-            lambda: "west/Kubernetes" in json.dumps(shards()) or "Kubernetes/west" in json.dumps(shards()),
-            what="the remote shard",
-        )
-        assert "127.0.66.51" in json.dumps(shards())
+        eventually(lambda: "Kubernetes/west" in shards(), what="the remote cluster's shard")
+        assert "127.0.66.51" in json.dumps(shards()["Kubernetes/west"])
         api.delete("secrets", "istio-system", "istio-remote-secret-west")
         eventually(lambda: "127.0.66.51" not in json.dumps(shards()), what="the remote endpoints removed")
+
+
+def _remote_secret(name: str, cluster: str, kubeconfig: bytes) -> dict[str, Any]:
+    import base64
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": "istio-system", "labels": {"istio/multiCluster": "true"}},
+        "data": {cluster: base64.b64encode(kubeconfig).decode()},
+    }
+
+
+def test_ready_waits_for_remote_clusters_up_to_the_timeout(mesh: MeshHarness, api: KubeApiServer) -> None:
+    with KubeApiServer() as up, KubeApiServer() as down:
+        for remote in (up, down):
+            remote.apply(namespace("default"))
+        for obj in reviews({"reviews-r1": "127.0.66.61"}):
+            up.apply(obj)
+        api.apply(namespace("default"))
+        api.apply(_remote_secret("remote-up", "up", up.write_kubeconfig(mesh.tmp / "up").read_bytes()))
+        api.apply(
+            _remote_secret("remote-down", "down", down.write_kubeconfig(mesh.tmp / "down").read_bytes())
+        )
+        down.stop_listening()
+        mp = mesh.start_meshpilot(
+            config_dir=None,
+            kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"),
+            extra=["--remote-cluster-timeout", "2s"],
+            wait=False,
+        )
+        started = time.monotonic()
+        eventually(lambda: mp.get("/ready")[0] == 503, what="not ready while a remote cluster is away")
+        mp.wait_ready(timeout=20)
+        assert time.monotonic() - started >= 1.5, "ready only after the remote cluster timeout"
+        assert "remote clusters down not synced after 2 s" in mp.log()
+        # The cluster that answered was synced before ready: its endpoints are there already.
+        shards = mp.get_json("/debug/endpointShardz")[REVIEWS_HOST]["default"]["Shards"]
+        assert "127.0.66.61" in json.dumps(shards.get("Kubernetes/up", []))

@@ -111,6 +111,12 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default="30s",
         help="leader election Lease duration; renew deadline and retry are 1/2 and 1/4 of it (default 30s)",
     )
+    p.add_argument(
+        "--remote-cluster-timeout",
+        type=_duration,
+        default=env_default("PILOT_REMOTE_CLUSTER_TIMEOUT", "30s"),
+        help="how long readiness waits for remote clusters; 0 does not wait ($PILOT_REMOTE_CLUSTER_TIMEOUT)",
+    )
     p.add_argument("--domain", default="cluster.local", help="DNS domain suffix (default cluster.local)")
     p.add_argument(
         "--cluster-id",
@@ -186,6 +192,7 @@ def _run_discovery(args: argparse.Namespace) -> int:
         istio_namespace=args.istio_namespace,
         enable_status=args.enable_status,
         lease_duration=args.lease_duration,
+        remote_cluster_timeout=args.remote_cluster_timeout,
         domain=args.domain,
         cluster_id=args.cluster_id,
         debounce_after=args.debounce_after,

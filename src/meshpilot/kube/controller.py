@@ -50,6 +50,9 @@ class KubeOptions:
     #: Lease holder name; the pod name by default.
     identity: str | None = None
     watch_timeout: tuple[int, int] | None = None
+    #: How long readiness waits for remote clusters' initial lists (PILOT_REMOTE_CLUSTER_TIMEOUT);
+    #: 0 does not wait for them at all.
+    remote_cluster_timeout: float = 30.0
     #: Read MeshConfig from the ``istio`` ConfigMap; False when a mesh config file was given, which
     #: then wins (istiod uses its mesh file when one exists and watches the ConfigMap otherwise).
     watch_mesh: bool = True
@@ -178,6 +181,25 @@ class KubeController:
         await self._mesh_synced.wait()
         await self._secrets_synced.wait()
         await self.source.wait_synced()
+        await self._wait_remotes()
+
+    async def _wait_remotes(self) -> None:
+        """The remote clusters known at start, up to the timeout (after it, ready without them)."""
+        timeout = self.options.remote_cluster_timeout
+        pending = [c for c in self.remotes.clusters.values() if not c.source.synced]
+        if not pending or timeout <= 0:
+            return
+        waits = [asyncio.create_task(c.source.wait_synced()) for c in pending]
+        _, not_done = await asyncio.wait(waits, timeout=timeout)
+        for task in not_done:
+            task.cancel()
+        late = [c.cluster_id for c in pending if not c.source.synced]
+        if late:
+            log.warning(
+                "remote clusters %s not synced after %.0f s (PILOT_REMOTE_CLUSTER_TIMEOUT): ready anyway",
+                ", ".join(sorted(late)),
+                timeout,
+            )
 
     async def stop(self) -> None:
         self._stop.set()

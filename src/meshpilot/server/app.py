@@ -193,6 +193,7 @@ class DiscoveryApp:
                 lease=LeaseTimings.for_duration(settings.lease_duration),
                 enable_status=settings.enable_status,
                 watch_mesh=settings.mesh_config is None,
+                remote_cluster_timeout=settings.remote_cluster_timeout,
             ),
             metrics=KubeMetrics.create(self.metrics.registry),
             on_mesh=self._on_mesh,

@@ -68,6 +68,8 @@ class DiscoverySettings:
     #: The status-writer leader writes status.observedGeneration (PILOT_ENABLE_STATUS).
     enable_status: bool = False
     lease_duration: float = 30.0
+    #: PILOT_REMOTE_CLUSTER_TIMEOUT: how long readiness waits for remote clusters.
+    remote_cluster_timeout: float = 30.0
     domain: str = "cluster.local"
     cluster_id: str = "Kubernetes"
     #: Quiet period and maximum delay of debounce (PILOT_DEBOUNCE_AFTER / _MAX).
