@@ -157,6 +157,10 @@ def test_virtual_service_created_through_the_api_changes_traffic(
         )
     eventually(lambda: {answer() for _ in range(10)} == {"reviews-v2"}, what="all traffic to v2")
     assert mp.metric('pilot_k8s_cfg_events{event="add",type="VirtualService"}') == 1
+    # An invalid update is rejected and counted; the last valid VirtualService keeps routing.
+    api.apply(istio("VirtualService", "reviews", "default", {"hosts": ["reviews"], "http": [{"route": []}]}))
+    eventually(lambda: mp.metric("meshpilot_config_rejected_objects") == 1, what="the rejection counted")
+    assert {answer() for _ in range(10)} == {"reviews-v2"}
     assert envoy.rejected_updates() == {}
 
 

@@ -147,6 +147,8 @@ class DiscoveryApp:
         self.kube_controller: KubeController | None = None
         if settings.use_kube:
             self.kube_controller = self._kube_controller(settings)
+        # Read at every scrape: files and the API both reject objects, at any time.
+        self.metrics.config_rejections.set_function(self._rejection_count)
         debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
         self.debug = debug
         self._stop = asyncio.Event()
@@ -203,6 +205,12 @@ class DiscoveryApp:
             mesh=self.env.mesh if settings.mesh_config is not None else None,
         )
 
+    def _rejection_count(self) -> float:
+        count = sum(len(source.rejections) for source in self.sources)
+        if self.kube_controller is not None:
+            count += len(self.kube_controller.source.rejections)
+        return float(count)
+
     def _on_mesh(self, mesh: Any) -> None:
         """A new MeshConfig (from the ConfigMap): everything may change, so every proxy gets a full push."""
         self.env.mesh = mesh
@@ -229,7 +237,6 @@ class DiscoveryApp:
             await self.kube_controller.wait_synced()
         for source in self.sources:
             source.sync()
-            self.metrics.config_rejections.set(len(source.rejections))
             log.info(
                 "loaded %d objects from %s (%d rejected)",
                 source.object_count(),
@@ -289,7 +296,7 @@ class DiscoveryApp:
             if self.inject_source is not None:
                 tasks.append(asyncio.create_task(self.inject_source.run(self._stop), name="inject config"))
             for source in self.sources:
-                tasks.append(asyncio.create_task(self._watch(source), name=f"watch {source.root}"))
+                tasks.append(asyncio.create_task(source.run(self._stop), name=f"watch {source.root}"))
             await self._stop.wait()
             log.info("shutting down")
         finally:
@@ -319,11 +326,6 @@ class DiscoveryApp:
             return False
         loading.result()
         return True
-
-    async def _watch(self, source: FileSource) -> None:
-        await source.run(
-            self._stop, after_sync=lambda: self.metrics.config_rejections.set(len(source.rejections))
-        )
 
 
 async def serve(settings: DiscoverySettings) -> None:
