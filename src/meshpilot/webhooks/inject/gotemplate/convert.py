@@ -56,11 +56,6 @@ def strslice(value: Any) -> list[str]:
     if isinstance(value, (list, tuple)):
         return [strval(v) for v in value if v is not None]
     return [strval(value)]
-
-
-def kind_name(value: Any) -> str:
-    if value is None:
-        return "invalid"
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):

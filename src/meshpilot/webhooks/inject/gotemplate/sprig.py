@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from meshpilot.webhooks.inject.gotemplate.builtins import FuncError
-from meshpilot.webhooks.inject.gotemplate.convert import empty, kind_name, strval, to_float, to_int
+from meshpilot.webhooks.inject.gotemplate.convert import empty, strval, to_float, to_int
 from meshpilot.webhooks.inject.gotemplate.encode import to_json, to_yaml
 from meshpilot.webhooks.inject.gotemplate.sprig_collections import COLLECTION_FUNCS
 from meshpilot.webhooks.inject.gotemplate.sprig_strings import STRING_FUNCS
-from meshpilot.webhooks.inject.gotemplate.values import type_name
+from meshpilot.webhooks.inject.gotemplate.values import kind_name, type_name
 
 
 def _required(warn: Any, value: Any) -> Any:

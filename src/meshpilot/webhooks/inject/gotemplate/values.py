@@ -82,29 +82,47 @@ def truth(value: Any) -> bool:
     return True
 
 
+#: Python types and Go's names for them: the type (``%T``) and the reflect kind (sprig's ``kindOf``).
+#: Order matters: bool before int, StrMap before dict.
+_GO_TYPES: tuple[tuple[type | tuple[type, ...], str, str], ...] = (
+    (bool, "bool", "bool"),
+    (int, "int", "int"),
+    (float, "float64", "float64"),
+    (str, "string", "string"),
+    (StrMap, "map[string]string", "map"),
+    (dict, "map[string]interface {}", "map"),
+    ((list, tuple), "[]interface {}", "slice"),
+)
+
+
 def type_name(value: Any) -> str:
     """Go's name for the value's type, as ``%T`` and error messages print it."""
     if value is MISSING or value is None:
         return "<nil>"
     if isinstance(value, GoStruct):
         return value.go_type()
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float64"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, StrMap):
-        return "map[string]string"
-    if isinstance(value, dict):
-        return "map[string]interface {}"
-    if isinstance(value, (list, tuple)):
-        return "[]interface {}"
+    for python_type, go_type, _ in _GO_TYPES:
+        if isinstance(value, python_type):
+            return go_type
     if callable(value):
         return "func"
     return type(value).__name__
+
+
+def kind_name(value: Any) -> str:
+    """Go's reflect kind of the value (``invalid`` for nil)."""
+    if value is None or value is MISSING:
+        return "invalid"
+    for python_type, _, kind in _GO_TYPES:
+        if isinstance(value, python_type):
+            return kind
+    if isinstance(value, Mapping):
+        return "map"
+    if isinstance(value, GoStruct):
+        return "ptr"
+    if callable(value):
+        return "func"
+    return "invalid"
 
 
 def format_float(value: float, verb: str = "g", precision: int = -1) -> str:
