@@ -58,19 +58,11 @@ class KubeOptions:
     watch_mesh: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class MeshText:
-    """The ``mesh`` key of the ConfigMap, parsed over istiod's defaults."""
-
-    mesh: Any
-
-
-def _decode_mesh(raw: dict[str, Any]) -> MeshText:
+def _decode_mesh(raw: dict[str, Any]) -> Any:
+    """The ConfigMap's ``mesh`` key parsed over istiod's defaults (the defaults when it is empty)."""
     data = raw.get("data") or {}
     text = data.get(MESH_KEY) if isinstance(data, dict) else None
-    if not text:
-        return MeshText(default_mesh_config())
-    return MeshText(apply_mesh_config(str(text)))
+    return apply_mesh_config(str(text)) if text else default_mesh_config()
 
 
 class _StatusSink:
@@ -147,29 +139,33 @@ class KubeController:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        extra: dict[str, Any] = {"cluster": self.options.cluster_id}
-        if self.options.watch_timeout is not None:
-            extra["watch_timeout"] = self.options.watch_timeout
-        ns = self.options.istio_namespace
-        mesh_informer: Informer[MeshText] = Informer(
-            self.api,
-            Resource(
+        options = self.options
+        ns = options.istio_namespace
+        secrets = Resource("", "v1", "secrets", "Secret", ns, label_selector=f"{MULTICLUSTER_LABEL}=true")
+        self._informers = [
+            Informer(
+                self.api,
+                secrets,
+                decode_secret,
+                Pump(loop, self._apply_secrets),
+                cluster=options.cluster_id,
+                watch_timeout=options.watch_timeout,
+            )
+        ]
+        if options.watch_mesh:
+            configmap = Resource(
                 "", "v1", "configmaps", "ConfigMap", ns, field_selector=f"metadata.name={MESH_CONFIGMAP}"
-            ),
-            _decode_mesh,
-            Pump(loop, self._apply_mesh),
-            **extra,
-        )
-        secret_informer: Informer[ClusterSecret] = Informer(
-            self.api,
-            Resource("", "v1", "secrets", "Secret", ns, label_selector=f"{MULTICLUSTER_LABEL}=true"),
-            decode_secret,
-            Pump(loop, self._apply_secrets),
-            **extra,
-        )
-        self._informers = [secret_informer]
-        if self.options.watch_mesh:
-            self._informers.append(mesh_informer)
+            )
+            self._informers.append(
+                Informer(
+                    self.api,
+                    configmap,
+                    _decode_mesh,
+                    Pump(loop, self._apply_mesh),
+                    cluster=options.cluster_id,
+                    watch_timeout=options.watch_timeout,
+                )
+            )
         else:
             self._mesh_synced.set()
         for informer in self._informers:
@@ -222,7 +218,7 @@ class KubeController:
     def _selectors(self) -> list[dict[str, Any]]:
         return selectors_of(self.mesh) if self.mesh is not None else []
 
-    def _apply_mesh(self, batch: list[Delivery[MeshText]]) -> None:
+    def _apply_mesh(self, batch: list[Delivery[Any]]) -> None:
         for delivery in batch:
             for change in delivery.changes:
                 if change.deleted:
@@ -236,7 +232,7 @@ class KubeController:
                         change.error,
                     )
                 else:
-                    self._set_mesh(change.obj.mesh)
+                    self._set_mesh(change.obj)
             if delivery.listed and not self._mesh_synced.is_set():
                 if self.mesh is None:
                     log.info(

@@ -138,7 +138,7 @@ class Informer(Generic[T]):
         *,
         cluster: str = "",
         page_size: int = 500,
-        watch_timeout: tuple[int, int] = WATCH_TIMEOUT,
+        watch_timeout: tuple[int, int] | None = None,
     ) -> None:
         self.api = api
         self.resource = resource
@@ -146,7 +146,7 @@ class Informer(Generic[T]):
         self._decode = decode
         self._pump = pump
         self._page_size = page_size
-        self._watch_timeout = watch_timeout
+        self._watch_timeout = watch_timeout or WATCH_TIMEOUT
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._response: urllib3.BaseHTTPResponse | None = None

@@ -73,7 +73,6 @@ class LeaderElector:
         *,
         identity: str | None = None,
         timings: LeaseTimings = LeaseTimings(),
-        on_change: Callable[[bool], None] | None = None,
     ) -> None:
         self._api = api
         self.namespace = namespace
@@ -81,7 +80,6 @@ class LeaderElector:
         self.identity = identity or default_identity()
         self.timings = timings
         self._lead = lead
-        self._on_change = on_change
         self.leading = False
         #: The record as last read, and when (on our monotonic clock) it last changed.
         self._observed: tuple[str, str] | None = None
@@ -133,8 +131,6 @@ class LeaderElector:
                 self.identity,
                 "is leading" if leading else "stopped leading",
             )
-            if self._on_change is not None:
-                self._on_change(leading)
 
     def _held_by_us(self) -> bool:
         return self._observed is not None and self._observed[0] == self.identity

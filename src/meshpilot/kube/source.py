@@ -119,9 +119,6 @@ class KubeSource:
             )
         ]
 
-    def object_count(self) -> int:
-        return sum(1 for entry in self._objects.values() if entry.applied)
-
     @property
     def synced(self) -> bool:
         return self._synced.is_set()
@@ -132,10 +129,14 @@ class KubeSource:
     def start(self) -> None:
         pump = Pump(asyncio.get_running_loop(), self._apply)
         for kind in self._kinds:
-            options: dict[str, Any] = {"cluster": self.cluster}
-            if self._watch_timeout is not None:
-                options["watch_timeout"] = self._watch_timeout
-            informer: Informer[Decoded] = Informer(self._api, resource_of(kind), _decode, pump, **options)
+            informer: Informer[Decoded] = Informer(
+                self._api,
+                resource_of(kind),
+                _decode,
+                pump,
+                cluster=self.cluster,
+                watch_timeout=self._watch_timeout,
+            )
             self.informers[informer] = kind
         for informer in self.informers:
             informer.start()
