@@ -21,6 +21,7 @@ from meshpilot.model.config import Config
 log = logging.getLogger(__name__)
 
 StatusKey = tuple[str, str, str]  # kind, namespace, name
+_RETRY = 2.0
 
 
 class StatusWriter:
@@ -29,7 +30,6 @@ class StatusWriter:
         self._latest: dict[StatusKey, Config] = {}
         self._written: dict[StatusKey, int] = {}
         self._wake = asyncio.Event()
-        self.writes = 0
 
     def observe(self, config: Config) -> None:
         """A config object as last seen (called for every Istio object applied)."""
@@ -50,9 +50,15 @@ class StatusWriter:
             await self._wake.wait()
             self._wake.clear()
             due = [(key, c) for key, c in self._latest.items() if self._written.get(key) != c.meta.generation]
+            failed = False
             for key, config in sorted(due, key=lambda item: item[0]):
                 if await asyncio.to_thread(self._write, config):
                     self._written[key] = config.meta.generation
+                else:
+                    failed = True
+            if failed:  # the API server refused or was away: try those again in a while
+                await asyncio.sleep(_RETRY)
+                self._wake.set()
 
     def _write(self, config: Config) -> bool:
         schema = SCHEMAS[config.kind]
@@ -72,5 +78,4 @@ class StatusWriter:
                     err,
                 )
             return err.status == 404
-        self.writes += 1
         return True
