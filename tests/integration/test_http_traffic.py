@@ -20,7 +20,7 @@ import pytest
 from integration.conftest import MeshHarness
 from support import certs
 from support.backends import Backend
-from support.kube import egress_sidecar, istio, workload
+from support.kube import egress_sidecar, istio, namespace, workload
 from support.processes import http_get
 from support.wait import eventually
 
@@ -107,7 +107,7 @@ REVIEWS_ROUTES: list[dict[str, Any]] = [
 
 
 def _config(mesh: MeshHarness) -> None:
-    mesh.write("namespace.yaml", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}])
+    mesh.write("namespace.yaml", [namespace("default")])
     mesh.write("client.yaml", workload("client", "default", "10.96.0.10", PORT, {"client-1": CLIENT_IP}))
     versions = {name: name.rsplit("-", 1)[1] for name in REVIEWS}
     mesh.write("reviews.yaml", workload("reviews", "default", "10.96.0.20", PORT, REVIEWS, versions=versions))

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from integration.conftest import MeshHarness
 from support.ads_client import AdsClient
-from support.kube import egress_sidecar, endpoint_slice, istio, pod, service, workload, write
+from support.kube import egress_sidecar, endpoint_slice, istio, namespace, pod, service, workload, write
 from support.kube_api import KubeApiServer
 from support.processes import Meshpilot, http_get
 from support.wait import eventually
@@ -33,10 +33,6 @@ CLUSTER = f"outbound|{PORT}||{REVIEWS_HOST}"
 def api() -> Iterator[KubeApiServer]:
     with KubeApiServer() as server:
         yield server
-
-
-def namespace(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
 def mesh_configmap(mesh: dict[str, Any]) -> dict[str, Any]:
@@ -196,27 +192,35 @@ def test_ready_only_after_the_initial_lists(mesh: MeshHarness, api: KubeApiServe
     mp.wait_ready(timeout=30)
 
 
+@pytest.mark.envoy
 def test_mesh_config_configmap_is_watched(mesh: MeshHarness, api: KubeApiServer) -> None:
-    """discoverySelectors from the ConfigMap limit what is served; changing it pushes to proxies."""
+    """discoverySelectors from the ConfigMap limit what Envoy gets; changing it pushes to Envoy."""
     api.apply(namespace("default", mesh="yes"))
     api.apply(namespace("other"))
+    for obj in workload("client", "default", "10.96.0.10", PORT, {"client-1": CLIENT_IP}):
+        api.apply(obj)
+    # The client sees every namespace, so only the selectors decide whether b is served.
+    everywhere = {
+        "workloadSelector": {"labels": {"app": "client"}},
+        "egress": [{"bind": CLIENT_IP, "hosts": ["*/*"]}],
+    }
+    api.apply(istio("Sidecar", "client", "default", everywhere))
     api.apply(service("a", "default", "10.96.1.1", [("http", 80)]))
     api.apply(service("b", "other", "10.96.1.2", [("http", 80)]))
     api.apply(mesh_configmap({"discoverySelectors": [{"matchLabels": {"mesh": "yes"}}]}))
     mp = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
-
-    def hosts() -> set[str]:
-        return {s["hostname"] for s in mp.get_json("/debug/registryz")}
-
-    assert "a.default.svc.cluster.local" in hosts()
-    assert "b.other.svc.cluster.local" not in hosts()
+    envoy = mesh.sidecar("client-1", CLIENT_IP, labels={"app": "client"})
+    a, b = "outbound|80||a.default.svc.cluster.local", "outbound|80||b.other.svc.cluster.local"
+    eventually(lambda: a in envoy.dynamic_clusters(), what="a's cluster in Envoy")
+    assert b not in envoy.dynamic_clusters()
     api.apply(mesh_configmap({}))
-    eventually(lambda: "b.other.svc.cluster.local" in hosts(), what="b after the selectors are removed")
-    eventually(lambda: mp.metric('pilot_push_triggers{type="global"}') >= 1, what="a global push")
+    eventually(lambda: b in envoy.dynamic_clusters(), what="b's cluster after the selectors are removed")
+    assert mp.metric('pilot_push_triggers{type="global"}') >= 1
     # An invalid MeshConfig is rejected and the last valid one stays.
     api.apply(mesh_configmap({"connectTimeout": "soon"}))
     eventually(lambda: "key mesh rejected" in mp.log(), what="the rejection logged")
-    assert "b.other.svc.cluster.local" in hosts()
+    assert b in envoy.dynamic_clusters()
+    assert envoy.rejected_updates() == {}
 
 
 def test_a_mesh_config_file_wins_over_the_configmap(mesh: MeshHarness, api: KubeApiServer) -> None:
@@ -387,14 +391,21 @@ def test_two_replicas_one_leader_and_a_takeover(mesh: MeshHarness, api: KubeApiS
     )
 
 
+@pytest.mark.envoy
 def test_multicluster_secret_adds_and_removes_a_cluster(mesh: MeshHarness, api: KubeApiServer) -> None:
+    """Endpoints of a remote cluster reach Envoy (and traffic reaches them) while its Secret exists."""
     with KubeApiServer() as remote:
-        api.apply(namespace("default"))
+        for obj in client_objects():
+            api.apply(obj)
         api.apply(service("reviews", "default", "10.96.0.20", [("http", PORT)], {"app": "reviews"}))
+        mesh.backend("reviews-r1", "127.0.66.51", PORT)
         remote.apply(namespace("default"))
         for obj in reviews({"reviews-r1": "127.0.66.51"}):
             remote.apply(obj)
         mp = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
+        envoy = mesh.sidecar("client-1", CLIENT_IP, labels={"app": "client"})
+        eventually(lambda: CLUSTER in envoy.dynamic_clusters(), what="the reviews cluster")
+        assert envoy.endpoints(CLUSTER) == [], "the local cluster has no reviews endpoints"
 
         def shards() -> dict[str, Any]:
             for svc in mp.get_json("/debug/endpointShardz").get(REVIEWS_HOST, {}).values():
@@ -406,8 +417,14 @@ def test_multicluster_secret_adds_and_removes_a_cluster(mesh: MeshHarness, api: 
         api.apply(secret)
         eventually(lambda: "Kubernetes/west" in shards(), what="the remote cluster's shard")
         assert "127.0.66.51" in json.dumps(shards()["Kubernetes/west"])
+        eventually(
+            lambda: envoy.endpoints(CLUSTER) == ["127.0.66.51:9080"], what="the remote endpoint in Envoy"
+        )
+        eventually(lambda: answer() == "reviews-r1", what="traffic to the remote cluster's pod")
         api.delete("secrets", "istio-system", "istio-remote-secret-west")
         eventually(lambda: "127.0.66.51" not in json.dumps(shards()), what="the remote endpoints removed")
+        eventually(lambda: envoy.endpoints(CLUSTER) == [], what="the remote endpoint gone from Envoy")
+        assert envoy.rejected_updates() == {}
 
 
 def _remote_secret(name: str, cluster: str, kubeconfig: bytes) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from support.kube import istio, workload
+from support.kube import egress_sidecar, istio, namespace, workload
 from support.processes import http_get
 from support.wait import eventually
 
@@ -34,7 +34,7 @@ def with_pod_labels(docs: list[dict[str, Any]], labels: dict[str, dict[str, str]
 
 
 def write_mesh(mesh, traffic_policy: dict[str, Any]) -> None:
-    mesh.write("namespace.yaml", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}])
+    mesh.write("namespace.yaml", [namespace("default")])
     mesh.write(
         "productpage.yaml",
         workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": CLIENT_IP}),
@@ -53,17 +53,7 @@ def write_mesh(mesh, traffic_policy: dict[str, Any]) -> None:
     mesh.write("reviews.yaml", reviews)
     mesh.write(
         "sidecar.yaml",
-        [
-            istio(
-                "Sidecar",
-                "productpage",
-                "default",
-                {
-                    "workloadSelector": {"labels": {"app": "productpage"}},
-                    "egress": [{"bind": CLIENT_IP, "hosts": ["./*"]}],
-                },
-            )
-        ],
+        [egress_sidecar("productpage", CLIENT_IP)],
     )
     mesh.write(
         "reviews-dr.yaml",

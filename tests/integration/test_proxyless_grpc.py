@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from support.grpc_mesh import GrpcClient, NameServer, write_bootstrap, xds_server
-from support.kube import istio, workload
+from support.kube import istio, namespace, workload
 from support.wait import eventually
 
 pytestmark = [pytest.mark.integration]
@@ -62,7 +62,7 @@ def node_metadata(ip: str, labels: dict[str, str]) -> dict[str, object]:
 
 @pytest.fixture
 def client(mesh, servers) -> Iterator[GrpcClient]:
-    mesh.write("namespace.yaml", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}])
+    mesh.write("namespace.yaml", [namespace("default")])
     mesh.write(
         "reviews.yaml",
         workload(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from support.backends import tcp_hello
-from support.kube import egress_sidecar, istio, pod, workload
+from support.kube import egress_sidecar, istio, namespace, pod, workload
 from support.wait import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
@@ -29,7 +29,7 @@ def entry(
 
 
 def base_config(mesh) -> None:
-    mesh.write("namespace.yaml", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}])
+    mesh.write("namespace.yaml", [namespace("default")])
     mesh.write("client.yaml", workload("client", "default", "10.96.0.10", 9080, {"client-0": CLIENT_IP}))
     mesh.write(
         "sidecar.yaml",

@@ -6,7 +6,7 @@ import json
 from collections import Counter
 
 import pytest
-from support.kube import istio, workload
+from support.kube import egress_sidecar, istio, namespace, workload
 from support.processes import http_get
 from support.wait import eventually
 
@@ -16,7 +16,7 @@ CLIENT_IP = "127.0.0.11"
 
 
 def base_config(mesh) -> None:
-    mesh.write("namespace.yaml", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}])
+    mesh.write("namespace.yaml", [namespace("default")])
     mesh.write(
         "productpage.yaml",
         workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": CLIENT_IP}),
@@ -37,17 +37,7 @@ def base_config(mesh) -> None:
     )
     mesh.write(
         "sidecar.yaml",
-        [
-            istio(
-                "Sidecar",
-                "productpage",
-                "default",
-                {
-                    "workloadSelector": {"labels": {"app": "productpage"}},
-                    "egress": [{"bind": CLIENT_IP, "hosts": ["./*"]}],
-                },
-            )
-        ],
+        [egress_sidecar("productpage", CLIENT_IP)],
     )
 
 

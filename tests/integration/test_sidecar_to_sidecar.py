@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support.kube import endpoint_slice, istio, pod, service
+from support.kube import egress_sidecar, endpoint_slice, istio, pod, service
 from support.processes import http_get
 from support.wait import eventually
 
@@ -45,15 +45,7 @@ def config(mesh, *, server_in_mesh: bool) -> None:
             endpoint_slice(
                 "reviews-s", "default", "reviews", [("http", 9080)], [("reviews-v1", SERVER_POD_IP)]
             ),
-            istio(
-                "Sidecar",
-                "productpage",
-                "default",
-                {
-                    "workloadSelector": {"labels": {"app": "productpage"}},
-                    "egress": [{"bind": CLIENT_EGRESS, "hosts": ["./*"]}],
-                },
-            ),
+            egress_sidecar("productpage", CLIENT_EGRESS),
             istio(
                 "Sidecar",
                 "reviews",

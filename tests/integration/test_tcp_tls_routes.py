@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from support.backends import tcp_hello
-from support.kube import istio, workload
+from support.kube import istio, namespace, workload
 from support.processes import free_port
 from support.tls_backend import tls_hello
 from support.wait import eventually
@@ -35,7 +35,7 @@ def sidecar(egress: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
 
 
 def base_config(mesh, egress: list[dict[str, Any]] | None = None, **sidecar_spec: Any) -> None:
-    mesh.write("namespace.yaml", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}])
+    mesh.write("namespace.yaml", [namespace("default")])
     mesh.write("client.yaml", workload("client", "default", "10.96.0.10", 9080, {"client-0": CLIENT_IP}))
     mesh.write(
         "echo.yaml",

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from support.kube import istio, workload
+from support.kube import egress_sidecar, istio, namespace, workload
 from support.processes import http_get
 from support.wait import eventually
 
@@ -22,7 +22,7 @@ SERVER_SAN = "spiffe://cluster.local/ns/default/sa/secure"
 
 
 def write_mesh(mesh, tls: dict[str, Any]) -> None:
-    mesh.write("namespace.yaml", [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}])
+    mesh.write("namespace.yaml", [namespace("default")])
     mesh.write(
         "productpage.yaml",
         workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": CLIENT_IP}),
@@ -30,17 +30,7 @@ def write_mesh(mesh, tls: dict[str, Any]) -> None:
     mesh.write("secure.yaml", workload("secure", "default", "10.96.0.40", 9080, {"secure-v1": SERVER_IP}))
     mesh.write(
         "sidecar.yaml",
-        [
-            istio(
-                "Sidecar",
-                "productpage",
-                "default",
-                {
-                    "workloadSelector": {"labels": {"app": "productpage"}},
-                    "egress": [{"bind": CLIENT_IP, "hosts": ["./*"]}],
-                },
-            )
-        ],
+        [egress_sidecar("productpage", CLIENT_IP)],
     )
     write_rule(mesh, tls)
 

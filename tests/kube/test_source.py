@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from support.kube import endpoint_slice, istio, pod, service
+from support.kube import endpoint_slice, istio, namespace, pod, service
 from support.kube_api import KubeApiServer
 from support.updater import Updater
 
@@ -23,10 +23,6 @@ from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.server.app import ObjectRouter
 
 pytestmark = pytest.mark.integration
-
-
-def namespace(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
 def node(name: str, zone: str) -> dict[str, Any]:

@@ -9,6 +9,10 @@ from typing import Any
 import yaml
 
 
+def namespace(name: str, **labels: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
 def service(
     name: str,
     namespace: str,

@@ -51,7 +51,7 @@ def test_golden(path: Path) -> None:
     case = yaml.safe_load(path.read_text())
     got = _run(case)
     golden = path.with_name(path.stem + ".golden.yaml")
-    if os.environ.get("UPDATE_GOLDEN"):
+    if os.environ.get("UPDATE_GOLDEN") == "1":
         golden.write_text(yaml.safe_dump(got, sort_keys=True, default_flow_style=False))
     assert golden.exists(), f"no golden for {path.name}; run with UPDATE_GOLDEN=1"
     assert got == yaml.safe_load(golden.read_text())
