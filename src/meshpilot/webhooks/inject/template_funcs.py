@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from meshpilot.config.validation.formatting import go_duration
 from meshpilot.webhooks.inject.gotemplate import GoStruct, StrMap
 from meshpilot.webhooks.inject.gotemplate.convert import strval, to_int
 from meshpilot.webhooks.inject.gotemplate.encode import to_json, to_yaml
@@ -39,34 +40,6 @@ def format_duration(value: Any) -> str:
         return "0s"
     seconds = float(text.removesuffix("s"))
     return go_duration(round(seconds * 1e9))
-
-
-def go_duration(nanos: int) -> str:
-    """time.Duration.String."""
-    if nanos == 0:
-        return "0s"
-    sign = "-" if nanos < 0 else ""
-    nanos = abs(nanos)
-    if nanos < 1_000_000_000:
-        for unit, size in (("ms", 1_000_000), ("µs", 1_000), ("ns", 1)):
-            if nanos >= size:
-                return sign + _decimal(nanos, size) + unit
-    hours, rest = divmod(nanos, 3600 * 10**9)
-    minutes, rest = divmod(rest, 60 * 10**9)
-    out = sign
-    if hours:
-        out += f"{hours}h{minutes}m"
-    elif minutes:
-        out += f"{minutes}m"
-    return out + _decimal(rest, 10**9) + "s"
-
-
-def _decimal(value: int, unit: int) -> str:
-    whole, frac = divmod(value, unit)
-    if not frac:
-        return str(whole)
-    digits = str(frac).rjust(len(str(unit)) - 1, "0").rstrip("0")
-    return f"{whole}.{digits}"
 
 
 def isset(m: Any, key: Any) -> bool:

@@ -6,32 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from meshpilot.config.validation.formatting import go_quote
 from meshpilot.webhooks.inject.gotemplate.values import MISSING, format_float, sprint, type_name
 
 _VERB = re.compile(r"%([-+# 0]*)(\*|\d+)?(?:\.(\*|\d+)?)?([a-zA-Z%])")
-
-
-def quote_go(text: str) -> str:
-    """strconv.Quote: a double-quoted Go string literal."""
-    out = ['"']
-    for c in text:
-        code = ord(c)
-        if c in '"\\':
-            out.append("\\" + c)
-        elif c == "\n":
-            out.append("\\n")
-        elif c == "\t":
-            out.append("\\t")
-        elif c == "\r":
-            out.append("\\r")
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif not c.isprintable():
-            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
-        else:
-            out.append(c)
-    out.append('"')
-    return "".join(out)
 
 
 def _pad(text: str, flags: str, width: int | None) -> str:
@@ -67,7 +45,7 @@ def format_one(verb: str, flags: str, precision: int | None, value: Any) -> str:
     """One verb applied to one argument (without padding)."""
     if verb == "v":
         if "#" in flags and isinstance(value, str):
-            return quote_go(value)
+            return go_quote(value)
         return sprint(None if value is MISSING else value)
     if verb == "T":
         return type_name(value)
@@ -78,9 +56,9 @@ def format_one(verb: str, flags: str, precision: int | None, value: Any) -> str:
             return _bad(verb, value)
         if verb == "q":
             if isinstance(value, str):
-                return "`" + value + "`" if "#" in flags and "`" not in value else quote_go(value)
+                return "`" + value + "`" if "#" in flags and "`" not in value else go_quote(value)
             if isinstance(value, int) and not isinstance(value, bool):
-                return "'" + quote_go(chr(value))[1:-1].replace("'", "\\'") + "'"
+                return "'" + go_quote(chr(value))[1:-1].replace("'", "\\'") + "'"
             return _bad(verb, value)
         text = sprint(None if value is MISSING else value)
         return text[:precision] if precision is not None else text

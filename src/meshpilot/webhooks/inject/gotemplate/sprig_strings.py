@@ -6,13 +6,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from meshpilot.config.validation.formatting import go_quote
 from meshpilot.webhooks.inject.gotemplate.builtins import FuncError
 from meshpilot.webhooks.inject.gotemplate.convert import strslice, strval, to_int
-from meshpilot.webhooks.inject.gotemplate.gofmt import quote_go
 
 
 def quote(*values: Any) -> str:
-    return " ".join(quote_go(strval(v)) for v in values if v is not None)
+    return " ".join(go_quote(strval(v)) for v in values if v is not None)
 
 
 def squote(*values: Any) -> str:
