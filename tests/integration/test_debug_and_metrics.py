@@ -110,6 +110,8 @@ def test_metrics_have_istiod_names(live):
     assert not any(key.startswith("pilot_xds_pushes_total") for key in metrics), (
         "counters keep istiod's names"
     )
+    assert not any("_created" in key for key in metrics), "istiod exports no _created series"
+    assert "sidecar_injection_requests_total" in metrics, "the injector's counters keep their _total"
     before = metrics.get('pilot_push_triggers{type="debug"}', 0)
     assert mp.get("/debug/adsz?push=true")[0] == 200
     eventually(lambda: mp.metric('pilot_push_triggers{type="debug"}') > before, what="forced push counted")

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TextIO
 
 from meshpilot.config.decode import decode_object, identify
-from meshpilot.config.documents import CONFIG_SUFFIXES, Document, read_file
+from meshpilot.config.documents import Document, read_file
 from meshpilot.config.errors import ConfigError, ValidationError
+from meshpilot.config.file_source import config_files
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,7 +38,7 @@ def _expand(paths: Iterable[Path]) -> list[Path]:
     out: list[Path] = []
     for path in paths:
         if path.is_dir():
-            out += sorted(p for p in path.rglob("*") if p.suffix in CONFIG_SUFFIXES and p.is_file())
+            out += config_files(path)
         else:
             out.append(path)
     return out

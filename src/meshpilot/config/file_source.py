@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +101,7 @@ class FileSource:
         self._reload(changed, found)
         return True
 
-    async def run(self, stop: asyncio.Event, after_sync: Callable[[], None] | None = None) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
         """Watch the directory and sync on every change until ``stop`` is set."""
         async for _ in watchfiles.awatch(
             self.root, stop_event=stop, debounce=50, step=25, recursive=True, ignore_permission_denied=True
@@ -110,25 +110,16 @@ class FileSource:
                 self.sync()
             except Exception:  # a bug here must not stop watching
                 log.exception("config directory %s: sync failed", self.root)
-            if after_sync is not None:
-                after_sync()
 
     # -- internals -----------------------------------------------------------
 
     def _scan(self) -> Iterable[tuple[Path, tuple[int, int, int]]]:
-        # Hidden entries are skipped: Kubernetes ConfigMap volumes keep the real
-        # files in "..data"-style directories behind visible symlinks.
-        for dirpath, dirnames, filenames in os.walk(self.root, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if name.startswith(".") or not name.endswith(CONFIG_SUFFIXES):
-                    continue
-                path = Path(dirpath, name)
-                try:
-                    st = path.stat()
-                except OSError:
-                    continue
-                yield path, (st.st_mtime_ns, st.st_size, st.st_ino)
+        for path in config_files(self.root):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            yield path, (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def _reload(self, paths: set[Path], found: dict[Path, tuple[int, int, int]]) -> None:
         touched: set[ObjectKey] = set()
@@ -224,6 +215,19 @@ class FileSource:
             self._sink.upsert(obj)
         elif current[0] != path:
             self._effective[key] = (path, obj)
+
+
+def config_files(root: Path) -> Iterable[Path]:
+    """The YAML and JSON files under ``root``, in sorted order.
+
+    Hidden entries are skipped: Kubernetes ConfigMap volumes keep the real
+    files in "..data"-style directories behind visible symlinks.
+    """
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith(".") and name.endswith(CONFIG_SUFFIXES):
+                yield Path(dirpath, name)
 
 
 def _describe(key: ObjectKey) -> str:

@@ -125,12 +125,7 @@ class DiscoveryApp:
             ),
         )
         trust_domain = mesh.trust_domain
-        self.kube = KubeRegistry(
-            self.server,
-            cluster_id=settings.cluster_id,
-            domain_suffix=settings.domain,
-            trust_domain=trust_domain,
-        )
+        self.kube = self._make_registry(settings.cluster_id)
         self.service_entries = ServiceEntryRegistry(
             self.store,
             self.server,
@@ -172,19 +167,20 @@ class DiscoveryApp:
             self.webhooks.add_review_handler("/inject", handler)
             self.inject_source = InjectConfigSource(handler, settings.inject_config)
 
+    def _make_registry(self, cluster_id: str) -> KubeRegistry:
+        """The Kubernetes registry of one cluster (the local one, or a remote one from a Secret)."""
+        return KubeRegistry(
+            self.server,
+            cluster_id=cluster_id,
+            domain_suffix=self.settings.domain,
+            trust_domain=self.env.mesh.trust_domain,
+        )
+
     def _kube_controller(self, settings: DiscoverySettings) -> KubeController:
         try:
             api = client_from_kubeconfig(settings.kubeconfig)
         except KubeError as err:
             raise ConfigError(str(err)) from None
-
-        def make_registry(cluster_id: str) -> KubeRegistry:
-            return KubeRegistry(
-                self.server,
-                cluster_id=cluster_id,
-                domain_suffix=settings.domain,
-                trust_domain=self.env.mesh.trust_domain,
-            )
 
         return KubeController(
             api,
@@ -199,7 +195,7 @@ class DiscoveryApp:
             ),
             metrics=KubeMetrics.create(self.metrics.registry),
             on_mesh=self._on_mesh,
-            make_registry=make_registry,
+            make_registry=self._make_registry,
             attach=self.registry.workloads.append,
             detach=self.registry.workloads.remove,
             mesh=self.env.mesh if settings.mesh_config is not None else None,

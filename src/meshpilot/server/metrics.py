@@ -11,8 +11,19 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.registry import Collector
+
+# istiod exports no "<name>_created" series for counters and histograms; prometheus-client's switch
+# for that is process-wide, and every metric of this process is meshpilot's.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Push and convergence latencies span from milliseconds to tens of seconds.
 _LATENCY_BUCKETS = (0.01, 0.1, 0.5, 1, 3, 5, 10, 20, 30)
@@ -185,6 +196,7 @@ _KEEP_TOTAL_PREFIXES = ("sidecar_injection_",)
 
 
 def _rename_counters(text: str, registry: CollectorRegistry) -> str:
+    """``<name>_total`` becomes ``<name>`` (except the counters istiod itself names with it)."""
     counters = [
         m.name
         for m in registry.collect()
@@ -193,11 +205,4 @@ def _rename_counters(text: str, registry: CollectorRegistry) -> str:
     if not counters:
         return text
     names = "|".join(re.escape(n) for n in counters)
-    # "<name>_total" becomes "<name>"; the "<name>_created" series istiod does not have are dropped.
-    text = re.sub(rf"^(# (?:HELP|TYPE) )?({names})_total\b", r"\1\2", text, flags=re.MULTILINE)
-    lines = [
-        ln
-        for ln in text.splitlines(keepends=True)
-        if not re.match(rf"^(# (HELP|TYPE) )?({names})_created\b", ln)
-    ]
-    return "".join(lines)
+    return re.sub(rf"^(# (?:HELP|TYPE) )?({names})_total\b", r"\1\2", text, flags=re.MULTILINE)
