@@ -274,6 +274,7 @@ def _add_kube_inject(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("-f", "--filename", required=True, help="manifest file, or - for stdin")
     p.add_argument(
         "--inject-config",
+        "--injectConfig",
         "--injectConfigDir",
         type=Path,
         help="directory with the istio-sidecar-injector ConfigMap's 'config' and 'values' files",
@@ -282,11 +283,13 @@ def _add_kube_inject(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _run_kube_inject(args: argparse.Namespace) -> int:
-    from meshpilot.webhooks.inject.config import InjectConfig, InjectionError, load_config_dir
+    from meshpilot.webhooks.inject.config import InjectionError
     from meshpilot.webhooks.inject.kube_inject import kube_inject
+    from meshpilot.webhooks.inject.source import InjectConfigSource
 
     try:
-        config = load_config_dir(args.inject_config) if args.inject_config else InjectConfig()
+        # Templates are parsed up front, as the webhook does, so a broken one fails before any output.
+        config = InjectConfigSource.load(args.inject_config)
         text = sys.stdin.read() if args.filename == "-" else Path(args.filename).read_text()
         out = kube_inject(text, config, lambda msg: print(msg, file=sys.stderr))
     except (InjectionError, OSError, UnicodeDecodeError) as err:

@@ -27,9 +27,10 @@ class InjectConfigSource:
         self.handler = handler
         self.directory = directory
 
-    @classmethod
-    def load(cls, directory: Path | None) -> InjectConfig:
-        """The configuration at start: a bad directory is an error the caller reports."""
+    @staticmethod
+    def load(directory: Path | None) -> InjectConfig:
+        """The directory's configuration (templates parsed), else the built-in one; InjectionError
+        when it does not load."""
         return check_templates(load_config_dir(directory)) if directory is not None else InjectConfig()
 
     def reload(self) -> bool:
@@ -37,7 +38,7 @@ class InjectConfigSource:
         if self.directory is None:
             return False
         try:
-            self.handler.config = check_templates(load_config_dir(self.directory))
+            self.handler.config = self.load(self.directory)
         except InjectionError as err:
             log.error("injector config %s not reloaded, the last good one stays: %s", self.directory, err)
             return False
