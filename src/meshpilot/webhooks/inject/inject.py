@@ -29,11 +29,9 @@ def _names(items: list[Any] | None) -> list[str] | None:
     return [str(i.get("name")) for i in items if isinstance(i, dict)]
 
 
-def _status(fragments: list[dict[str, Any]], revision: str) -> str:
-    """The ``sidecar.istio.io/status`` annotation: what the templates added, so it can be removed later."""
-    spec: dict[str, Any] = {}
-    for fragment in fragments:
-        spec = merge(spec, fragment.get("spec") or {})
+def _status(spec: dict[str, Any], revision: str) -> str:
+    """The ``sidecar.istio.io/status`` annotation: what the templates' merged ``spec`` added, so it
+    can be removed later."""
     status = {
         "initContainers": _names(spec.get("initContainers")),
         "containers": _names(spec.get("containers")),
@@ -151,7 +149,7 @@ def inject_pod(
     if config.values.get("sidecarInjectorWebhook", {}).get("rewriteAppHTTPProbe", True) and status_port:
         rewrite_probes(injected, status_port, PROXY_NAME)
     annotations = injected["metadata"].setdefault("annotations", {})
-    annotations[STATUS_ANNOTATION] = _status(fragments, config.revision)
+    annotations[STATUS_ANNOTATION] = _status(template_spec, config.revision)
     annotations.update(config.injected_annotations)
     _reorder(injected, hold_application(ctx))
     return injected
