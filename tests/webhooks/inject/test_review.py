@@ -75,7 +75,7 @@ def test_bad_input_is_refused_with_a_message_not_a_crash() -> None:
     assert "not a pod" in out["response"]["result"]["message"]
     wrong = handle_inject(_review(_pod(), api="admission.k8s.io/v2"), InjectConfig())
     assert wrong["response"]["allowed"] is False
-    assert "apiVersion" in wrong["response"]["result"]["message"]
+    assert "admission.k8s.io/v2" in wrong["response"]["result"]["message"]
 
 
 def test_counters_count_requests_successes_skips_and_failures() -> None:

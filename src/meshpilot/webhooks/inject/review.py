@@ -4,17 +4,16 @@ without HTTP: a decoded review in, the review to send back out."""
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import jsonpatch
+import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from meshpilot.webhooks.admission import answer, denied
 from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
 from meshpilot.webhooks.inject.inject import inject_pod
-
-API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
 
 @dataclass(frozen=True)
@@ -61,78 +60,57 @@ def create_patch(original: dict[str, Any], injected: dict[str, Any]) -> bytes:
     return jsonpatch.make_patch(original, injected).to_string().encode()
 
 
-def _response(review: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": review.get("apiVersion"), "kind": "AdmissionReview", "response": body}
-
-
 def handle_inject(
     review: Any, config: InjectConfig, metrics: InjectionMetrics | None = None
 ) -> dict[str, Any]:
-    """Answers one AdmissionReview: ``allowed: true`` with a JSONPatch when injecting, without one when
-    skipping, and ``allowed: false`` with the reason when the request or the injection fails, as istiod
-    does (the webhook's failurePolicy is Fail, so the pod is then refused)."""
-    if metrics is None:
-        return _handle_inject(review, config, None)
-    # As istiod, every request's time is recorded, skips and failures included.
-    with metrics.time.time():
-        return _handle_inject(review, config, metrics)
-
-
-def _handle_inject(review: Any, config: InjectConfig, metrics: InjectionMetrics | None) -> dict[str, Any]:
-    if metrics is not None:
-        metrics.requests.inc()
-    if not isinstance(review, dict) or not isinstance(review.get("request"), dict):
-        if metrics is not None:
-            metrics.failure.inc()
-        api = review.get("apiVersion") if isinstance(review, dict) else None
-        return {
-            "apiVersion": api or API_VERSIONS[0],
-            "kind": "AdmissionReview",
-            "response": {"allowed": False, "result": {"message": "AdmissionReview has no request"}},
-        }
-    request = review["request"]
-    uid = request.get("uid", "")
-    if review.get("apiVersion") not in API_VERSIONS:
-        if metrics is not None:
-            metrics.failure.inc()
-        message = f"unsupported AdmissionReview apiVersion {review.get('apiVersion')!r}"
-        return _response(review, {"uid": uid, "allowed": False, "result": {"message": message}})
-    pod = request.get("object")
-    try:
-        if not isinstance(pod, dict):
-            raise InjectionError("request.object is not a pod")
-        injected = inject_pod(pod, str(request.get("namespace") or ""), config)
-    except InjectionError as err:
-        if metrics is not None:
-            metrics.failure.inc()
-        return _response(review, {"uid": uid, "allowed": False, "result": {"message": str(err)}})
-    if injected is None:
-        if metrics is not None:
-            metrics.skip.inc()
-        return _response(review, {"uid": uid, "allowed": True})
-    # istiod diffs against the pod without managedFields, as inject_pod drops them.
-    original = json.loads(json.dumps(pod))
-    if isinstance(original.get("metadata"), dict):
-        original["metadata"].pop("managedFields", None)
-    patch = create_patch(original, injected)
-    if metrics is not None:
-        metrics.success.inc()
-    return _response(
-        review,
-        {"uid": uid, "allowed": True, "patchType": "JSONPatch", "patch": base64.b64encode(patch).decode()},
-    )
+    """A whole AdmissionReview answered as the webhook server answers it (one envelope path:
+    ``admission.answer``), for callers holding a decoded review."""
+    handler = InjectionHandler(config, metrics)
+    answered: dict[str, Any] = orjson.loads(answer(orjson.dumps(review), handler))
+    return answered
 
 
 class InjectionHandler:
-    """``handle_inject`` as the webhook server's ``ReviewHandler`` (a review's ``request`` in, its
-    ``response`` out), for ``WebhookServer.add_review_handler("/inject", ...)``; the server decodes
-    the envelope and answers in the caller's apiVersion."""
+    """The webhook server's ``ReviewHandler`` for ``/inject``: a review's ``request`` in, its
+    ``response`` out (the server decodes the envelope and answers in the caller's apiVersion).
+
+    ``allowed: true`` with a JSONPatch when injecting, without one when skipping, and ``allowed:
+    false`` with the reason when the injection fails, as istiod does (the webhook's failurePolicy
+    is Fail, so the pod is then refused).
+    """
 
     def __init__(self, config: InjectConfig, metrics: InjectionMetrics | None = None) -> None:
         self.config = config
-        self.metrics = metrics
+        # Without the server's registry (tests, kube-inject), counters go to a registry of their own.
+        self.metrics = metrics or InjectionMetrics.create()
 
     def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
-        review = {"apiVersion": API_VERSIONS[0], "kind": "AdmissionReview", "request": request}
-        response: dict[str, Any] = handle_inject(review, self.config, self.metrics)["response"]
+        # As istiod, every request is counted and timed, skips and failures included.
+        self.metrics.requests.inc()
+        with self.metrics.time.time():
+            response = self._respond(request)
+        if not response["allowed"]:
+            self.metrics.failure.inc()
+        elif "patch" in response:
+            self.metrics.success.inc()
+        else:
+            self.metrics.skip.inc()
         return response
+
+    def _respond(self, request: dict[str, Any]) -> dict[str, Any]:
+        pod = request.get("object")
+        try:
+            if not isinstance(pod, dict):
+                raise InjectionError("request.object is not a pod")
+            injected = inject_pod(pod, str(request.get("namespace") or ""), self.config)
+        except InjectionError as err:
+            return denied(str(err))
+        if injected is None:
+            return {"allowed": True}
+        # istiod diffs against the pod without managedFields, as inject_pod drops them.
+        meta = pod.get("metadata")
+        original = pod
+        if isinstance(meta, dict) and "managedFields" in meta:
+            original = {**pod, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+        patch = base64.b64encode(create_patch(original, injected)).decode()
+        return {"allowed": True, "patchType": "JSONPatch", "patch": patch}
