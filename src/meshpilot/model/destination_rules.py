@@ -20,7 +20,6 @@ from meshpilot.model import visibility
 from meshpilot.model.config import Config
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.hosts import most_specific_match, resolve_short_name
-from meshpilot.model.labels import selector_matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +99,6 @@ class MergedDestinationRule:
 
     def with_config(self, config: Config) -> MergedDestinationRule:
         return MergedDestinationRule(self.host, (*self.configs, config), self.export_to, self.selector)
-
-    def selects(self, labels: Mapping[str, str]) -> bool:
-        return self.selector is not None and selector_matches(self.selector, labels)
 
 
 def rule_selector(config: Config) -> dict[str, str] | None:

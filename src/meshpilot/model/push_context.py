@@ -15,7 +15,7 @@ from meshpilot.model import visibility
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.delegation import merge_delegates
-from meshpilot.model.destination_rules import DestinationRuleIndex, MergedDestinationRule, rule_selector
+from meshpilot.model.destination_rules import DestinationRuleIndex, rule_selector
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.kind import Kind
 from meshpilot.model.labels import selector_matches
@@ -95,6 +95,7 @@ class PushContext:
             )
         )
         self._default_service_export = tuple(mesh.default_service_export_to)
+        self._default_export_set = visibility.export_set((), self._default_service_export)
         self._services_visible: dict[str, list[Service]] = {}
 
         default_vs_export = tuple(mesh.default_virtual_service_export_to)
@@ -147,6 +148,9 @@ class PushContext:
         return list(self._by_host_ns.get(hostname, {}).values())
 
     def service_export_to(self, svc: Service) -> frozenset[str]:
+        # Most services set no exportTo: they share one set instead of building it per call.
+        if not svc.export_to:
+            return self._default_export_set
         return visibility.export_set(svc.export_to, self._default_service_export)
 
     def services_visible_to(self, namespace: str) -> list[Service]:
@@ -194,19 +198,6 @@ class PushContext:
             found = [vs for _, vs in sorted(ranked, key=lambda pair: pair[0])]
             self._vs_visible[namespace] = found
         return found
-
-    def destination_rule(
-        self, proxy_namespace: str, svc: Service, labels: Mapping[str, str] | None = None
-    ) -> MergedDestinationRule | None:
-        """The rule a proxy in ``proxy_namespace`` (with ``labels``, if known) applies to ``svc``."""
-        entries = self.destination_rules.lookup(proxy_namespace, svc.hostname, svc.namespace)
-        catch_all = None
-        for entry in entries:
-            if entry.selector is None:
-                catch_all = entry
-            elif labels is not None and entry.namespace == proxy_namespace and entry.selects(labels):
-                return entry
-        return catch_all
 
     def selector_rules_for(self, namespace: str, labels: Mapping[str, str]) -> frozenset[ConfigKey]:
         """Keys of the workload-selected DestinationRules of ``namespace`` that select ``labels``."""

@@ -9,7 +9,6 @@ and a TCP service on one address become a sniffed listener holding both.
 from __future__ import annotations
 
 import enum
-import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.listener.http_inspector.v3 import http_inspector_pb2
 from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 
+from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.mesh import REGISTRY_ONLY
 from meshpilot.model.protocol import Protocol
@@ -106,12 +106,11 @@ def _http_chain(proxy: Proxy, bind: str, port: int, rds: str, *, alpn: bool) -> 
     return Chain(build, match, http=True)
 
 
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+def _wildcard_headless(svc: Service, endpoints: Sequence[Endpoint]) -> bool:
+    """A ServiceEntry with resolution NONE, no addresses, no endpoints and no selector
+    listens on the wildcard; one with endpoints gets a listener per endpoint, as a
+    headless Kubernetes service does (istiod's buildSidecarOutboundListeners)."""
+    return svc.registry is not Registry.KUBERNETES and svc.selector is None and not endpoints
 
 
 def _route_chain(route: RouteChain) -> Chain:
@@ -178,8 +177,9 @@ class OutboundBuilder:
         elif kind is ListenerProtocol.HTTP:
             targets = [ListenTarget(WILDCARD)]
         elif svc.is_headless:
-            wildcard_only = self._wildcard_headless(svc, port)
-            addresses = [WILDCARD] if wildcard_only else self._headless_addresses(svc, port)
+            endpoints = eds.select_endpoints(self.index, svc, port.name, None)
+            wildcard_only = _wildcard_headless(svc, endpoints)
+            addresses = [WILDCARD] if wildcard_only else self._headless_addresses(endpoints)
             targets = [ListenTarget(a) for a in addresses]
         elif svc.addresses:
             # A CIDR cannot be bound: it listens on the wildcard and matches the destination range.
@@ -255,23 +255,15 @@ class OutboundBuilder:
         )
         return Chain(chain.build, match, chain.name, chain.http, metadata=chain.metadata)
 
-    def _wildcard_headless(self, svc: Service, port: Port) -> bool:
-        """A ServiceEntry with resolution NONE, no addresses, no endpoints and no selector
-        listens on the wildcard; one with endpoints gets a listener per endpoint, as a
-        headless Kubernetes service does (istiod's buildSidecarOutboundListeners)."""
-        if svc.registry is Registry.KUBERNETES or svc.selector is not None:
-            return False
-        return not eds.select_endpoints(self.index, svc, port.name, None)
-
-    def _headless_addresses(self, svc: Service, port: Port) -> list[str]:
+    def _headless_addresses(self, endpoints: Sequence[Endpoint]) -> list[str]:
         """Each endpoint IP of a headless service gets its own listener, except the proxy's own.
 
         Endpoints addressed by name (possible for ServiceEntries) cannot be listened on.
         """
         own = set(self.proxy.ip_addresses)
         found = []
-        for ep in eds.select_endpoints(self.index, svc, port.name, None):
-            if ep.address not in own and ep.address not in found and _is_ip(ep.address):
+        for ep in endpoints:
+            if ep.is_ip and ep.address not in own and ep.address not in found:
                 found.append(ep.address)
         return found
 

@@ -171,17 +171,22 @@ class ServiceEntryRegistry:
         out: list[Endpoint] = []
         # Pods before WorkloadEntries, each by name: istiod's order of selected workloads.
         if self._pods is not None:
-            for pod in sorted(self._pods.pods_in(se.namespace), key=lambda p: p.meta.name):
-                if pod_selectable(pod) and wk.selector_matches(selector, pod.meta.labels):
-                    out.extend(
-                        pod_endpoints(
-                            pod,
-                            locality=self._pods.pod_workload_locality(pod),
-                            service_ports=ports,
-                            cluster_id=self.cluster_id,
-                            trust_domain=self.trust_domain,
-                        )
+            selected = (
+                pod
+                for pod in self._pods.pods_in(se.namespace)
+                if pod_selectable(pod) and wk.selector_matches(selector, pod.meta.labels)
+            )
+            # Only the selected pods are sorted: a namespace may hold thousands of others.
+            for pod in sorted(selected, key=lambda p: p.meta.name):
+                out.extend(
+                    pod_endpoints(
+                        pod,
+                        locality=self._pods.pod_workload_locality(pod),
+                        service_ports=ports,
+                        cluster_id=self.cluster_id,
+                        trust_domain=self.trust_domain,
                     )
+                )
         for we in sorted(self._store.configs(Kind.WORKLOAD_ENTRY, se.namespace), key=lambda c: c.name):
             labels = workload_entry_labels(we)
             if not wk.selector_matches(selector, labels):
