@@ -28,6 +28,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 
+from meshpilot.config.validation import goparse
 from meshpilot.model import labels
 from meshpilot.model.endpoint import TLS_MODE_ISTIO
 from meshpilot.model.proxy import Proxy
@@ -68,16 +69,11 @@ class ListenerRequest:
 
 
 def split_host_port(name: str) -> tuple[str, str] | None:
-    """``host:port`` or ``[v6]:port`` split as Go's net.SplitHostPort; None if there is no port."""
-    if name.startswith("["):
-        end = name.find("]")
-        if end < 0 or name[end + 1 : end + 2] != ":":
-            return None
-        return name[1:end], name[end + 2 :]
-    host, sep, port = name.rpartition(":")
-    if not sep or ":" in host:
+    """``host:port`` or ``[v6]:port`` split as Go's net.SplitHostPort; None if it is not one."""
+    try:
+        return goparse.split_host_port(name)
+    except goparse.GoParseError:
         return None
-    return host, port
 
 
 def join_host_port(host: str, port: str) -> str:
