@@ -325,3 +325,33 @@ def test_locality_rewrites_are_cached_per_what_they_read(type_url: TypeUrl) -> N
     else:
         # DNS clusters' inline endpoints: failover by locality (failoverPriority does not apply there).
         assert c1 == c2 != c3
+
+
+def test_dns_clusters_are_shared_across_localities_when_nothing_reads_locality() -> None:
+    """Without distribute, outlier detection or PreferClose, proxies in other localities share one list."""
+    docs = [
+        *workload("client", "default", "10.96.0.10", 80, {"c-1": "10.1.0.11", "c-2": "10.1.0.12"}),
+        istio(
+            "ServiceEntry",
+            "ext",
+            "default",
+            {
+                "hosts": ["ext.example.com"],
+                "resolution": "DNS",
+                "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+                "endpoints": [{"address": "a.example.com", "locality": "r1/z1"}],
+            },
+        ),
+    ]
+    for doc in docs:
+        if doc["kind"] == "Pod":
+            zone = "r1.z1" if doc["metadata"]["name"] == "c-1" else "r2.z1"
+            doc["metadata"]["labels"]["istio-locality"] = zone
+    model = build(docs)
+    proxies = [model.proxy(f"sidecar~10.1.0.{i}~c-{i - 10}.default~{DOMAIN.split('~')[1]}") for i in (11, 12)]
+    assert {p.locality.label for p in proxies} == {"r1/z1", "r2/z1"}
+    outputs = [_generate(model, proxy, None, TypeUrl.CLUSTER, frozenset()) for proxy in proxies]
+    assert outputs[0] == outputs[1]
+    assert "outbound|80||ext.example.com" in outputs[0]
+    lists = [key for key in model.push._memo if isinstance(key, tuple) and key[0] == "cds-out"]
+    assert len(lists) == 1, "one outbound list built for both localities"

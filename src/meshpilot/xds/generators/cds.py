@@ -19,6 +19,7 @@ from meshpilot.networking.cluster import (
     outbound_specs,
 )
 from meshpilot.networking.cluster_wire import OutboundClusterEncoder
+from meshpilot.networking.endpoint import proxy_signature
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
 from meshpilot.xds.types import TypeUrl
@@ -46,8 +47,9 @@ class ClusterGenerator:
         assert scope is not None
         # DNS clusters carry their endpoints, so their list also depends on the index.
         generation = ctx.index.generation if scope.has_dns else 0
-        # DNS clusters' inline endpoints may be prioritized relative to the proxy's locality.
-        locality = proxy.locality.label if scope.has_dns else None
+        # DNS clusters' inline endpoints may be prioritized relative to the proxy's locality, but
+        # only when the snapshot rewrites assignments by locality at all (the EDS memo's test).
+        locality = proxy.locality.label if scope.has_dns and proxy_signature(proxy, push) else None
         outbound, seen = push.memoized(
             ("cds-out", id(scope), proxy.capabilities, generation, locality), lambda: self._outbound(ctx)
         )
