@@ -84,23 +84,33 @@ def _for_proxyless(route: Any) -> None:
     action.ClearField("max_grpc_timeout")
 
 
-def build_grpc_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any | None:
-    """The route configuration ``name``; None when the name does not name a service port."""
+def build_grpc_route_configuration(
+    proxy: Proxy, push: PushContext, name: str, by_port: dict[int, Any] | None = None
+) -> Any | None:
+    """The route configuration ``name``; None when the name does not name a service port.
+
+    ``by_port`` keeps the sidecar route configuration of each port between calls, so a client
+    asking for several services of one port has that port's routes built once.
+    """
     parsed = parse_route_name(name)
     if parsed is None:
         log.warning("%s: gRPC RDS: cannot parse route name %r", proxy.id, name)
         return None
     host, port = parsed
-    sidecar = build_route_configuration(proxy, push, str(port))
+    by_port = by_port if by_port is not None else {}
+    sidecar = by_port.get(port)
+    if sidecar is None:
+        sidecar = by_port[port] = build_route_configuration(proxy, push, str(port))
     out = route_pb2.RouteConfiguration(name=name)
-    for vhost in sidecar.virtual_hosts:
-        if vhost.name in (names.ALLOW_ANY_VHOST, names.BLOCK_ALL_VHOST) or not _serves(vhost, host):
+    for shared in sidecar.virtual_hosts:
+        if shared.name in (names.ALLOW_ANY_VHOST, names.BLOCK_ALL_VHOST) or not _serves(shared, host):
             continue
+        vhost = out.virtual_hosts.add()
+        vhost.CopyFrom(shared)  # edited below; the port's configuration may serve other names
         domains = with_ports(list(vhost.domains), port)
         del vhost.domains[:]
         vhost.domains.extend(domains)
         _drop_unknown_filter_configs(vhost.typed_per_filter_config)
         for route in vhost.routes:
             _for_proxyless(route)
-        out.virtual_hosts.append(vhost)
     return out

@@ -14,6 +14,8 @@ sending what did not change.
 
 from __future__ import annotations
 
+from typing import Any
+
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.grpc_clusters import build_grpc_clusters
@@ -99,8 +101,9 @@ class GrpcRouteGenerator:
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
         out = []
+        by_port: dict[int, Any] = {}
         for name in sorted(_wanted(watch, names)):
-            config = build_grpc_route_configuration(ctx.proxy, ctx.push, name)
+            config = build_grpc_route_configuration(ctx.proxy, ctx.push, name, by_port)
             if config is not None:
                 out.append(Resource.of(name, config))
         return out
