@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,11 +72,6 @@ def proxy_config_overlay(pod: dict[str, Any]) -> dict[str, Any]:
     if "proxyMetadata" in out:
         out["proxyMetadata"] = dict(sorted(out["proxyMetadata"].items()))
     return out
-
-
-def go_json(value: Any, sort_keys: bool = True) -> str:
-    """Compact JSON as Go's encoding/json writes it (maps sorted by key; structs in field order)."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=sort_keys)
 
 
 def pod_workload(pod: dict[str, Any], namespace: str) -> Workload:

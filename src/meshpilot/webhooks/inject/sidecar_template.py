@@ -10,7 +10,8 @@ import json
 from typing import Any
 
 from meshpilot.webhooks.inject.config import InjectionError
-from meshpilot.webhooks.inject.context import TemplateContext, go_json
+from meshpilot.webhooks.inject.context import TemplateContext
+from meshpilot.webhooks.inject.gotemplate.encode import proto_json, to_json
 from meshpilot.webhooks.inject.quantity import canonical_quantity
 
 PROXY_NAME = "istio-proxy"
@@ -150,7 +151,7 @@ def _pod_ports(pod: dict[str, Any]) -> str:
             }
             if not fields:
                 continue
-            body = ",".join(f'"{k}":{go_json(v)}' for k, v in fields.items())
+            body = ",".join(f'"{k}":{to_json(v)}' for k, v in fields.items())
             lines.append("    " + ("" if first else ",") + "{" + body + "}")
             first = False
     lines.append("]")
@@ -239,7 +240,7 @@ def _proxy_env(ctx: TemplateContext, mode: str) -> list[dict[str, Any]]:
         _field_env("SERVICE_ACCOUNT", "spec.serviceAccountName"),
         _field_env("HOST_IP", "status.hostIP"),
         _resource_env("ISTIO_CPU_LIMIT", "limits.cpu"),
-        {"name": "PROXY_CONFIG", "value": go_json(ctx.proxy_config, sort_keys=False) + "\n"},
+        {"name": "PROXY_CONFIG", "value": proto_json(ctx.proxy_config) + "\n"},
         {"name": "ISTIO_META_POD_PORTS", "value": _pod_ports(ctx.pod)},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(app_containers(ctx.pod))},
         _resource_env("GOMEMLIMIT", "limits.memory"),

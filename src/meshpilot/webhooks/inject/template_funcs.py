@@ -11,7 +11,7 @@ from typing import Any
 from meshpilot.config.validation.formatting import go_duration
 from meshpilot.webhooks.inject.gotemplate import GoStruct, StrMap
 from meshpilot.webhooks.inject.gotemplate.convert import strval, to_int
-from meshpilot.webhooks.inject.gotemplate.encode import to_json, to_yaml
+from meshpilot.webhooks.inject.gotemplate.encode import proto_json, to_json, to_yaml
 from meshpilot.webhooks.inject.gotemplate.values import sprint
 from meshpilot.webhooks.inject.sidecar_template import PROXY_NAME, exclude_inbound_ports
 
@@ -101,8 +101,7 @@ def _proto_to_json(value: Any) -> str:
     """protomarshal.ToJSON of the message's set fields (the view holds exactly those, in proto order)."""
     if value is None or (isinstance(value, GoStruct) and not value):
         return "{}"
-    data = value.to_plain() if isinstance(value, GoStruct) else value
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return proto_json(value.to_plain() if isinstance(value, GoStruct) else value)
 
 
 def _istio_indent(spaces: Any, source: Any) -> str:

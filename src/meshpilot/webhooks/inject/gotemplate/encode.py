@@ -64,6 +64,12 @@ def to_json(value: Any, indent: str = "") -> str:
     return _escape_html(text)
 
 
+def proto_json(data: Any) -> str:
+    """protomarshal.ToJSON of a message held as plain data (set fields only, in proto order):
+    compact, UTF-8 unescaped, no HTML escaping."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
 def plain_data(value: Any) -> Any:
     """The value as JSON-decoded data: what Go's YAML writer sees after its JSON round trip."""
     return json.loads(to_json(value))
