@@ -60,35 +60,26 @@ def saved_chains(save: str) -> dict[str, set[str]]:
     return chains
 
 
+def _saved(tool: str) -> dict[str, set[str]]:
+    """Table -> chains present now, as ``<tool>-save`` lists them."""
+    saved = _run([f"{tool}-save"])
+    if saved.returncode != 0:
+        raise CaptureError(f"{tool}-save failed: {saved.stderr.strip()}")
+    return saved_chains(saved.stdout)
+
+
 def _apply_family(restore: str, tool: str) -> None:
-    before = _run([f"{tool}-save"])
-    if before.returncode != 0:
-        raise CaptureError(f"{tool}-save failed: {before.stderr.strip()}")
-    present_before = saved_chains(before.stdout)
-    clash = [
-        f"{table}/{chain}"
-        for table, chains in declared_chains(restore).items()
-        for chain in chains
-        if chain in present_before.get(table, set())
-    ]
-    if clash:
+    declared = [(table, chain) for table, chains in declared_chains(restore).items() for chain in chains]
+    before = _saved(tool)
+    if clash := [f"{t}/{c}" for t, c in declared if c in before.get(t, set())]:
         # Appending to chains from an earlier run would duplicate every rule; istio also
         # wants a clean slate, so say how to get one.
         raise CaptureError(f"chains {', '.join(clash)} already exist; run `meshpilot iptables clean` first")
     done = _run([f"{tool}-restore", "--noflush"], restore)
     if done.returncode != 0:
         raise CaptureError(f"{tool}-restore failed: {done.stderr.strip()}")
-    saved = _run([f"{tool}-save"])
-    if saved.returncode != 0:
-        raise CaptureError(f"{tool}-save failed: {saved.stderr.strip()}")
-    present = saved_chains(saved.stdout)
-    missing = [
-        f"{table}/{chain}"
-        for table, chains in declared_chains(restore).items()
-        for chain in chains
-        if chain not in present.get(table, set())
-    ]
-    if missing:
+    after = _saved(tool)
+    if missing := [f"{t}/{c}" for t, c in declared if c not in after.get(t, set())]:
         raise CaptureError(f"{tool}-save does not show chains {', '.join(missing)} after restore")
 
 
