@@ -259,12 +259,6 @@ def _run_sds(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_validate(args: argparse.Namespace) -> int:
-    # -f may be repeated, each taking several files.
-    files = [path for group in args.files for path in group]
-    return validate.run(files, args.namespace, sys.stdout, sys.stderr)
-
-
 def _add_kube_inject(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "kube-inject",
@@ -309,7 +303,6 @@ def build_parser() -> argparse.ArgumentParser:
     # (main() hands them over before this parser sees them; listed here for --help.)
     sub.add_parser("iptables", help="set up a sidecar's traffic capture (istio-iptables)", add_help=False)
     validate.add_parser(sub)
-    sub.choices["validate"].set_defaults(run=_run_validate)
     _add_kube_inject(sub)
     return parser
 

@@ -8,6 +8,7 @@ the config directory loader applies, so a file that passes here is one
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
@@ -27,11 +28,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "webhook apply. Problems are printed with file and object; warnings do not fail.",
     )
     p.add_argument(
-        "-f", "--filename", dest="files", type=Path, action="append", nargs="+", required=True, metavar="FILE"
+        "-f", "--filename", dest="files", type=Path, action="extend", nargs="+", required=True, metavar="FILE"
     )
     p.add_argument(
         "--namespace", "-n", default="default", help="namespace of objects that name none (default default)"
     )
+    # -f may be repeated, each taking several files.
+    p.set_defaults(run=lambda args: run(args.files, args.namespace, sys.stdout, sys.stderr))
 
 
 def _expand(paths: Iterable[Path]) -> list[Path]:
