@@ -33,7 +33,7 @@ def with_pod_labels(docs: list[dict[str, Any]], labels: dict[str, dict[str, str]
     return docs
 
 
-def write_mesh(mesh, traffic_policy: dict[str, Any]) -> None:
+def write_mesh(mesh, traffic_policy: dict[str, Any], **service_spec: Any) -> None:
     mesh.write("namespace.yaml", [namespace("default")])
     mesh.write(
         "productpage.yaml",
@@ -42,6 +42,7 @@ def write_mesh(mesh, traffic_policy: dict[str, Any]) -> None:
     reviews = workload(
         "reviews", "default", "10.96.0.20", 9080, {"reviews-near": NEAR_IP, "reviews-far": FAR_IP}
     )
+    reviews[0]["spec"].update(service_spec)
     # Pod label istio-locality is region.zone (dots, as on Kubernetes labels).
     reviews = with_pod_labels(
         reviews,
@@ -65,8 +66,8 @@ def write_mesh(mesh, traffic_policy: dict[str, Any]) -> None:
     )
 
 
-def start(mesh, traffic_policy: dict[str, Any]):
-    write_mesh(mesh, traffic_policy)
+def start(mesh, traffic_policy: dict[str, Any], **service_spec: Any):
+    write_mesh(mesh, traffic_policy, **service_spec)
     near = mesh.backend("reviews-near", NEAR_IP, 9080)
     far = mesh.backend("reviews-far", FAR_IP, 9080)
     mesh.start_meshpilot()
@@ -202,3 +203,13 @@ def test_connection_pool_overflow_is_rejected_by_the_circuit_breaker(mesh):
         "1",
         "1",
     )
+
+
+def test_prefer_close_keeps_traffic_near_without_outlier_detection(mesh):
+    """Service trafficDistribution PreferClose forces locality failover even with no outlierDetection."""
+    client, _near, _far = start(mesh, {}, trafficDistribution="PreferClose")
+    hosts = host_lines(client, CLUSTER)
+    assert hosts[f"{NEAR_IP}:9080"]["priority"] == "0"
+    assert hosts[f"{FAR_IP}:9080"]["priority"] == "1"
+    assert spread(30) == Counter({"reviews-near": 30}), "all traffic stays in the caller's zone"
+    assert client.rejected_updates() == {}

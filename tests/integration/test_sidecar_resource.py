@@ -383,3 +383,56 @@ def test_destination_rule_with_workload_selector_applies_to_selected_clients_onl
     assert spread("127.0.93.11", "reviews") == Counter({"reviews-v2": 20})
     assert spread("127.0.93.12", "reviews") == Counter({"reviews-v1": 20})
     assert chosen.rejected_updates() == {} and other.rejected_updates() == {}
+
+
+def test_egress_proxy_proxy_protocol_and_inbound_pool_reach_envoy(mesh):
+    """Sidecar egressProxy takes unknown HTTP traffic to its service; a DestinationRule's proxyProtocol
+    and a Sidecar's inboundConnectionPool are accepted by Envoy as generated."""
+    mesh.write("apps.yaml", services())
+    mesh.write(
+        "clients.yaml",
+        [
+            pod("plain-1", "default", "127.0.93.11", {"app": "plain"}),
+            client_sidecar(
+                "plain",
+                "default",
+                "127.0.93.11",
+                ["./*", "tools/*", "payments/*"],
+                outboundTrafficPolicy={
+                    "mode": "ALLOW_ANY",
+                    "egressProxy": {"host": SEARCH, "port": {"number": 9080}},
+                },
+                inboundConnectionPool={"tcp": {"maxConnections": 7}},
+            ),
+            istio(
+                "DestinationRule",
+                "ledger",
+                "payments",
+                {"host": LEDGER, "trafficPolicy": {"proxyProtocol": {"version": "V2"}}},
+            ),
+        ],
+    )
+    start_backends(mesh)
+    mesh.start_meshpilot()
+    envoy = mesh.sidecar("plain-1", "127.0.93.11", labels={"app": "plain"}, service_account="plain")
+    eventually(
+        lambda: f"outbound|9080||{SEARCH}" in outbound_clusters(envoy), what="the egress proxy cluster"
+    )
+    before = passthrough_requests(envoy)
+    assert call("127.0.93.11", "unknown.example.com") == (200, "search-v1"), (
+        "unknown hosts go to the egress proxy"
+    )
+    assert passthrough_requests(envoy) == before
+    assert call("127.0.93.11", "reviews") == (200, "reviews-v1"), "known hosts are routed as before"
+    clusters = {
+        item["cluster"]["name"]: item["cluster"]
+        for config in envoy.config_dump()["configs"]
+        if config["@type"].endswith("ClustersConfigDump")
+        for item in config.get("dynamic_active_clusters", [])
+    }
+    ledger = clusters[f"outbound|9080||{LEDGER}"]
+    # Every transport socket of the cluster (the mTLS and plaintext matches) is wrapped.
+    sockets = [m["transport_socket"]["name"] for m in ledger.get("transport_socket_matches", [])]
+    sockets += [ledger["transport_socket"]["name"]] if "transport_socket" in ledger else []
+    assert sockets and set(sockets) == {"envoy.transport_sockets.upstream_proxy_protocol"}, sockets
+    assert envoy.rejected_updates() == {}
