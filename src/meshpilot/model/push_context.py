@@ -42,9 +42,10 @@ class VirtualServiceEntry:
     delegates: frozenset[ConfigKey] = frozenset()
 
 
-def _selector(sidecar: Config) -> dict[str, str] | None:
-    """The Sidecar's workloadSelector labels; an empty selector (not None) selects every workload."""
-    spec = sidecar.spec
+def workload_selector(config: Config) -> dict[str, str] | None:
+    """A Sidecar's or ServiceEntry's ``workloadSelector.labels``; None without one (an empty
+    selector, not None, selects every workload)."""
+    spec = config.spec
     return dict(spec.workload_selector.labels) if spec.HasField("workload_selector") else None
 
 
@@ -243,15 +244,15 @@ class PushContext:
         """
         candidates = self._sidecars.get(namespace, [])
         for config in candidates:
-            selector = _selector(config)
+            selector = workload_selector(config)
             if selector is not None and selector_matches(selector, labels):
                 return config
         for config in candidates:
-            if _selector(config) is None:
+            if workload_selector(config) is None:
                 return config
         # The root namespace's first Sidecar without a selector is the mesh-wide default.
         for config in self._sidecars.get(self.mesh.root_namespace, []):
-            if _selector(config) is None:
+            if workload_selector(config) is None:
                 return config
         return None
 

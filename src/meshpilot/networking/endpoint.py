@@ -271,7 +271,7 @@ def _locality_inputs(push: Any) -> tuple[bool, tuple[str, ...]]:
     mesh_setting = push.mesh.locality_lb_setting
     if locality_lb.effective_setting(mesh_setting, None)[0] is not None:
         sensitive = bool(mesh_setting.distribute)
-        names.update(entry.split("=")[0] for entry in mesh_setting.failover_priority)
+        names.update(locality_lb.failover_label_names(mesh_setting.failover_priority))
     if any(svc.traffic_distribution == PREFER_CLOSE for svc in push.services):
         sensitive = True
         names.update(locality_lb.PREFER_CLOSE_LABELS)
@@ -283,7 +283,7 @@ def _locality_inputs(push: Any) -> tuple[bool, tuple[str, ...]]:
                 if part.load_balancer.HasField("locality_lb_setting"):
                     setting = part.load_balancer.locality_lb_setting
                     sensitive = sensitive or bool(setting.distribute)
-                    names.update(entry.split("=")[0] for entry in setting.failover_priority)
+                    names.update(locality_lb.failover_label_names(setting.failover_priority))
     return sensitive, tuple(sorted(names))
 
 

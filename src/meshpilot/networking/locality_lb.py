@@ -18,7 +18,7 @@ from typing import Any
 
 from meshpilot._proto.istio.networking.v1alpha3 import destination_rule_pb2
 from meshpilot.model import labels as wk
-from meshpilot.model.endpoint import Endpoint, Locality
+from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.service import PREFER_CLOSE, Service
 
 _MAX_UINT32 = 0xFFFFFFFF
@@ -83,9 +83,9 @@ def _split(label: str) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
-def locality_match(locality: Locality | str, rule: str) -> bool:
+def locality_match(locality: str, rule: str) -> bool:
     """Whether ``locality`` falls under a rule locality ``region[/zone[/subzone]]`` (``*`` matches all)."""
-    region, zone, subzone = _split(locality.label if isinstance(locality, Locality) else locality)
+    region, zone, subzone = _split(locality)
     rule_region, rule_zone, rule_subzone = _split(rule)
     return (
         (rule_region == "*" or rule_region == region)
@@ -176,6 +176,11 @@ def _compact(groups: list[LocalityGroup], raw: list[int]) -> list[LocalityGroup]
     """Priorities renumbered 0..N without gaps, keeping their order (Envoy requires no gaps)."""
     rank = {value: i for i, value in enumerate(sorted(set(raw)))}
     return [replace(group, priority=rank[value]) for group, value in zip(groups, raw, strict=True)]
+
+
+def failover_label_names(entries: Sequence[str]) -> list[str]:
+    """The labels ``failoverPriority`` entries compare (``label`` or ``label=override``)."""
+    return [name for name, _ in _priority_labels(entries)]
 
 
 def _priority_labels(entries: Sequence[str]) -> list[tuple[str, str | None]]:

@@ -14,6 +14,7 @@ from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import ShardKey
 from meshpilot.model.kind import Kind
+from meshpilot.model.push_context import workload_selector
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.model.service import Service
 from meshpilot.model.xds_updater import XdsUpdater
@@ -48,11 +49,6 @@ class PodSource(Protocol):
 
 def _endpoints_in_config(service: Service) -> bool:
     return selects_dns_only(service) or service.is_headless
-
-
-def _selector(se: Config) -> dict[str, str] | None:
-    spec: Any = se.spec
-    return dict(spec.workload_selector.labels) if spec.HasField("workload_selector") else None
 
 
 class ServiceEntryRegistry:
@@ -93,7 +89,9 @@ class ServiceEntryRegistry:
             if config is not None:
                 keys.update((host, config.namespace) for host in config.spec.hosts)
         namespace = event.config.namespace
-        if any(_selector(se) is not None for se in self._store.configs(Kind.SERVICE_ENTRY, namespace)):
+        if any(
+            workload_selector(se) is not None for se in self._store.configs(Kind.SERVICE_ENTRY, namespace)
+        ):
             self._selecting_namespaces.add(namespace)
         else:
             self._selecting_namespaces.discard(namespace)
@@ -112,7 +110,7 @@ class ServiceEntryRegistry:
         """Hosts of the ServiceEntries in ``namespace`` whose workloadSelector matches any label set."""
         keys: set[tuple[str, str]] = set()
         for se in self._store.configs(Kind.SERVICE_ENTRY, namespace):
-            selector = _selector(se)
+            selector = workload_selector(se)
             if selector is not None and any(wk.selector_matches(selector, labels) for labels in label_sets):
                 keys.update((host, namespace) for host in se.spec.hosts)
         return keys
@@ -162,7 +160,7 @@ class ServiceEntryRegistry:
         As in istiod, a selector replaces inline endpoints, and workloads addressed
         by name or unix socket back only DNS ServiceEntries.
         """
-        selector = _selector(se)
+        selector = workload_selector(se)
         if selector is None:
             return inline_endpoints(se, service, cluster_id=self.cluster_id, trust_domain=self.trust_domain)
         spec: Any = se.spec
