@@ -159,9 +159,12 @@ def cors_policy(policy: Any) -> Any:
     return out
 
 
-def destination_cluster(destination: Any, service: Service | None, listener_port: int) -> str:
-    """``outbound|port|subset|host``: the port is explicit, the service's only one, or the listener's."""
-    host = destination.host
+def destination_cluster(
+    destination: Any, service: Service | None, listener_port: int, host: str | None = None
+) -> str:
+    """``outbound|port|subset|host`` (istiod's GetDestinationCluster): the port is explicit, the
+    service's only one, or the listener's; ``host`` is the destination's host resolved, if it was."""
+    host = host or destination.host
     if service is not None and service.external_name:
         host = service.external_name
     port = listener_port
@@ -320,10 +323,7 @@ def _apply_destinations(
 
     def cluster_for(destination: Any) -> str:
         host = resolve(destination.host)
-        resolved = type(destination)()
-        resolved.CopyFrom(destination)
-        resolved.host = host
-        return destination_cluster(resolved, lookup(host), port)
+        return destination_cluster(destination, lookup(host), port, host)
 
     if http.HasField("mirror"):
         fraction = _mirror_percent(http)

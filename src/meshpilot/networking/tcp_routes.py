@@ -24,7 +24,7 @@ from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import MESH_GATEWAY, PushContext, VirtualServiceEntry
 from meshpilot.model.service import UNSPECIFIED_IP, Service
-from meshpilot.networking import names
+from meshpilot.networking import http_routes, names
 from meshpilot.networking.cluster import config_path
 from meshpilot.networking.filters import TcpProxyOptions, tcp_proxy
 from meshpilot.networking.protobuf import uint32
@@ -158,16 +158,7 @@ def destination_cluster(ctx: RouteContext, destination: Any, vs_namespace: str) 
     The port is the destination's, else the service's only port, else the listener's.
     """
     hostname = resolve_short_name(destination.host, vs_namespace, ctx.push.domain_suffix)
-    svc = ctx.service(hostname)
-    target = hostname
-    if svc is not None and svc.external_name:
-        target = svc.external_name
-    port = ctx.listen_port
-    if destination.HasField("port") and destination.port.number:
-        port = destination.port.number
-    elif svc is not None and len(svc.ports) == 1:
-        port = svc.ports[0].port
-    return names.outbound_cluster(port, destination.subset, target)
+    return http_routes.destination_cluster(destination, ctx.service(hostname), ctx.listen_port, hostname)
 
 
 def proxy_options(rule: MergedDestinationRule | None, subset: str) -> TcpProxyOptions:
