@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,9 +16,31 @@ from typing import Any
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, for a server started a moment later.
+
+    Taken below the kernel's ephemeral range: a port the kernel hands out (bind to 0) is also
+    what it gives the next outgoing connection, which can take it before the server binds.
+    """
+    top = _ephemeral_floor() - 1
+    for _ in range(200):
+        port = random.randint(max(1024, top - 12000), top)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

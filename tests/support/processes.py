@@ -11,7 +11,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -23,13 +22,9 @@ import yaml
 from support.certs import Credentials
 from support.wait import eventually
 
+from bench.server import free_port
+
 ENVOY_BIN = Path(sysconfig.get_paths()["purelib"]) / "envoy" / "_bin" / "envoy"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def http_get(
