@@ -16,7 +16,7 @@ import multiprocessing.connection
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,8 @@ class SimProxy:
     samples: list[str] = field(default_factory=list)
     bytes_received: int = 0
     stopping: bool = False
+    #: By type: the names list last requested and its encoded resource_names fields.
+    names_encoded: dict[str, tuple[list[str], bytes]] = field(default_factory=dict)
 
     @property
     def synced(self) -> bool:
@@ -74,36 +76,73 @@ def _identity(payload: bytes) -> bytes:
     return payload
 
 
+def _field(number: int, value: bytes) -> bytes:
+    """One length-delimited protobuf field (tag and length as varints)."""
+    return _varint((number << 3) | 2) + _varint(len(value)) + value
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _names_field(proxy: SimProxy, type_url: str, names: list[str]) -> bytes:
+    """The encoded resource_names of a request, kept while the proxy asks for the same list.
+
+    An EDS ACK repeats a thousand cluster names; building them into a message
+    for every ACK made the simulator cost as much as the server it measures.
+    """
+    cached = proxy.names_encoded.get(type_url)
+    if cached is not None and cached[0] is names:
+        return cached[1]
+    encoded = b"".join(_field(3, name.encode()) for name in names)
+    proxy.names_encoded[type_url] = (names, encoded)
+    return encoded
+
+
 def _request(proxy: SimProxy, type_url: str, names: list[str], first: bool) -> bytes:
-    request = discovery_pb2.DiscoveryRequest(
-        type_url=type_url,
-        resource_names=names,
-        response_nonce=proxy.nonces.get(type_url, ""),
-        version_info=proxy.versions.get(type_url, ""),
-    )
+    """A serialized DiscoveryRequest, byte for byte what protobuf would write (fields in order)."""
+    version = proxy.versions.get(type_url, "")
+    nonce = proxy.nonces.get(type_url, "")
     if first:
         meta = struct_pb2.Struct()
         meta.update(proxy.spec.metadata)
-        request.node.CopyFrom(base_pb2.Node(id=proxy.spec.node_id, cluster="bench", metadata=meta))
-    data: bytes = request.SerializeToString()
-    return data
+        request = discovery_pb2.DiscoveryRequest(
+            type_url=type_url,
+            resource_names=names,
+            response_nonce=nonce,
+            version_info=version,
+            node=base_pb2.Node(id=proxy.spec.node_id, cluster="bench", metadata=meta),
+        )
+        data: bytes = request.SerializeToString()
+        return data
+    return b"".join(
+        (
+            _field(1, version.encode()) if version else b"",
+            _names_field(proxy, type_url, names),
+            _field(4, type_url.encode()),
+            _field(5, nonce.encode()) if nonce else b"",
+        )
+    )
 
 
-async def _drain(queue: asyncio.Queue[bytes | None]) -> AsyncIterator[bytes]:
-    """Requests for the stream, until a None says the stream is done."""
-    while (item := await queue.get()) is not None:
-        yield item
+def retrieve_outcome(task: asyncio.Task[None]) -> None:
+    """Mark a failed opening write as seen: the stream's read reports the failure."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
     """Keep one proxy's stream up, reconnecting with backoff as Envoy does."""
     backoff = 0.5
     while not proxy.stopping:
-        outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-        call = channel.stream_stream(ADS, request_serializer=_identity, response_deserializer=_identity)(
-            _drain(outgoing)
-        )
+        # Requests are written from this loop, as Envoy does from its one thread: no request
+        # iterator, no queue and no task between reading a response and sending its ACK.
+        call = channel.stream_stream(ADS, request_serializer=_identity, response_deserializer=_identity)()
         proxy.connects += 1
         proxy.connected_at = time.time()
         proxy.acked.clear()
@@ -111,7 +150,10 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
         proxy.versions.clear()
         proxy.eds_names = []
         first_cds = True
-        outgoing.put_nowait(_request(proxy, CDS, [], first=True))
+        # Not awaited here: a write before the stream is up waits for its headers to go out,
+        # which never happens if the server is down; the read below sees the failure instead.
+        opening = asyncio.create_task(call.write(_request(proxy, CDS, [], first=True)))
+        opening.add_done_callback(retrieve_outcome)
         try:
             while True:
                 data = await call.read()
@@ -135,30 +177,34 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
                     eds = sorted(n for n in names if n.startswith("outbound|"))
                     if first_cds and not eds:
                         proxy.empty_configs += 1
-                    outgoing.put_nowait(_request(proxy, CDS, [], first=False))
+                    await call.write(_request(proxy, CDS, [], first=False))
                     if eds != proxy.eds_names or first_cds:
                         proxy.eds_names = eds
-                        outgoing.put_nowait(_request(proxy, EDS, eds, first=False))
+                        await call.write(_request(proxy, EDS, eds, first=False))
                     first_cds = False
                 elif type_url == EDS:
-                    outgoing.put_nowait(_request(proxy, EDS, proxy.eds_names, first=False))
+                    await call.write(_request(proxy, EDS, proxy.eds_names, first=False))
                     if LDS not in proxy.acked and LDS not in proxy.nonces:
-                        outgoing.put_nowait(_request(proxy, LDS, [], first=False))
+                        await call.write(_request(proxy, LDS, [], first=False))
                 elif type_url == LDS:
-                    outgoing.put_nowait(_request(proxy, LDS, [], first=False))
+                    await call.write(_request(proxy, LDS, [], first=False))
                     if proxy.route_names and RDS not in proxy.nonces:
-                        outgoing.put_nowait(_request(proxy, RDS, proxy.route_names, first=False))
+                        await call.write(_request(proxy, RDS, proxy.route_names, first=False))
                 elif type_url == RDS:
-                    outgoing.put_nowait(_request(proxy, RDS, proxy.route_names, first=False))
+                    await call.write(_request(proxy, RDS, proxy.route_names, first=False))
                 proxy.acked.add(type_url)
-        except grpc.aio.AioRpcError as err:
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
+            # A write to a stream the server already ended raises InvalidStateError; the
+            # status is the call's.
             if not proxy.stopping:
-                code = err.code().name
+                status = err.code() if isinstance(err, grpc.aio.AioRpcError) else await call.code()
+                details = err.details() if isinstance(err, grpc.aio.AioRpcError) else await call.details()
+                code = status.name
                 proxy.ended[code] = proxy.ended.get(code, 0) + 1
-                if len(proxy.samples) < 3 and err.code() not in RETRY_CODES:
-                    proxy.samples.append(f"{code}: {err.details()}")
+                if len(proxy.samples) < 3 and status not in RETRY_CODES:
+                    proxy.samples.append(f"{code}: {details}")
         finally:
-            outgoing.put_nowait(None)
+            opening.cancel()
             call.cancel()
         if proxy.stopping:
             return

@@ -454,6 +454,7 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         out += _table(["goal", "target", "measured", "verdict"], goals(results))
         out += micro_section(results)
         out += fleet_section(results, plots(results, suite))
+        out += floor_section(results)
         out += storm_section(results)
     kube = all_results.get("kube")
     if kube is not None:
@@ -461,6 +462,35 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
     if NOTES.exists():
         out += ["", NOTES.read_text().strip(), ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def floor_section(results: dict[str, Any]) -> list[str]:
+    floor = results.get("grpc_floor")
+    if not floor:
+        return []
+    out = ["### The floor: bare grpc.aio, no meshpilot", ""]
+    out.append(
+        f"`python -m bench.grpc_floor`: a server process with {floor['streams']} streams, each on its own "
+        "connection from two client processes written like the simulator's. A round writes one "
+        f"pre-serialized {floor['message_bytes']}-byte message to every stream at once and ends when every "
+        f"client has answered with {floor['ack_bytes']} bytes. Nothing is generated or recorded: this is "
+        "what gRPC and asyncio alone cost on this machine, so an endpoint push to as many proxies cannot "
+        "fan out faster than this."
+    )
+    out.append("")
+    rows = [
+        [
+            i + 1,
+            f"{r['acks']}/{r['streams']}",
+            r["wall_seconds"],
+            r["server_cpu_seconds"],
+            r["server_cpu_seconds"] / max(1, r["streams"]) * 1e6,
+            r["client_cpu_seconds"],
+        ]
+        for i, r in enumerate(floor["rounds"])
+    ]
+    out += _table(["round", "ACKs", "wall s", "server CPU s", "server µs/stream", "clients' CPU s"], rows)
+    return out
 
 
 def kube_section(kube: dict[str, Any]) -> list[str]:

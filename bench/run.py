@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import grpc_floor
 from bench.fleet import EDS, RDS, Fleet, ProxySpec
 from bench.scenario import Scenario, write_yaml
 from bench.server import ServerProcess
@@ -70,11 +71,22 @@ class StormJob:
 
 
 @dataclass(frozen=True)
+class FloorJob:
+    """Bare grpc.aio pushing to as many streams as the http fleet has (see bench.grpc_floor)."""
+
+    streams: int
+    #: About the size of an endpoint push's response in the http scenario.
+    message_bytes: int = 600
+    rounds: int = 5
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     micro_min_time: float
     fleet: tuple[FleetJob, ...]
     storm: tuple[StormJob, ...]
+    floor: FloorJob | None = None
 
 
 def _scenario(file: str, **overrides: Any) -> Scenario:
@@ -96,6 +108,7 @@ def suites() -> dict[str, Suite]:
                 ),
             ),
             storm=(StormJob(_scenario("storm", proxies=1000, name="storm-1000")),),
+            floor=FloorJob(400),
         ),
         "full": Suite(
             "full",
@@ -109,6 +122,7 @@ def suites() -> dict[str, Suite]:
                 FleetJob(_scenario("eds-1000"), (COMPILED, PURE)),
             ),
             storm=(StormJob(_scenario("storm")),),
+            floor=FloorJob(2000),
         ),
     }
 
@@ -425,6 +439,12 @@ def run_suite(suite: Suite, only: set[str] | None) -> dict[str, Any]:
         results["micro"] = {"compiled": run_micro(False, suite.micro_min_time)}
         log("micro benchmarks, pure Python")
         results["micro"]["pure-python"] = run_micro(True, suite.micro_min_time)
+    if suite.floor is not None and (not only or "floor" in only):
+        log(f"gRPC floor, {suite.floor.streams} streams")
+        results["grpc_floor"] = grpc_floor.run(
+            suite.floor.streams, suite.floor.message_bytes, 100, suite.floor.rounds
+        )
+        log(json.dumps(results["grpc_floor"]["rounds"]))
     for job in suite.fleet:
         if only and job.scenario.name not in only and "fleet" not in only:
             continue
@@ -449,7 +469,7 @@ def run_suite(suite: Suite, only: set[str] | None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=sorted(suites()), default="quick")
-    parser.add_argument("--only", nargs="*", help="micro, fleet, storm or scenario names")
+    parser.add_argument("--only", nargs="*", help="micro, floor, fleet, storm or scenario names")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--no-report", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = parser.parse_args(argv)

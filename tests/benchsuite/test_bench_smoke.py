@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import report
-from bench.fleet import Fleet
+from bench.fleet import Fleet, ProxySpec
 from bench.run import COMPILED, FleetJob, StormJob, _specs, run_fleet, run_storm
 from bench.scenario import Scenario
 from bench.server import ServerProcess
@@ -100,3 +100,37 @@ def test_kube_sync_benchmark_lists_and_indexes_a_small_cluster(tmp_path: Path) -
     assert 0 < result["synced_seconds"] <= result["ready_seconds"]
     rendered = "\n".join(report.kube_section({**result, "machine": {}}))
     assert "| every informer synced |" in rendered
+
+
+def test_simulated_requests_are_what_protobuf_writes() -> None:
+    """The simulator encodes ACKs by hand; they must be the bytes protobuf writes for the same request."""
+    from envoy.service.discovery.v3 import discovery_pb2
+
+    from bench.fleet import EDS, LDS, SimProxy, _request
+
+    proxy = SimProxy(ProxySpec("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", {}), ["80"])
+    names = [f"outbound|80||svc-{i}.ns.svc.cluster.local" for i in range(300)]
+    cases = ((EDS, names, "7", "7-abc"), (LDS, [], "", ""), (EDS, [], "1", "n"))
+    for type_url, asked, version, nonce in cases:
+        proxy.versions[type_url], proxy.nonces[type_url] = version, nonce
+        expected = discovery_pb2.DiscoveryRequest(
+            version_info=version, resource_names=asked, type_url=type_url, response_nonce=nonce
+        )
+        assert _request(proxy, type_url, asked, first=False) == expected.SerializeToString()
+    # The names are kept while the list is the same object, and re-encoded when it is not.
+    again = list(names[:2])
+    proxy.versions[EDS], proxy.nonces[EDS] = "8", "8-x"
+    parsed = discovery_pb2.DiscoveryRequest.FromString(_request(proxy, EDS, again, first=False))
+    assert list(parsed.resource_names) == again and parsed.response_nonce == "8-x"
+
+
+@pytest.mark.timeout(120)
+def test_grpc_floor_pushes_to_every_stream_and_reports_it() -> None:
+    from bench import grpc_floor
+
+    floor = grpc_floor.run(streams=12, size=200, ack_size=20, rounds=2)
+    assert floor["streams"] == 12
+    assert [r["acks"] for r in floor["rounds"]] == [12, 12]
+    assert all(r["wall_seconds"] > 0 and r["server_cpu_seconds"] >= 0 for r in floor["rounds"])
+    rendered = "\n".join(report.floor_section({"grpc_floor": floor}))
+    assert "12 streams" in rendered and "12/12" in rendered

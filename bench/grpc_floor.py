@@ -1,0 +1,231 @@
+"""The floor under any Python xDS push: bare grpc.aio, no meshpilot (``python -m bench.grpc_floor``).
+
+A server process holds N bidirectional streams, each on its own connection
+from client processes like the fleet simulator's. A round writes one
+pre-serialized message to every stream at once and ends when every client
+has read it and answered with an ACK-sized message. Nothing is generated,
+looked up or recorded, so the round's wall time and CPU are what gRPC and
+asyncio alone cost on this machine: a push to N proxies by meshpilot can be
+no cheaper, and its fan-out figures are read against this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench.fleet import retrieve_outcome
+from bench.server import free_port
+
+_METHOD = "/bench.Floor/Stream"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _identity(payload: bytes) -> bytes:
+    return payload
+
+
+def _raise_file_limit() -> None:
+    # Every stream is a connection and a descriptor on both sides.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+# -- server ----------------------------------------------------------------------------
+
+
+async def _serve(port: int, size: int) -> None:
+    payload = b"\x0a" + b"x" * (size - 1)
+    #: Per stream: True writes the message, False ends the stream.
+    queues: list[asyncio.Queue[bool]] = []
+    state = {"acks": 0, "want": -1}
+    round_done = asyncio.Event()
+
+    async def stream(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        queue: asyncio.Queue[bool] = asyncio.Queue()
+        queues.append(queue)
+
+        async def read() -> None:
+            async for _ in requests:
+                state["acks"] += 1
+                if state["acks"] == state["want"]:
+                    round_done.set()
+
+        reader = asyncio.create_task(read())
+        try:
+            while await queue.get():
+                await context.write(payload)
+        finally:
+            reader.cancel()
+
+    handler = grpc.stream_stream_rpc_method_handler(
+        stream, request_deserializer=_identity, response_serializer=_identity
+    )
+    server = grpc.aio.server()
+    generic = grpc.method_handlers_generic_handler("bench.Floor", {"Stream": handler})
+    server.add_generic_rpc_handlers((generic,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    loop = asyncio.get_running_loop()
+    print("listening", flush=True)
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        command = line.split()
+        if command[0] == "count":
+            # Each client says hello once: the count is the streams that are up.
+            print(state["acks"], flush=True)
+        elif command[0] == "round":
+            state["acks"], state["want"] = 0, len(queues)
+            round_done.clear()
+            started = time.perf_counter()
+            for queue in queues:
+                queue.put_nowait(True)
+            with contextlib.suppress(TimeoutError):  # a lost stream: the round reports fewer ACKs
+                await asyncio.wait_for(round_done.wait(), 60)
+            print(f"{time.perf_counter() - started} {state['acks']} {len(queues)}", flush=True)
+    for queue in queues:
+        queue.put_nowait(False)
+    await server.stop(1)
+
+
+def _server_main(port: int, size: int) -> None:
+    _raise_file_limit()
+    asyncio.run(_serve(port, size))
+
+
+# -- clients ---------------------------------------------------------------------------
+
+
+async def _client(target: str, streams: int, ack_size: int) -> None:
+    options = [("grpc.use_local_subchannel_pool", 1)]  # a connection per stream, as Envoys have
+    ack = b"a" * ack_size
+
+    async def one() -> None:
+        # As the fleet simulator's streams: ACKs written from the read loop. Opened again if it
+        # fails: a burst of connections can overflow the listen queue.
+        while True:
+            channel = grpc.aio.insecure_channel(target, options=options)
+            call = channel.stream_stream(
+                _METHOD, request_serializer=_identity, response_deserializer=_identity
+            )()
+            opening = asyncio.create_task(call.write(b"hello"))
+            opening.add_done_callback(retrieve_outcome)
+            try:
+                while (message := await call.read()) is not grpc.aio.EOF:
+                    del message
+                    await call.write(ack)
+                return
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                opening.cancel()
+                await channel.close()
+                await asyncio.sleep(0.5)
+
+    await asyncio.gather(*(one() for _ in range(streams)), return_exceptions=True)
+
+
+def _client_main(target: str, streams: int, ack_size: int) -> None:
+    _raise_file_limit()
+    asyncio.run(_client(target, streams, ack_size))
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+def run(streams: int, size: int, ack_size: int, rounds: int, workers: int = 2) -> dict[str, Any]:
+    """Rounds of one message to every stream; wall time and server/client CPU of each."""
+    import subprocess
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-c", f"from bench.grpc_floor import _server_main; _server_main({port}, {size})"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert server.stdin is not None and server.stdout is not None
+    ctx = multiprocessing.get_context("spawn")
+    clients = []
+
+    def ask(command: str) -> str:
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(command + "\n")
+        server.stdin.flush()
+        return server.stdout.readline().strip()
+
+    try:
+        server.stdout.readline()  # listening
+        share = [streams // workers + (i < streams % workers) for i in range(workers)]
+        for count in share:
+            process = ctx.Process(
+                target=_client_main, args=(f"127.0.0.1:{port}", count, ack_size), daemon=True
+            )
+            process.start()
+            clients.append(process)
+        # Connections come up as fast as the clients open them; wait until the count settles.
+        up, deadline = -1, time.time() + 120
+        while time.time() < deadline:
+            time.sleep(2)
+            now = int(ask("count"))
+            if now == up:
+                break
+            up = now
+        out: dict[str, Any] = {"streams": up, "message_bytes": size, "ack_bytes": ack_size, "rounds": []}
+        for _ in range(rounds):
+            time.sleep(1)
+            server_cpu = _cpu(server.pid)
+            client_cpu = sum(_cpu(p.pid or 0) for p in clients)
+            wall, acks, total = ask("round").split()
+            out["rounds"].append(
+                {
+                    "wall_seconds": round(float(wall), 4),
+                    "acks": int(acks),
+                    "streams": int(total),
+                    "server_cpu_seconds": round(_cpu(server.pid) - server_cpu, 3),
+                    "client_cpu_seconds": round(sum(_cpu(p.pid or 0) for p in clients) - client_cpu, 3),
+                }
+            )
+        return out
+    finally:
+        for process in clients:
+            process.kill()
+            process.join(10)
+        if server.stdin is not None:
+            server.stdin.close()
+        if server.stdout is not None:
+            server.stdout.close()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.grpc_floor", description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", type=int, default=2000)
+    parser.add_argument("--size", type=int, default=600, help="bytes per pushed message")
+    parser.add_argument("--ack-size", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.streams, args.size, args.ack_size, args.rounds), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
