@@ -33,6 +33,8 @@ EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
 RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 TYPES = (CDS, EDS, LDS, RDS)
+#: Envoy's default initial_stream_window_size.
+ENVOY_STREAM_WINDOW = 256 * 1024 * 1024
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
@@ -245,6 +247,10 @@ class Worker:
             ("grpc.max_receive_message_length", 1 << 30),
             ("grpc.enable_retries", 0),
         ]
+        # Envoy's default HTTP/2 stream window (256 MiB), not gRPC's 64 KiB: with the smaller one a
+        # 200 KB route configuration took several WINDOW_UPDATE round trips per proxy, which cost the
+        # server and the simulator a fifth of their CPU in a route push (bench/notes.md).
+        options.append(("grpc.http2.lookahead_bytes", ENVOY_STREAM_WINDOW))
         if self.own_connections:
             # gRPC shares one connection among channels with equal arguments (its global
             # subchannel pool); a local pool gives each channel its own, as each Envoy has.

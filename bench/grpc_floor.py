@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from bench.fleet import retrieve_outcome
+from bench.fleet import ENVOY_STREAM_WINDOW, retrieve_outcome
 from bench.server import free_port
 
 _METHOD = "/bench.Floor/Stream"
@@ -112,7 +112,8 @@ def _server_main(port: int, size: int) -> None:
 
 
 async def _client(target: str, streams: int, ack_size: int) -> None:
-    options = [("grpc.use_local_subchannel_pool", 1)]  # a connection per stream, as Envoys have
+    # A connection per stream and Envoy's stream window, as the fleet simulator's sidecars have.
+    options = [("grpc.use_local_subchannel_pool", 1), ("grpc.http2.lookahead_bytes", ENVOY_STREAM_WINDOW)]
     ack = b"a" * ack_size
 
     async def one() -> None:
