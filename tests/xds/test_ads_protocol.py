@@ -248,6 +248,42 @@ async def test_a_push_is_not_sent_to_a_proxy_that_holds_that_config(server: Serv
     await client.close()
 
 
+async def test_after_a_cluster_push_the_same_eds_request_is_answered(server: Server) -> None:
+    """Envoy re-requests the same endpoints for clusters it is warming; an unchanged ACK would stall them."""
+    client = server.client()
+    client.send(CDS, node_id=NODE)
+    client.ack(await client.recv())
+    client.send(EDS, [REVIEWS])
+    endpoints = await client.recv()
+    client.ack(endpoints, [REVIEWS])
+    assert await client.no_response(0.3), "an unchanged EDS ACK is quiet"
+    write(
+        server.config_dir / "rule.yaml",
+        [
+            istio(
+                "DestinationRule",
+                "reviews",
+                "default",
+                {"host": "reviews", "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}},
+            )
+        ],
+    )
+    clusters = await client.recv(10)
+    assert clusters.type_url == CDS
+    # Envoy's order: the EDS request for the clusters it now warms, then the CDS ACK.
+    client.send(EDS, [REVIEWS], nonce=endpoints.nonce, version=endpoints.version_info)
+    client.ack(clusters)
+    again = await client.recv(10)
+    assert again.type_url == EDS
+    assert [endpoint_pb2.ClusterLoadAssignment.FromString(r.value).cluster_name for r in again.resources] == [
+        REVIEWS
+    ]
+    # Answered once: the ACK of that answer is quiet again.
+    client.ack(again, [REVIEWS])
+    assert await client.no_response(0.5)
+    await client.close()
+
+
 @pytest.mark.parametrize(
     ("node_id", "message"),
     [

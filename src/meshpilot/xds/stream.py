@@ -261,6 +261,14 @@ class AdsStream:
         payload = wire.discovery_response(version, type_url, nonce, [r.payload for r in resources])
         by_type = metrics.for_type(known.short)
         by_type.push_time.observe(time.monotonic() - started)
+        if known is TypeUrl.CLUSTER:
+            eds = conn.watched.get(TypeUrl.ENDPOINT)
+            if eds is not None:
+                # Changed clusters warm until they get endpoints; Envoy's next EDS
+                # request may name the same clusters and still needs an answer. Set
+                # before the write: the reader may see that request before the write
+                # returns, and must not take it for a quiet ACK.
+                eds.always_respond = True
         sent_at = time.monotonic()
         await self.context.write(payload)
         metrics.send_time.observe(time.monotonic() - sent_at)
@@ -270,12 +278,6 @@ class AdsStream:
             watch, version, nonce, names_of(resources), partial=names is not None or not request.full
         )
         watch.digest_sent = digest
-        if known is TypeUrl.CLUSTER:
-            eds = conn.watched.get(TypeUrl.ENDPOINT)
-            if eds is not None:
-                # Changed clusters warm until they get endpoints; Envoy's next EDS
-                # request may name the same clusters and still needs an answer.
-                eds.always_respond = True
 
 
 def _record_sent(
