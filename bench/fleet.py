@@ -26,6 +26,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 
 from bench.wirescan import resource_name, scan_response
+from meshpilot.networking.wire_py import varint
 
 ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -80,16 +81,7 @@ def _identity(payload: bytes) -> bytes:
 
 def _field(number: int, value: bytes) -> bytes:
     """One length-delimited protobuf field (tag and length as varints)."""
-    return _varint((number << 3) | 2) + _varint(len(value)) + value
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return varint((number << 3) | 2) + varint(len(value)) + value
 
 
 def _names_field(proxy: SimProxy, type_url: str, names: list[str]) -> bytes:

@@ -220,20 +220,16 @@ async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> No
     await client.close()
 
 
+def _random_lb_rule(server: Server, host: str) -> None:
+    """A DestinationRule that changes ``host``'s cluster and nothing else."""
+    rule = {"host": host, "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}
+    write(server.config_dir / "rule.yaml", [istio("DestinationRule", host, "default", rule)])
+
+
 async def test_a_push_is_not_sent_to_a_proxy_that_holds_that_config(server: Server) -> None:
     client = await _synced(server)
     # A DestinationRule for ratings changes its cluster only: EDS, LDS and RDS come out the same.
-    write(
-        server.config_dir / "rule.yaml",
-        [
-            istio(
-                "DestinationRule",
-                "ratings",
-                "default",
-                {"host": "ratings", "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}},
-            )
-        ],
-    )
+    _random_lb_rule(server, "ratings")
     response = await client.recv(10)
     assert response.type_url == CDS
     clusters = {c.name: c for c in (cluster_pb2.Cluster.FromString(r.value) for r in response.resources)}
@@ -257,17 +253,7 @@ async def test_after_a_cluster_push_the_same_eds_request_is_answered(server: Ser
     endpoints = await client.recv()
     client.ack(endpoints, [REVIEWS])
     assert await client.no_response(0.3), "an unchanged EDS ACK is quiet"
-    write(
-        server.config_dir / "rule.yaml",
-        [
-            istio(
-                "DestinationRule",
-                "reviews",
-                "default",
-                {"host": "reviews", "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}},
-            )
-        ],
-    )
+    _random_lb_rule(server, "reviews")
     clusters = await client.recv(10)
     assert clusters.type_url == CDS
     # Envoy's order: the EDS request for the clusters it now warms, then the CDS ACK.
