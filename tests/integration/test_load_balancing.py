@@ -7,14 +7,13 @@ as istiod reads them.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from support.kube import egress_sidecar, istio, namespace, workload
-from support.processes import http_get
+from support.processes import backend_name, http_get
 from support.wait import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
@@ -83,8 +82,7 @@ def start(mesh, traffic_policy: dict[str, Any], **service_spec: Any):
 
 
 def call() -> tuple[int, str]:
-    status, body, _ = http_get(CLIENT_IP, 9080, "/", {"Host": "reviews"})
-    return status, json.loads(body)["name"] if status == 200 else f"{status}"
+    return backend_name(CLIENT_IP, "reviews")
 
 
 def spread(n: int) -> Counter[str]:

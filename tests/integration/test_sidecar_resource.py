@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from support.kube import istio, pod, workload
-from support.processes import free_port, http_get
+from support.processes import backend_name, free_port, http_get
 from support.wait import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
@@ -34,11 +34,7 @@ def client_sidecar(name: str, namespace: str, ip: str, hosts: list[str], **extra
 
 
 def call(ip: str, host: str, port: int = 9080) -> tuple[int, str]:
-    """(status, backend name or response body)."""
-    status, body, _ = http_get(ip, port, "/", {"Host": host})
-    if status == 200:
-        return status, json.loads(body)["name"]
-    return status, body.decode(errors="replace")
+    return backend_name(ip, host, port)
 
 
 def spread(ip: str, host: str, n: int = 20) -> Counter[str]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 from support.kube import egress_sidecar, istio, namespace, workload
-from support.processes import http_get
+from support.processes import backend_name
 from support.wait import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
@@ -48,8 +47,7 @@ def start_backends(mesh) -> None:
 
 
 def call(host: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    status, body, _ = http_get(CLIENT_IP, 9080, "/", {"Host": host, **(headers or {})})
-    return status, json.loads(body)["name"] if status == 200 else body.decode(errors="replace")
+    return backend_name(CLIENT_IP, host, headers=headers)
 
 
 def spread(host: str, n: int = 40, headers: dict[str, str] | None = None) -> Counter[str]:

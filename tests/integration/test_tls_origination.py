@@ -6,12 +6,11 @@ The certificates a rule names by file reach Envoy over the agent's SDS
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 from support.kube import egress_sidecar, istio, namespace, workload
-from support.processes import http_get
+from support.processes import backend_name
 from support.wait import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
@@ -43,8 +42,7 @@ def write_rule(mesh, tls: dict[str, Any]) -> None:
 
 
 def call() -> tuple[int, str]:
-    status, body, _ = http_get(CLIENT_IP, 9080, "/", {"Host": "secure"})
-    return status, json.loads(body)["name"] if status == 200 else body.decode(errors="replace")
+    return backend_name(CLIENT_IP, "secure")
 
 
 def test_simple_tls_checks_the_server_and_its_names(mesh, ca, tmp_path):

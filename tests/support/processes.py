@@ -44,6 +44,16 @@ def http_get(
         conn.close()
 
 
+def backend_name(
+    ip: str, host: str, port: int = 9080, headers: Mapping[str, str] | None = None
+) -> tuple[int, str]:
+    """A request through a sidecar's listener: (status, the answering backend's name, else the body)."""
+    status, body, _ = http_get(ip, port, "/", {"Host": host, **(headers or {})})
+    if status == 200:
+        return status, str(json.loads(body)["name"])
+    return status, body.decode(errors="replace")
+
+
 class Process:
     """A subprocess with a log file, stopped politely then firmly."""
 
