@@ -9,6 +9,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -33,6 +34,26 @@ log = logging.getLogger(__name__)
 # Requests are answered before pushes; the end of the stream queues like a request.
 _REQUEST, _PUSH, _END = 0, 1, 0
 _seq = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class _Incoming:
+    """A request as read, with its head scanned once (see ``_scan``)."""
+
+    raw: bytes
+    #: (type URL, nonce, hash of the names' bytes) when the head can be read without a parse.
+    head: tuple[str, str, int] | None
+
+
+def _scan(raw: bytes) -> _Incoming:
+    try:
+        head = request_head.scan(raw)
+    except ValueError:
+        return _Incoming(raw, None)  # the full parse reports what is wrong
+    if head[3] & request_head.FLAG_FULL_PARSE:
+        return _Incoming(raw, None)
+    # Names as bytes: equal bytes hash alike, so an unchanged ACK needs no parse.
+    return _Incoming(raw, (head[0], head[1], hash(raw[head[4] : head[5]])))
 
 
 class AdsStream:
@@ -60,7 +81,7 @@ class AdsStream:
         self.server.add_connection(conn, self)
         reader = asyncio.create_task(self._read(requests))
         try:
-            await self._handle_request(raw)
+            await self._handle_request(_scan(raw))
             await self._loop()
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError) as err:
             # The client went away while we were writing; nothing to answer.
@@ -103,13 +124,14 @@ class AdsStream:
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
         events = self.events
         try:
-            async for request in requests:
+            async for raw in requests:
+                incoming = _scan(raw)
                 # Most requests are ACKs that change nothing; recording them here spares a
                 # trip through the queue and a wake-up of the loop for every proxy of a push.
                 # Only when nothing is queued: requests are handled in the order they came.
-                if events.empty() and self._quiet_ack(request):
+                if events.empty() and self._quiet_ack(incoming):
                     continue
-                events.put_nowait((_REQUEST, next(_seq), request))
+                events.put_nowait((_REQUEST, next(_seq), incoming))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception:
@@ -131,7 +153,7 @@ class AdsStream:
             _, _, item = await self.events.get()
             if item is None:
                 return
-            if isinstance(item, bytes):
+            if isinstance(item, _Incoming):
                 await self._handle_request(item)
                 continue
             request, done = item
@@ -148,32 +170,18 @@ class AdsStream:
 
     # -- requests ----------------------------------------------------------------
 
-    def _quiet_ack(self, raw: bytes) -> bool:
-        """Record ``raw`` if it is an ACK that needs nothing else (see ``protocol.quiet_ack``)."""
-        conn = self.conn
-        assert conn is not None
-        try:
-            head = request_head.scan(raw)
-        except ValueError:
-            return False  # the full parse reports what is wrong
-        if head[3] & request_head.FLAG_FULL_PARSE:
-            return False
-        # Names as bytes: equal bytes hash alike, so an unchanged ACK skips the parse.
-        return protocol.quiet_ack(conn, head[0], head[1], hash(raw[head[4] : head[5]]))
+    def _quiet_ack(self, incoming: _Incoming) -> bool:
+        """Record the request if it is an ACK that needs nothing else (see ``protocol.quiet_ack``)."""
+        assert self.conn is not None
+        return incoming.head is not None and protocol.quiet_ack(self.conn, *incoming.head)
 
-    async def _handle_request(self, raw: bytes) -> None:
+    async def _handle_request(self, incoming: _Incoming) -> None:
         conn = self.conn
         assert conn is not None
-        if self._quiet_ack(raw):
+        if self._quiet_ack(incoming):
             return
-        digest = None
-        try:
-            head = request_head.scan(raw)
-        except ValueError:
-            head = None  # the full parse below reports what is wrong
-        if head is not None and not head[3] & request_head.FLAG_FULL_PARSE:
-            digest = hash(raw[head[4] : head[5]])
-        request = await self._parse(raw)
+        digest = incoming.head[2] if incoming.head is not None else None
+        request = await self._parse(incoming.raw)
         type_url = request.type_url
         if type_url == TypeUrl.HEALTH:
             return
