@@ -246,6 +246,18 @@ def test_with_the_cache_off_nothing_is_shared() -> None:
         assert len(built) == expected
 
 
+def _dns_entry(localities: dict[str, str]) -> dict[str, Any]:
+    """ServiceEntry ext.example.com (DNS, port 80) with an endpoint per address, in its locality."""
+    endpoints = [{"address": address, "locality": where} for address, where in localities.items()]
+    spec = {
+        "hosts": ["ext.example.com"],
+        "resolution": "DNS",
+        "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+        "endpoints": endpoints,
+    }
+    return istio("ServiceEntry", "ext", "default", spec)
+
+
 @pytest.mark.parametrize("type_url", [TypeUrl.CLUSTER, TypeUrl.ENDPOINT])
 def test_locality_rewrites_are_cached_per_what_they_read(type_url: TypeUrl) -> None:
     """Proxies in other localities, or with other failoverPriority labels, never get each other's entries."""
@@ -258,20 +270,7 @@ def test_locality_rewrites_are_cached_per_what_they_read(type_url: TypeUrl) -> N
             80,
             {"c-1": "10.1.0.11", "c-2": "10.1.0.12", "c-3": "10.1.0.13"},
         ),
-        istio(
-            "ServiceEntry",
-            "ext",
-            "default",
-            {
-                "hosts": ["ext.example.com"],
-                "resolution": "DNS",
-                "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
-                "endpoints": [
-                    {"address": "a.example.com", "locality": "r1/z1"},
-                    {"address": "b.example.com", "locality": "r2/z1"},
-                ],
-            },
-        ),
+        _dns_entry({"a.example.com": "r1/z1", "b.example.com": "r2/z1"}),
         istio(
             "DestinationRule",
             "reviews",
@@ -331,17 +330,7 @@ def test_dns_clusters_are_shared_across_localities_when_nothing_reads_locality()
     """Without distribute, outlier detection or PreferClose, proxies in other localities share one list."""
     docs = [
         *workload("client", "default", "10.96.0.10", 80, {"c-1": "10.1.0.11", "c-2": "10.1.0.12"}),
-        istio(
-            "ServiceEntry",
-            "ext",
-            "default",
-            {
-                "hosts": ["ext.example.com"],
-                "resolution": "DNS",
-                "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
-                "endpoints": [{"address": "a.example.com", "locality": "r1/z1"}],
-            },
-        ),
+        _dns_entry({"a.example.com": "r1/z1"}),
     ]
     for doc in docs:
         if doc["kind"] == "Pod":

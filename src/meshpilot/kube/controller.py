@@ -141,31 +141,24 @@ class KubeController:
         loop = asyncio.get_running_loop()
         options = self.options
         ns = options.istio_namespace
-        secrets = Resource("", "v1", "secrets", "Secret", ns, label_selector=f"{MULTICLUSTER_LABEL}=true")
-        self._informers = [
-            Informer(
+
+        def watch(resource: Resource, decode: Any, apply: Any) -> Informer[Any]:
+            return Informer(
                 self.api,
-                secrets,
-                decode_secret,
-                Pump(loop, self._apply_secrets),
+                resource,
+                decode,
+                Pump(loop, apply),
                 cluster=options.cluster_id,
                 watch_timeout=options.watch_timeout,
             )
-        ]
+
+        secrets = Resource("", "v1", "secrets", "Secret", ns, label_selector=f"{MULTICLUSTER_LABEL}=true")
+        self._informers = [watch(secrets, decode_secret, self._apply_secrets)]
         if options.watch_mesh:
             configmap = Resource(
                 "", "v1", "configmaps", "ConfigMap", ns, field_selector=f"metadata.name={MESH_CONFIGMAP}"
             )
-            self._informers.append(
-                Informer(
-                    self.api,
-                    configmap,
-                    _decode_mesh,
-                    Pump(loop, self._apply_mesh),
-                    cluster=options.cluster_id,
-                    watch_timeout=options.watch_timeout,
-                )
-            )
+            self._informers.append(watch(configmap, _decode_mesh, self._apply_mesh))
         else:
             self._mesh_synced.set()
         for informer in self._informers:
