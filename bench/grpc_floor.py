@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -149,8 +150,6 @@ def _client_main(target: str, streams: int, ack_size: int) -> None:
 
 def run(streams: int, size: int, ack_size: int, rounds: int, workers: int = 2) -> dict[str, Any]:
     """Rounds of one message to every stream; wall time and server/client CPU of each."""
-    import subprocess
-
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-c", f"from bench.grpc_floor import _server_main; _server_main({port}, {size})"],
