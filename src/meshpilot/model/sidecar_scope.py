@@ -211,13 +211,8 @@ def _select_services(
     wildcard = imports.get(_WILDCARD_NAMESPACE)
     chosen: list[Service] = []
     for svc in services:
-        own = imports.get(svc.namespace)
-        if own is not None and own.imports_service(svc.hostname):
-            found = _matching_port(svc, listener)
-            if found is not None:
-                chosen.append(found)
-                continue
-        if wildcard is not None and wildcard.imports_service(svc.hostname):
+        hosts = (imports.get(svc.namespace), wildcard)
+        if any(h is not None and h.imports_service(svc.hostname) for h in hosts):
             found = _matching_port(svc, listener)
             if found is not None:
                 chosen.append(found)

@@ -154,16 +154,13 @@ def build_outbound_cluster(
         tp.set_h2(http_options)
     tp.apply_connection_pool(cluster, policy.connection_pool, http_options, mesh)
     tp.apply_outlier_detection(cluster, policy.outlier_detection)
-    locality_setting, force_failover = locality_lb.effective_setting(
-        mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None, policy.load_balancer, svc
-    )
-    tp.apply_load_balancer(cluster, policy.load_balancer, locality_setting, force_failover)
+    locality = locality_lb.for_cluster(mesh, policy, svc)
+    tp.apply_load_balancer(cluster, policy.load_balancer, locality.setting, locality.forced)
     if cluster.type in (cluster_pb2.Cluster.STRICT_DNS, cluster_pb2.Cluster.LOGICAL_DNS):
         groups = locality_lb.groups_by_locality(dns_endpoints)
-        if locality_setting is not None:
+        if locality.setting is not None:
             # As istiod for static assignments: relative to the proxy, without failoverPriority.
-            enable_failover = force_failover or cluster.HasField("outlier_detection")
-            groups = locality_lb.apply(groups, locality_setting, proxy.locality.label, {}, enable_failover)
+            groups = locality_lb.apply(groups, locality.setting, proxy.locality.label, {}, locality.failover)
         cluster.load_assignment.CopyFrom(
             eds.load_assignment(name, eds.render_groups(groups, eds.endpoint_tls(rule, port.port).mtls))
         )
@@ -451,14 +448,8 @@ class OutboundSpec:
     def _dns_locality_view(self, proxy: Proxy, push: PushContext) -> object:
         """What of the proxy's locality a DNS cluster's inline endpoints depend on (None: nothing)."""
         policy = tp.cluster_policy(self.rule, self.subset, self.port.port)
-        mesh = push.mesh
-        setting, force_failover = locality_lb.effective_setting(
-            mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None,
-            policy.load_balancer,
-            self.service,
-        )
-        enable_failover = force_failover or policy.outlier_detection is not None
-        return locality_lb.proxy_view(setting, enable_failover, proxy.locality.label, {})
+        locality = locality_lb.for_cluster(push.mesh, policy, self.service)
+        return locality_lb.proxy_view(locality.setting, locality.failover, proxy.locality.label, {})
 
     def dependencies(self) -> frozenset[ConfigKey]:
         svc = self.service

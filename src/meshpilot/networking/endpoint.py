@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +17,10 @@ from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.service import PREFER_CLOSE, Service
-from meshpilot.networking import locality_lb, names, wire
+from meshpilot.networking import locality_lb, names, wire, wire_py
 from meshpilot.networking import traffic_policy as tp
 from meshpilot.networking.locality_lb import LocalityGroup
 from meshpilot.networking.protobuf import uint32
-from meshpilot.networking.wire_py import varint
 
 #: DestinationRule ClientTLSSettings.TLSmode numbers.
 TLS_DISABLE, TLS_SIMPLE, TLS_MUTUAL, TLS_ISTIO_MUTUAL = 0, 1, 2, 3
@@ -166,28 +165,12 @@ def render_groups(groups: Iterable[LocalityGroup], mtls: Callable[[Endpoint], bo
     ]
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
-def _encode_groups(groups: Iterable[LocalityGroup], mtls: Callable[[Endpoint], bool]) -> bytes:
-    """Repeated LocalityLbEndpoints (CLA field 2): locality 1, lb_endpoints 2, weight 3, priority 5.
-
-    Only per-proxy locality assignments and per-subset TLS modes come here; the
-    common case stays in the wire module.
-    """
-    out = []
+def _encode_groups(groups: Iterable[LocalityGroup], mtls: Callable[[Endpoint], bool]) -> Iterator[bytes]:
+    """Encoded LocalityLbEndpoints of per-proxy locality assignments and per-subset TLS modes;
+    the common case stays in the wire module."""
     for group in groups:
-        parts = group.label.split("/") if group.label else []
-        locality = b"".join(_field(n, text.encode()) for n, text in enumerate(parts[:3], 1) if text)
-        body = _field(1, locality)
-        for ep in group.endpoints:
-            body += _field(2, wire.lb_endpoint(ep, mtls(ep)))
-        body += _field(3, varint(1 << 3) + varint(group.weight) if group.weight else b"")
-        if group.priority:
-            body += varint(5 << 3) + varint(group.priority)
-        out.append(_field(2, body))
-    return b"".join(out)
+        encoded = (wire.lb_endpoint(ep, mtls(ep)) for ep in group.endpoints)
+        yield wire_py.locality_group(group.label, encoded, group.weight, group.priority)
 
 
 def load_assignment(cluster_name: str, groups: list[Any]) -> Any:
@@ -222,15 +205,11 @@ def _cluster_locality(
     rule: Any | None, subset: str, port: int, svc: Service, mesh: Any
 ) -> tuple[Any, bool, bytes] | None:
     """The locality setting in force for a cluster, whether failover is on, and the setting's bytes."""
-    policy = tp.cluster_policy(rule, subset, port)
-    mesh_setting = mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None
-    setting, force_failover = locality_lb.effective_setting(mesh_setting, policy.load_balancer, svc)
-    if setting is None:
-        return None
-    enable_failover = force_failover or policy.outlier_detection is not None
-    if not setting.distribute and not enable_failover:
+    locality = locality_lb.for_cluster(mesh, tp.cluster_policy(rule, subset, port), svc)
+    setting = locality.setting
+    if setting is None or (not setting.distribute and not locality.failover):
         return None  # nothing to rewrite, whoever calls
-    return setting, enable_failover, setting.SerializeToString(deterministic=True)
+    return setting, locality.failover, setting.SerializeToString(deterministic=True)
 
 
 def locality_plan(
@@ -403,7 +382,7 @@ def encode_from_inputs(cluster_name: str, inputs: ClaInputs | None, index: Endpo
             groups = inputs.locality.apply(chosen)
         else:
             groups = locality_lb.groups_by_locality(chosen)
-        return _field(1, cluster_name.encode()) + _encode_groups(groups, inputs.tls.mtls)
+        return wire_py.assignment(cluster_name, _encode_groups(groups, inputs.tls.mtls))
     return wire.cluster_load_assignment(
         cluster_name, endpoints, inputs.port_name, inputs.subset_labels, inputs.tls.wire_mode
     )

@@ -20,6 +20,7 @@ from meshpilot._proto.istio.networking.v1alpha3 import destination_rule_pb2
 from meshpilot.model import labels as wk
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.service import PREFER_CLOSE, Service
+from meshpilot.networking.traffic_policy import ClusterPolicy
 
 _MAX_UINT32 = 0xFFFFFFFF
 #: ``failoverPriority`` entries may pin the value to compare: ``label=value``.
@@ -75,6 +76,25 @@ def effective_setting(
     if mesh_setting.HasField("enabled") and not mesh_setting.enabled.value:
         return None, False
     return mesh_setting, False
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterLocality:
+    """The locality load balancing a cluster follows, the same for its CDS and EDS sides."""
+
+    #: The setting in force (effective_setting), None when locality load balancing is off.
+    setting: Any | None
+    #: Failover without outlier detection (a PreferClose Service).
+    forced: bool
+    #: Failover on: forced, or the cluster's policy has outlier detection (istiod's rule).
+    failover: bool
+
+
+def for_cluster(mesh: Any, policy: ClusterPolicy, svc: Service) -> ClusterLocality:
+    """The locality load balancing of a cluster of ``svc`` built with ``policy`` under ``mesh``."""
+    mesh_setting = mesh.locality_lb_setting if mesh.HasField("locality_lb_setting") else None
+    setting, forced = effective_setting(mesh_setting, policy.load_balancer, svc)
+    return ClusterLocality(setting, forced, forced or policy.outlier_detection is not None)
 
 
 def _split(label: str) -> tuple[str, str, str]:

@@ -35,7 +35,7 @@ Encodings, by field number:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 
@@ -149,12 +149,25 @@ def locality_groups(endpoints: Sequence[Endpoint], tls_mode: int) -> bytes:
     for ep in endpoints:
         mtls = tls_mode == TLS_ISTIO_MUTUAL if tls_mode != NO_TLS_MODE else ep.tls_mode == TLS_MODE_ISTIO
         label = ep.locality.label
-        by_locality.setdefault(label, []).append(_len(2, lb_endpoint(ep, mtls)))
+        by_locality.setdefault(label, []).append(lb_endpoint(ep, mtls))
         weights[label] = min(_MAX_UINT32, weights.get(label, 0) + (ep.weight or 1))
     return b"".join(
-        _len(2, _locality(label) + b"".join(by_locality[label]) + _len(3, _uint(1, weights[label])))
-        for label in sorted(by_locality)
+        locality_group(label, by_locality[label], weights[label]) for label in sorted(by_locality)
     )
+
+
+def locality_group(label: str, lb_endpoints: Iterable[bytes], weight: int, priority: int = 0) -> bytes:
+    """One ``LocalityLbEndpoints`` (field 2 of a CLA) of encoded ``LbEndpoint`` messages.
+
+    Python only (the compiled module inlines it): the per-proxy locality path calls it too.
+    """
+    body = b"".join(_len(2, ep) for ep in lb_endpoints)
+    return _len(2, _locality(label) + body + _len(3, _uint(1, weight)) + _uint(5, priority))
+
+
+def assignment(cluster_name: str, groups: Iterable[bytes]) -> bytes:
+    """A serialized ClusterLoadAssignment of encoded ``LocalityLbEndpoints`` (locality_group)."""
+    return _str(1, cluster_name) + b"".join(groups)
 
 
 def cluster_load_assignment(
