@@ -39,7 +39,7 @@ from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
 from meshpilot.server import gc_tuning
 from meshpilot.server.debug import DebugHandlers, DebugSources
-from meshpilot.server.http import http_app, monitoring_app, start_site
+from meshpilot.server.http import ThreadedSite, http_app, monitoring_app, on_loop, start_site
 from meshpilot.server.metrics import Metrics
 from meshpilot.server.settings import DiscoverySettings
 from meshpilot.webhooks.inject.config import InjectionError
@@ -265,10 +265,14 @@ class DiscoveryApp:
         self.grpc_server = server
         runners = []
         tasks: list[asyncio.Task[Any]] = []
+        # The HTTP port (/ready, debug) on its own thread: probes must not queue behind pushes.
+        http = ThreadedSite(
+            http_app(lambda: self.server.ready, self.debug, on_loop(asyncio.get_running_loop())),
+            settings.http_addr,
+            "http",
+        )
         try:
-            runners.append(
-                await start_site(http_app(lambda: self.server.ready, self.debug), settings.http_addr)
-            )
+            await http.start()
             runners.append(
                 await start_site(
                     monitoring_app(self.metrics, self.debug, __version__), settings.monitoring_addr
@@ -297,6 +301,7 @@ class DiscoveryApp:
             log.info("shutting down")
         finally:
             await server.stop(settings.shutdown_grace)
+            await http.stop()
             for runner in runners:
                 await runner.cleanup()
             if self.webhooks is not None:

@@ -1,8 +1,21 @@
-"""The HTTP servers: readiness and debug on the HTTP port, metrics and debug on the monitoring port."""
+"""The HTTP servers: readiness and debug on the HTTP port, metrics and debug on the monitoring port.
+
+The HTTP port is served from a thread of its own (ThreadedSite). On the main
+event loop a readiness probe waits behind every callback already queued there,
+and during a reconnect storm or a push to thousands of proxies that queue is
+long. /ready only reads a flag, so it is answered on a separate thread with its
+own event loop: it then waits for the GIL, which the main thread hands over
+within the switch interval (5 ms by default), not for the push loop. The debug
+pages read the push loop's state, so they are forwarded to that loop (on_loop)
+and their answers carried back.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -12,15 +25,31 @@ from meshpilot.server.settings import Address
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+Handler = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
+T = TypeVar("T")
 
-def http_app(ready: Callable[[], bool], debug: DebugHandlers) -> web.Application:
+#: How long ThreadedSite.stop waits for its thread to end.
+_JOIN_SECONDS = 5.0
+
+
+def http_app(
+    ready: Callable[[], bool], debug: DebugHandlers, forward: Callable[[Handler], Handler] | None = None
+) -> web.Application:
+    """/ready and the debug pages; ``forward`` wraps the debug handlers (see on_loop).
+
+    ``ready`` is called on whichever thread serves the app, so it must only read.
+    """
+
     async def ready_handler(request: web.Request) -> web.Response:
         if ready():
             return web.Response(text="")
         return web.Response(status=503, text="not ready\n")
 
+    routes = debug.routes()
+    if forward is not None:
+        routes = [web.route(r.method, r.path, forward(r.handler), **r.kwargs) for r in routes]  # type: ignore[arg-type]
     app = web.Application()
-    app.add_routes([web.get("/ready", ready_handler), *debug.routes()])
+    app.add_routes([web.get("/ready", ready_handler), *routes])
     return app
 
 
@@ -42,5 +71,56 @@ async def start_site(app: web.Application, address: Address) -> web.AppRunner:
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host=address.host or None, port=address.port, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner
+
+
+def on_loop(loop: asyncio.AbstractEventLoop) -> Callable[[Handler], Handler]:
+    """Wrap handlers so that they run on ``loop``, whichever loop received the request.
+
+    Only handlers that read the query, not the body, can be forwarded: the body
+    stream belongs to the receiving loop.
+    """
+
+    def wrap(handler: Handler) -> Handler:
+        async def forwarded(request: web.Request) -> web.StreamResponse:
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(handler(request), loop))
+
+        return forwarded
+
+    return wrap
+
+
+class ThreadedSite:
+    """An aiohttp application listening on ``address``, served by a thread and event loop of its own."""
+
+    def __init__(self, app: web.Application, address: Address, name: str) -> None:
+        self._app = app
+        self._address = address
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Listen; what binding raises (a port in use) is raised here."""
+        self._thread.start()
+        self._runner = await self._on_thread(start_site(self._app, self._address))
+
+    async def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        try:
+            if self._runner is not None:
+                await self._on_thread(self._runner.cleanup())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            await asyncio.to_thread(self._thread.join, _JOIN_SECONDS)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    async def _on_thread(self, work: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self._loop))
