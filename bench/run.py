@@ -75,9 +75,21 @@ class FloorJob:
     """Bare grpc.aio pushing to as many streams as the http fleet has (see bench.grpc_floor)."""
 
     streams: int
-    #: About the size of an endpoint push's response in the http scenario.
-    message_bytes: int = 600
+    #: The size of one push's response in the http scenario.
+    message_bytes: int
+    #: Which push of the http scenario it stands for.
+    stands_for: str
     rounds: int = 5
+
+
+def _floors(http: Scenario) -> tuple[FloorJob, ...]:
+    # The http scenario's responses, as pilot_xds_config_size_bytes measured them: an added
+    # endpoint's EDS (1,305 bytes) and, after a VirtualService change, the RDS of the one route
+    # that holds every service's virtual host (517 KB at 1,000 services); that much data to every
+    # proxy is most of what such a push costs.
+    endpoint = FloorJob(http.proxies, 1305, "endpoint added (EDS)")
+    routes = FloorJob(http.proxies, 517 * http.services, "VirtualService changed (RDS)", rounds=3)
+    return endpoint, routes
 
 
 @dataclass(frozen=True)
@@ -86,7 +98,7 @@ class Suite:
     micro_min_time: float
     fleet: tuple[FleetJob, ...]
     storm: tuple[StormJob, ...]
-    floor: FloorJob | None = None
+    floor: tuple[FloorJob, ...] = ()
 
 
 def _scenario(file: str, **overrides: Any) -> Scenario:
@@ -96,25 +108,20 @@ def _scenario(file: str, **overrides: Any) -> Scenario:
 
 
 def suites() -> dict[str, Suite]:
+    quick_http, full_http = _scenario("http", services=200, proxies=400, name="http-200"), _scenario("http")
     return {
         "quick": Suite(
             "quick",
             micro_min_time=0.1,
-            fleet=(
-                FleetJob(
-                    _scenario("http", services=200, proxies=400, name="http-200"),
-                    (COMPILED, PURE, NO_CACHE),
-                    steady_seconds=5,
-                ),
-            ),
+            fleet=(FleetJob(quick_http, (COMPILED, PURE, NO_CACHE), steady_seconds=5),),
             storm=(StormJob(_scenario("storm", proxies=1000, name="storm-1000")),),
-            floor=FloorJob(400),
+            floor=_floors(quick_http),
         ),
         "full": Suite(
             "full",
             micro_min_time=0.2,
             fleet=(
-                FleetJob(_scenario("http"), (COMPILED, PURE, NO_CACHE)),
+                FleetJob(full_http, (COMPILED, PURE, NO_CACHE)),
                 FleetJob(_scenario("tcp"), (COMPILED,)),
                 FleetJob(_scenario("scoped"), (COMPILED,)),
                 FleetJob(_scenario("eds-1"), (COMPILED, PURE)),
@@ -122,7 +129,7 @@ def suites() -> dict[str, Suite]:
                 FleetJob(_scenario("eds-1000"), (COMPILED, PURE)),
             ),
             storm=(StormJob(_scenario("storm")),),
-            floor=FloorJob(2000),
+            floor=_floors(full_http),
         ),
     }
 
@@ -367,6 +374,11 @@ def _reconnect(
         "ready_failures": sum(1 for s in probe.samples if s[1] is None or s[2] != 200),
         "ready_latency_seconds": summary(latencies),
         "ready_over_100ms": sum(1 for v in latencies if v > 0.1),
+        # When the slowest answers came (seconds after the reconnect began), to set beside the logs.
+        "ready_slowest": [
+            [round(at - started, 2), None if took is None else round(took, 4)]
+            for at, took, _ in sorted(probe.samples, key=lambda s: -(s[1] or 5.0))[:5]
+        ],
     }
 
 
@@ -439,12 +451,13 @@ def run_suite(suite: Suite, only: set[str] | None) -> dict[str, Any]:
         results["micro"] = {"compiled": run_micro(False, suite.micro_min_time)}
         log("micro benchmarks, pure Python")
         results["micro"]["pure-python"] = run_micro(True, suite.micro_min_time)
-    if suite.floor is not None and (not only or "floor" in only):
-        log(f"gRPC floor, {suite.floor.streams} streams")
-        results["grpc_floor"] = grpc_floor.run(
-            suite.floor.streams, suite.floor.message_bytes, 100, suite.floor.rounds
-        )
-        log(json.dumps(results["grpc_floor"]["rounds"]))
+    if suite.floor and (not only or "floor" in only):
+        results["grpc_floor"] = []
+        for floor in suite.floor:
+            log(f"gRPC floor, {floor.streams} streams, {floor.message_bytes} bytes")
+            found = grpc_floor.run(floor.streams, floor.message_bytes, 100, floor.rounds)
+            results["grpc_floor"].append({"stands_for": floor.stands_for, **found})
+            log(json.dumps(found["rounds"]))
     for job in suite.fleet:
         if only and job.scenario.name not in only and "fleet" not in only:
             continue
