@@ -173,10 +173,15 @@ class Informer(Generic[T]):
             if self._response is not None:
                 # shutdown() (urllib3 2.3+) interrupts a read blocked in another thread.
                 shutdown = getattr(self._response, "shutdown", None)
-                if shutdown is not None:
-                    shutdown()
-                else:
-                    self._response.close()
+                try:
+                    if shutdown is not None:
+                        shutdown()
+                    else:
+                        self._response.close()
+                except (OSError, ValueError, RuntimeError):
+                    # The thread closed the stream at the same moment (the API server went away,
+                    # a watch timed out): its socket is gone, so there is no read left to unblock.
+                    pass
 
     def join(self, timeout: float = 5.0) -> None:
         if self._thread is not None:
