@@ -467,10 +467,9 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
 
 
 def floor_section(results: dict[str, Any]) -> list[str]:
-    found = results.get("grpc_floor")
-    if not found:
+    floors: list[dict[str, Any]] = results.get("grpc_floor") or []
+    if not floors:
         return []
-    floors: list[dict[str, Any]] = found if isinstance(found, list) else [found]  # one size, before
     first = floors[0]
     out = ["### The floor: bare grpc.aio, no meshpilot", ""]
     out.append(

@@ -3,27 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
 import urllib3
 from kubernetes import client as kclient
+from support.backends import Backend
 
+from bench.server import free_port
 from meshpilot.kube.informer import Informer, Pump, Resource
 
 
 @pytest.fixture
 def http_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    backend = Backend("watch", "127.0.0.1", free_port()).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
+        yield f"http://127.0.0.1:{backend.port}/"
     finally:
-        server.shutdown()
-        server.server_close()
+        backend.stop()
 
 
 def test_stop_tolerates_a_watch_stream_closed_at_the_same_moment(http_server: str) -> None:

@@ -6,31 +6,21 @@ import asyncio
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from aiohttp import web
+from support.processes import http_get
 
+from bench.server import free_port
 from meshpilot.server.http import ThreadedSite, on_loop
 from meshpilot.server.settings import Address
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _get(port: int, path: str) -> tuple[int, str, float]:
     started = time.perf_counter()
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            status, body = response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        status, body = err.code, err.read().decode()
-    return status, body, time.perf_counter() - started
+    status, body, _ = http_get("127.0.0.1", port, path, timeout=10)
+    return status, body.decode(), time.perf_counter() - started
 
 
 def _app(main: asyncio.AbstractEventLoop, ready: threading.Event) -> web.Application:
@@ -63,7 +53,7 @@ def _app(main: asyncio.AbstractEventLoop, ready: threading.Event) -> web.Applica
 async def test_ready_answers_while_the_main_loop_is_blocked() -> None:
     main = asyncio.get_running_loop()
     ready = threading.Event()
-    port = _free_port()
+    port = free_port()
     site = ThreadedSite(_app(main, ready), Address("127.0.0.1", port), "test-http")
     await site.start()
     try:

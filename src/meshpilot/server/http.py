@@ -33,11 +33,11 @@ _JOIN_SECONDS = 5.0
 
 
 def http_app(
-    ready: Callable[[], bool], debug: DebugHandlers, forward: Callable[[Handler], Handler] | None = None
+    ready: Callable[[], bool], debug: DebugHandlers, forward: Callable[[Handler], Handler]
 ) -> web.Application:
-    """/ready and the debug pages; ``forward`` wraps the debug handlers (see on_loop).
+    """/ready and the debug pages, ``forward`` wrapping the debug handlers (see on_loop).
 
-    ``ready`` is called on whichever thread serves the app, so it must only read.
+    ``ready`` is called on the thread serving the app, so it must only read.
     """
 
     async def ready_handler(request: web.Request) -> web.Response:
@@ -45,9 +45,7 @@ def http_app(
             return web.Response(text="")
         return web.Response(status=503, text="not ready\n")
 
-    routes = debug.routes()
-    if forward is not None:
-        routes = [web.route(r.method, r.path, forward(r.handler), **r.kwargs) for r in routes]  # type: ignore[arg-type]
+    routes = [web.route(r.method, r.path, forward(r.handler), **r.kwargs) for r in debug.routes()]  # type: ignore[arg-type]
     app = web.Application()
     app.add_routes([web.get("/ready", ready_handler), *routes])
     return app
@@ -112,6 +110,7 @@ class ThreadedSite:
 
     async def stop(self) -> None:
         if not self._thread.is_alive():
+            self._loop.close()  # never started, or already stopped
             return
         try:
             if self._runner is not None:
