@@ -114,6 +114,10 @@ class KubeApiServer:
         if self._listener is None or self._web is None:
             return
         self._listener.close()
+        # A connection accepted just before the close is set up a few loop turns later, and
+        # shutdown() forgets any that join while it runs: its socket would outlive the server
+        # and fail a later test with a ResourceWarning. Let those arrive first.
+        await asyncio.sleep(0.05)
         self.emulator.end_watches()
         await self._web.shutdown(timeout=0.25)  # handlers in flight; watches have ended
         await self._listener.wait_closed()
