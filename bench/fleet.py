@@ -25,6 +25,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 
+from bench.server import process_cpu_seconds
 from bench.wirescan import resource_name, scan_response
 from meshpilot.networking.wire_py import varint
 from meshpilot.server import gc_tuning
@@ -97,6 +98,12 @@ def _names_field(proxy: SimProxy, type_url: str, names: list[str]) -> bytes:
     encoded = b"".join(_field(3, name.encode()) for name in names)
     proxy.names_encoded[type_url] = (names, encoded)
     return encoded
+
+
+def ack_bytes(type_url: str, names: list[str], version: str, nonce: str) -> int:
+    """The size of the ACK a simulated sidecar sends for a response of this type, names, version and nonce."""
+    proxy = SimProxy(ProxySpec("", {}), [], nonces={type_url: nonce}, versions={type_url: version})
+    return len(_request(proxy, type_url, names, first=False))
 
 
 def _request(proxy: SimProxy, type_url: str, names: list[str], first: bool) -> bytes:
@@ -273,6 +280,8 @@ class Worker:
             "ended": _sum_counts(p.ended for p in self.proxies),
             "samples": [e for p in self.proxies for e in p.samples][:5],
             "bytes": sum(p.bytes_received for p in self.proxies),
+            # What the EDS ACKs repeat, which bench.run's floor sends as its ACKs.
+            "eds_names_bytes": sum(len(p.names_encoded.get(EDS, ([], b""))[1]) for p in self.proxies),
         }
 
     def arm(self, marker: bytes, type_url: str) -> None:
@@ -370,6 +379,10 @@ class Fleet:
 
     def start(self) -> None:
         self._all("start")
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds the worker processes have used so far."""
+        return sum(process_cpu_seconds(p.pid) for p in self.processes if p.pid is not None)
 
     def status(self, since: float = 0.0) -> dict[str, Any]:
         """Totals over the workers; "synced" counts proxies synced on a stream opened after ``since``."""

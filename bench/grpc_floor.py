@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
-import os
 import resource
 import subprocess
 import sys
@@ -27,10 +26,9 @@ from typing import Any
 import grpc
 
 from bench.fleet import ENVOY_STREAM_WINDOW, retrieve_outcome
-from bench.server import free_port
+from bench.server import free_port, process_cpu_seconds
 
 _METHOD = "/bench.Floor/Stream"
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _identity(payload: bytes) -> bytes:
@@ -41,11 +39,6 @@ def _raise_file_limit() -> None:
     # Every stream is a connection and a descriptor on both sides.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 # -- server ----------------------------------------------------------------------------
@@ -188,16 +181,18 @@ def run(streams: int, size: int, ack_size: int, rounds: int, workers: int = 2) -
         out: dict[str, Any] = {"streams": up, "message_bytes": size, "ack_bytes": ack_size, "rounds": []}
         for _ in range(rounds):
             time.sleep(1)
-            server_cpu = _cpu(server.pid)
-            client_cpu = sum(_cpu(p.pid or 0) for p in clients)
+            server_cpu = process_cpu_seconds(server.pid)
+            client_cpu = sum(process_cpu_seconds(p.pid or 0) for p in clients)
             wall, acks, total = ask("round").split()
             out["rounds"].append(
                 {
                     "wall_seconds": round(float(wall), 4),
                     "acks": int(acks),
                     "streams": int(total),
-                    "server_cpu_seconds": round(_cpu(server.pid) - server_cpu, 3),
-                    "client_cpu_seconds": round(sum(_cpu(p.pid or 0) for p in clients) - client_cpu, 3),
+                    "server_cpu_seconds": round(process_cpu_seconds(server.pid) - server_cpu, 3),
+                    "client_cpu_seconds": round(
+                        sum(process_cpu_seconds(p.pid or 0) for p in clients) - client_cpu, 3
+                    ),
                 }
             )
         return out

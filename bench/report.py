@@ -208,8 +208,9 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
         f"every response ACKed) connect at {rate} new streams/s (`--max-requests-per-second`). "
         "Changes are file writes: 'from write' includes the file watch (about 50 ms), reading the "
         "file and the 100 ms debounce; 'fan-out' is measured from the first proxy's copy, so it shows "
-        "the push itself. Server CPU is user+system time from /proc; RSS "
-        "is resident memory (peak: VmHWM, over the whole run)."
+        "the push itself. Server CPU is user+system time from /proc, and sim CPU the simulator's over "
+        "the same span: both share this machine's cores, so their sum over the core count is the least "
+        "wall time the change could take here. RSS is resident memory (peak: VmHWM, over the whole run)."
     )
     out.append("")
     rows = []
@@ -230,9 +231,11 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
                 _get(eds, "from_write_seconds", "p99"),
                 _get(eds, "fan_out_seconds", "p99"),
                 eds.get("server_cpu_seconds"),
+                eds.get("fleet_cpu_seconds"),
                 _get(vs, "from_write_seconds", "p50"),
                 _get(vs, "from_write_seconds", "p99"),
                 vs.get("server_cpu_seconds"),
+                vs.get("fleet_cpu_seconds"),
             ]
         )
     out += _table(
@@ -249,9 +252,11 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
             "EDS p99 s",
             "EDS fan-out p99 s",
             "EDS CPU s",
+            "EDS sim CPU s",
             "VS p50 s",
             "VS p99 s",
             "VS CPU s",
+            "VS sim CPU s",
         ],
         rows,
     )
@@ -472,24 +477,30 @@ def floor_section(results: dict[str, Any]) -> list[str]:
         return []
     first = floors[0]
     out = ["### The floor: bare grpc.aio, no meshpilot", ""]
+    cpus = (results.get("machine") or {}).get("cpus") or 1
     out.append(
         f"`python -m bench.grpc_floor`: a server process with {first['streams']} streams, each on its own "
         "connection from two client processes written like the simulator's. A round writes one "
         "pre-serialized message to every stream at once and ends when every client has answered with "
-        f"{first['ack_bytes']} bytes. Nothing is generated or recorded: this is what gRPC and asyncio "
-        "alone cost on this machine, so a push of that size to as many proxies cannot fan out faster."
+        "an ACK of the size the simulator sends for that type (an EDS ACK names every cluster again). "
+        "Nothing is generated or recorded: this is what gRPC and asyncio alone cost on this machine, so "
+        "a push of that size to as many proxies cannot fan out faster. The clients share the server's "
+        f"{cpus} cores, as the simulator does: the CPU of both over the core count is the least wall "
+        "time such a round can take here, whoever the server is."
     )
     out.append("")
     rows = [
         [
             floor.get("stands_for", ""),
             floor["message_bytes"],
+            floor.get("ack_bytes"),
             i + 1,
             f"{r['acks']}/{r['streams']}",
             r["wall_seconds"],
             r["server_cpu_seconds"],
             r["server_cpu_seconds"] / max(1, r["streams"]) * 1e6,
             r["client_cpu_seconds"],
+            (r["server_cpu_seconds"] + r["client_cpu_seconds"]) / cpus,
         ]
         for floor in floors
         for i, r in enumerate(floor["rounds"])
@@ -498,12 +509,14 @@ def floor_section(results: dict[str, Any]) -> list[str]:
         [
             "stands for",
             "message bytes",
+            "ACK bytes",
             "round",
             "ACKs",
             "wall s",
             "server CPU s",
             "server µs/stream",
             "clients' CPU s",
+            "CPU / cores s",
         ],
         rows,
     )

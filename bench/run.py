@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import grpc_floor
-from bench.fleet import EDS, RDS, Fleet, ProxySpec
+from bench.fleet import EDS, RDS, Fleet, ProxySpec, ack_bytes
 from bench.scenario import Scenario, write_yaml
 from bench.server import ServerProcess
 
@@ -77,6 +77,8 @@ class FloorJob:
     streams: int
     #: The size of one push's response in the http scenario.
     message_bytes: int
+    #: The size of the ACK a sidecar answers it with.
+    ack_bytes: int
     #: Which push of the http scenario it stands for.
     stands_for: str
     rounds: int = 5
@@ -86,9 +88,14 @@ def _floors(http: Scenario) -> tuple[FloorJob, ...]:
     # The http scenario's responses, as pilot_xds_config_size_bytes measured them: an added
     # endpoint's EDS (1,305 bytes) and, after a VirtualService change, the RDS of the one route
     # that holds every service's virtual host (517 KB at 1,000 services); that much data to every
-    # proxy is most of what such a push costs.
-    endpoint = FloorJob(http.proxies, 1305, "endpoint added (EDS)")
-    routes = FloorJob(http.proxies, 517 * http.services, "VirtualService changed (RDS)", rounds=3)
+    # proxy is most of what such a push costs. The ACKs are the simulator's own: an EDS ACK names
+    # every cluster again (47 KB at 1,000 services), which the server reads and compares too.
+    version = "2026-01-01T00:00:00Z/100"
+    nonce = f"{version}-{'0' * 32}"
+    eds_ack = ack_bytes(EDS, http.outbound_clusters(), version, nonce)
+    rds_ack = ack_bytes(RDS, http.route_names(), version, nonce)
+    endpoint = FloorJob(http.proxies, 1305, eds_ack, "endpoint added (EDS)")
+    routes = FloorJob(http.proxies, 517 * http.services, rds_ack, "VirtualService changed (RDS)", rounds=3)
     return endpoint, routes
 
 
@@ -226,17 +233,19 @@ def _change(
     """Make a change and time, per proxy, from the write to the response that carries ``marker``."""
     fleet.arm(marker, type_url)
     before = server.metrics()
-    cpu = server.cpu_seconds()
+    cpu, fleet_cpu = server.cpu_seconds(), fleet.cpu_seconds()
     started = time.time()
     write()
     times = fleet.wait_marker(expected, 120)
-    cpu = server.cpu_seconds() - cpu
+    cpu, fleet_cpu = server.cpu_seconds() - cpu, fleet.cpu_seconds() - fleet_cpu
     seen = [t - started for t in times if t is not None]
     time.sleep(1)  # let the last ACKs and metrics land
     out: dict[str, Any] = {
         "proxies": expected,
         "converged": len(seen),
         "server_cpu_seconds": round(cpu, 3),
+        # The simulator shares the machine's cores: with the server's CPU it bounds the wall time.
+        "fleet_cpu_seconds": round(fleet_cpu, 3),
         "server": _push_metrics(before, server.metrics()),
     }
     if seen:
@@ -454,8 +463,8 @@ def run_suite(suite: Suite, only: set[str] | None) -> dict[str, Any]:
     if suite.floor and (not only or "floor" in only):
         results["grpc_floor"] = []
         for floor in suite.floor:
-            log(f"gRPC floor, {floor.streams} streams, {floor.message_bytes} bytes")
-            found = grpc_floor.run(floor.streams, floor.message_bytes, 100, floor.rounds)
+            log(f"gRPC floor, {floor.streams} streams, {floor.message_bytes} B out, {floor.ack_bytes} B ACKs")
+            found = grpc_floor.run(floor.streams, floor.message_bytes, floor.ack_bytes, floor.rounds)
             results["grpc_floor"].append({"stands_for": floor.stands_for, **found})
             log(json.dumps(found["rounds"]))
     for job in suite.fleet:

@@ -91,6 +91,18 @@ class Scenario:
         node_id = f"sidecar~{ip}~{pod}.{namespace}~{namespace}.svc.cluster.local"
         return node_id, ip, namespace, {"app": self.service_name(service), "version": "v1"}
 
+    def outbound_clusters(self) -> list[str]:
+        """The outbound clusters (EDS names) of a sidecar that sees every service, named as meshpilot does."""
+        names = []
+        for s in range(self.services):
+            subsets = ("", "v1", "v2") if s < self.destination_rules else ("",)
+            names += [
+                f"outbound|{port}|{subset}|{self.hostname(s)}"
+                for _, port in self.ports()
+                for subset in subsets
+            ]
+        return sorted(names)
+
     def route_names(self) -> list[str]:
         return [str(port) for _, port in self.ports()] if self.protocol != "tcp" else []
 

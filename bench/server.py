@@ -16,6 +16,12 @@ from typing import Any
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 def _ephemeral_floor() -> int:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
@@ -123,8 +129,7 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS
+        return process_cpu_seconds(self.proc.pid)
 
     def memory(self) -> dict[str, float]:
         """Current and peak resident memory in MiB."""

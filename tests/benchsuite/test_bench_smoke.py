@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import report
-from bench.fleet import Fleet, ProxySpec
+from bench.fleet import EDS, Fleet, ProxySpec, SimProxy, _names_field
 from bench.run import COMPILED, FleetJob, StormJob, _specs, run_fleet, run_storm
 from bench.scenario import Scenario
 from bench.server import ServerProcess
@@ -33,6 +33,7 @@ def test_fleet_run_measures_both_changes_and_reports_them(tmp_path: Path) -> Non
     # The endpoint push sends EDS to every proxy, and nothing else.
     assert result["endpoint_added"]["server"]["pushes"] == {'type="eds"': TINY.proxies}
     assert result["virtual_service_changed"]["server"]["send_time_seconds"]["mean"] >= 0
+    assert result["endpoint_added"]["fleet_cpu_seconds"] >= 0  # a tiny fleet may use under a tick
 
     results = {"suite": "smoke", "fleet": [{"scenario_spec": TINY.__dict__, **result}], "storm": []}
     rendered = "\n".join(report.fleet_section(results, []))
@@ -83,6 +84,13 @@ def test_fleet_connections_are_shared_or_one_per_proxy(tmp_path: Path, own_conne
         fleet.wait_synced(60)
         expected = TINY.proxies if own_connections else 1
         assert _established_to(server.grpc_port) == expected
+        # The floor's EDS ACKs are sized from the scenario's cluster names: they must be the ones asked for.
+        names = TINY.outbound_clusters()
+        assert len(names) == TINY.services
+        status = fleet.status()
+        assert status["eds_names_bytes"] == TINY.proxies * len(
+            _names_field(SimProxy(ProxySpec("", {}), []), EDS, names)
+        )
     finally:
         if fleet is not None:
             fleet.stop()
