@@ -60,7 +60,9 @@ class MeshHarness:
         extra_metadata: Mapping[str, Any] | None = None,
         wait: bool = True,
         locality: str = "",
+        node_type: str = "sidecar",
     ) -> Envoy:
+        """An Envoy as pilot-agent starts it; ``node_type="router"`` makes it a gateway."""
         assert self.meshpilot is not None, "start meshpilot first"
         credentials = self.ca.issue(
             f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}", self.tmp / pod
@@ -79,7 +81,7 @@ class MeshHarness:
             **(extra_metadata or {}),
         }
         bootstrap = sidecar_bootstrap(
-            node_id=f"sidecar~{ip}~{pod}.{namespace}~{namespace}.svc.cluster.local",
+            node_id=f"{node_type}~{ip}~{pod}.{namespace}~{namespace}.svc.cluster.local",
             metadata=metadata,
             admin_port=admin,
             xds_port=self.meshpilot.grpc_port,

@@ -16,6 +16,7 @@ from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.delegation import merge_delegates
 from meshpilot.model.destination_rules import DestinationRuleIndex, rule_selector
+from meshpilot.model.gateways import MergedGateway, binds_gateway, merge_gateways
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.kind import Kind
 from meshpilot.model.labels import selector_matches
@@ -110,6 +111,8 @@ class PushContext:
             delegates = merged.delegates.get(config.key, frozenset())
             self.virtual_services.append(VirtualServiceEntry(config, hosts, gateways, export_to, delegates))
         self._vs_visible: dict[str, list[VirtualServiceEntry]] = {}
+        self._gateways: dict[frozenset[tuple[str, str]], MergedGateway] = {}
+        self._vs_by_gateway: dict[tuple[str, ConfigKey], list[VirtualServiceEntry]] = {}
 
         self.destination_rules = DestinationRuleIndex(
             self.configs(Kind.DESTINATION_RULE),
@@ -198,6 +201,31 @@ class PushContext:
             ]
             found = [vs for _, vs in sorted(ranked, key=lambda pair: pair[0])]
             self._vs_visible[namespace] = found
+        return found
+
+    def merged_gateway(self, proxy: Proxy) -> MergedGateway:
+        """The servers of the Gateways that select a router, merged."""
+        key = frozenset(proxy.labels.items())
+        found = self._gateways.get(key)
+        if found is None:
+            found = merge_gateways(self.configs(Kind.GATEWAY), proxy.labels)
+            self._gateways[key] = found
+        return found
+
+    def virtual_services_for_gateway(self, namespace: str, gateway: ConfigKey) -> list[VirtualServiceEntry]:
+        """VirtualServices bound to ``gateway`` that ``namespace`` (the router's) sees, in the order
+        ``virtual_services_visible_to`` gives sidecars."""
+        key = (namespace, gateway)
+        found = self._vs_by_gateway.get(key)
+        if found is None:
+            ranked = [
+                (visibility.scope_rank(vs.export_to, vs.config.namespace, namespace), vs)
+                for vs in self.virtual_services
+                if binds_gateway(vs.config.namespace, vs.gateways, gateway, self.domain_suffix)
+                and visibility.visible_to(vs.export_to, vs.config.namespace, namespace)
+            ]
+            found = [vs for _, vs in sorted(ranked, key=lambda pair: pair[0])]
+            self._vs_by_gateway[key] = found
         return found
 
     def selector_rules_for(self, namespace: str, labels: Mapping[str, str]) -> frozenset[ConfigKey]:

@@ -122,13 +122,18 @@ def http_connection_manager(
     rds_name: str | None = None,
     route_config: Any | None = None,
     http2: bool = False,
+    gateway: bool = False,
 ) -> Any:
-    """An HCM with either RDS (outbound) or an inline route (inbound)."""
+    """An HCM with either RDS (outbound) or an inline route (inbound).
+
+    A gateway's takes the client's address from the connection (``use_remote_address``): it is
+    the mesh's edge, so the address is not another proxy's.
+    """
     hcm = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
         http_filters=http_filters(proxy, inbound=inbound),
-        use_remote_address=boolean(False),
+        use_remote_address=boolean(gateway),
         normalize_path=boolean(True),
         path_with_escaped_slashes_action=hcm_pb2.HttpConnectionManager.KEEP_UNCHANGED,
         upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],

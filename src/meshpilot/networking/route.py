@@ -240,7 +240,7 @@ class _RouteTable:
         return _http_or_sniffed(self.ports[svc.hostname.lower()].protocol)
 
 
-def _route_header(name: str) -> Any:
+def route_header(name: str) -> Any:
     return route_pb2.RouteConfiguration(
         name=name,
         validate_clusters=boolean(False),
@@ -266,7 +266,7 @@ def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener:
             scope.service,
             push.mesh,
             push.domain_suffix,
-            _hash_lookup(scope, vs.config.namespace, push.domain_suffix),
+            hash_lookup(scope, vs.config.namespace, push.domain_suffix),
         )
         if not routes:
             continue
@@ -311,7 +311,7 @@ def _hashing_rules(scope: SidecarScope) -> dict[str, MergedDestinationRule]:
     return found  # type: ignore[return-value]
 
 
-def _hash_lookup(scope: SidecarScope, namespace: str, domain_suffix: str) -> LookupHash:
+def hash_lookup(scope: SidecarScope, namespace: str, domain_suffix: str) -> LookupHash:
     """Consistent hashes of a VirtualService's destinations, from the DestinationRules in scope."""
 
     def lookup(destination: Any) -> Any | None:
@@ -332,7 +332,7 @@ def _listener_for(proxy: Proxy, name: str) -> tuple[int, bool, Any] | None:
 
 def build_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any:
     """The RouteConfiguration a sidecar's listener asked for by name, as protobuf objects."""
-    out = _route_header(name)
+    out = route_header(name)
     found = _listener_for(proxy, name)
     if found is None:
         return out
@@ -389,7 +389,7 @@ def encode_route_configuration(proxy: Proxy, push: PushContext, name: str) -> by
     )
     encoded.extend((v.name, _serialize(v)) for v in table.vhosts)
     encoded.sort(key=_BY_NAME)
-    header = push.memoized(("route-header", name), lambda: _serialize(_route_header(name)))
+    header = push.memoized(("route-header", name), lambda: _serialize(route_header(name)))
     catch_all = push.memoized(
         ("route-catch-all", _catch_all_key(proxy, port)),
         lambda: _serialize(catch_all_virtual_host(proxy, port)),

@@ -11,6 +11,10 @@ from meshpilot.model.push_request import PushRequest
 def _concerns(proxy: Proxy, key: ConfigKey, root_namespace: str) -> bool:
     if proxy.type is NodeType.SIDECAR and key.kind is Kind.GATEWAY:
         return False
+    # A router's scope holds no gateway-bound VirtualServices; any Gateway or VirtualService may
+    # bind to it (which ones do is read when its listeners and routes are generated).
+    if proxy.type is NodeType.ROUTER and key.kind in (Kind.GATEWAY, Kind.VIRTUAL_SERVICE):
+        return True
     # The proxy's own services always matter (its inbound config).
     if key.kind is Kind.SERVICE_ENTRY and any(
         t.service.hostname == key.name and t.service.namespace == key.namespace for t in proxy.service_targets

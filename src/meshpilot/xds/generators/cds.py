@@ -9,11 +9,16 @@ by the proxies that serve the same ports.
 
 from __future__ import annotations
 
+from typing import Any
+
 from meshpilot.model.kind import Kind
+from meshpilot.model.proxy import NodeType
+from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.cluster import (
     ClusterInputs,
     OutboundSpec,
+    blackhole_cluster,
     build_outbound_cluster,
     other_clusters,
     outbound_specs,
@@ -54,7 +59,10 @@ class ClusterGenerator:
             ("cds-out", id(scope), proxy.capabilities, generation, locality), lambda: self._outbound(ctx)
         )
         others_key = ("cds-in", proxy.capabilities, proxy.inbound_signature, scope.inbound_pool_key)
-        if scope.has_ingress:
+        if proxy.type is NodeType.ROUTER:
+            # A gateway has no inbound side and nothing passes through it: BlackHoleCluster only.
+            others = push.memoized_lasting(("cds-gw",), lambda: _Others([Resource.of(*_blackhole(push))]))
+        elif scope.has_ingress:
             # Sidecar ingress endpoints come from the scope and may name the proxy's own address.
             others = push.memoized((others_key, id(scope), proxy.ip), lambda: self._others(ctx))
         else:
@@ -96,6 +104,11 @@ class _Others(ResourceList):
     """BlackHole, Passthrough and inbound clusters."""
 
     __slots__ = ()
+
+
+def _blackhole(push: PushContext) -> tuple[str, Any]:
+    cluster = blackhole_cluster(push.mesh)
+    return cluster.name, cluster
 
 
 def _outbound_payload(encoder: OutboundClusterEncoder, spec: OutboundSpec) -> bytes:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 
 from meshpilot.model.kind import Kind
+from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_request import PushRequest
+from meshpilot.networking.gateway import gateway_listeners
 from meshpilot.networking.listener import build_outbound_listeners
 from meshpilot.networking.listener_inbound import build_inbound_listeners
 from meshpilot.networking.tcp_routes import source_label_key
@@ -20,7 +22,8 @@ from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
 
-_SKIPPED = (Kind.GATEWAY, Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP)
+# Gateway changes reach only routers (see dependencies.proxy_needs_push), whose listeners they make.
+_SKIPPED = (Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP)
 
 
 class ListenerGenerator:
@@ -33,6 +36,8 @@ class ListenerGenerator:
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
         proxy, push = ctx.proxy, ctx.push
+        if proxy.type is NodeType.ROUTER:
+            return self._gateway(ctx)
         scope = proxy.sidecar_scope
         assert scope is not None
         # Headless services get a listener per endpoint, except the proxy's own address.
@@ -72,3 +77,12 @@ class ListenerGenerator:
             taken.add(resource.name)
             kept.append(resource)
         return [*kept, *inbound]
+
+    def _gateway(self, ctx: GenerationContext) -> ResourceList:
+        proxy, push = ctx.proxy, ctx.push
+        # Gateway replicas share their Gateways and the Service ports that map theirs.
+        ports = tuple(sorted((t.port.port, t.target_port) for t in proxy.service_targets))
+        key = ("lds-gw", push.merged_gateway(proxy).gateways, proxy.capabilities, ports)
+        return push.memoized(
+            key, lambda: ResourceList(Resource.of(li.name, li) for li in gateway_listeners(proxy, push))
+        )

@@ -9,10 +9,13 @@ matches on them.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 from meshpilot.model.kind import Kind
+from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
+from meshpilot.networking.gateway import gateway_route_configuration
 from meshpilot.networking.route import (
     RouteCacheParts,
     encode_route_configuration,
@@ -43,6 +46,8 @@ class RouteGenerator:
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
         wanted = names if names is not None else watch.names
+        if ctx.proxy.type is NodeType.ROUTER:
+            return [self._gateway(ctx, name) for name in sorted(wanted)]
         cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
         scope = ctx.proxy.sidecar_scope
         token = ctx.token
@@ -75,6 +80,19 @@ class RouteGenerator:
             payload = _any(encode_route_configuration(ctx.proxy, ctx.push, name))
             cache.add(key, payload, parts.dependencies, token)
         return payload
+
+    def _gateway(self, ctx: GenerationContext, name: str) -> Resource:
+        proxy, push = ctx.proxy, ctx.push
+        # Routes read the router's Gateways, its namespace (VirtualService visibility) and, for
+        # sourceLabels matches, its labels (which also select the Gateways).
+        key = ("rds-gw", name, proxy.config_namespace, frozenset(proxy.labels.items()), proxy.capabilities)
+        payload = push.memoized(key, lambda: _any(_serialize(gateway_route_configuration(proxy, push, name))))
+        return Resource(name, payload)
+
+
+def _serialize(message: Any) -> bytes:
+    data: bytes = message.SerializeToString()
+    return data
 
 
 def _any(route_configuration: bytes) -> bytes:

@@ -1,0 +1,122 @@
+"""Istio Gateways as a gateway proxy (``router``) sees them: its servers, and what binds to them.
+
+A router takes every Gateway whose selector matches its labels, in any
+namespace (istiod's default; ``PILOT_SCOPE_GATEWAY_TO_NAMESPACE`` is off), and
+merges their servers. A VirtualService binds a Gateway by ``name`` (in the
+VirtualService's namespace), ``namespace/name``, or the legacy FQDN
+``name.namespace.svc.<domain>``; its hosts are served where they match a
+server's hosts, and a server host ``ns/host`` admits only VirtualServices of
+``ns`` (``*`` any, ``.`` the Gateway's own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from meshpilot.model.config import Config, ConfigKey
+from meshpilot.model.hosts import host_subset_of, is_wildcard
+from meshpilot.model.labels import selector_matches
+from meshpilot.model.protocol import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHost:
+    #: The namespace whose VirtualServices may use the host; "*" for any.
+    namespace: str
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayServer:
+    """One ``servers`` entry of a Gateway."""
+
+    gateway: ConfigKey
+    port: int
+    port_name: str
+    protocol: Protocol
+    hosts: tuple[ServerHost, ...]
+    #: The address to listen on; "" for every address.
+    bind: str
+    #: ``tls.httpsRedirect`` on a plaintext server: every request is redirected to HTTPS.
+    https_redirect: bool
+
+    @property
+    def gateway_name(self) -> str:
+        return f"{self.gateway.namespace}/{self.gateway.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class MergedGateway:
+    """The servers of every Gateway a router takes, in Gateway order (oldest first)."""
+
+    gateways: tuple[ConfigKey, ...]
+    servers: tuple[GatewayServer, ...]
+
+    def servers_on(self, port: int, bind: str) -> list[GatewayServer]:
+        return [s for s in self.servers if s.port == port and s.bind == bind]
+
+
+def _server_hosts(hosts: Iterable[str], gateway_namespace: str) -> tuple[ServerHost, ...]:
+    out = []
+    for host in hosts:
+        namespace, sep, name = host.partition("/")
+        if not sep:
+            namespace, name = "*", host
+        elif namespace == ".":
+            namespace = gateway_namespace
+        out.append(ServerHost(namespace, name.lower()))
+    return tuple(out)
+
+
+def servers_of(config: Config) -> list[GatewayServer]:
+    out = []
+    for server in config.spec.servers:
+        tls = server.tls if server.HasField("tls") else None
+        out.append(
+            GatewayServer(
+                gateway=config.key,
+                port=server.port.number,
+                port_name=server.port.name,
+                protocol=Protocol.parse(server.port.protocol),
+                hosts=_server_hosts(server.hosts, config.namespace),
+                bind=server.bind,
+                https_redirect=bool(tls is not None and tls.https_redirect),
+            )
+        )
+    return out
+
+
+def merge_gateways(gateways: Iterable[Config], labels: dict[str, str]) -> MergedGateway:
+    """The Gateways (oldest first) whose selector matches a router's ``labels``, merged."""
+    chosen = [g for g in gateways if selector_matches(dict(g.spec.selector), labels)]
+    return MergedGateway(
+        gateways=tuple(g.key for g in chosen),
+        servers=tuple(s for g in chosen for s in servers_of(g)),
+    )
+
+
+def binds_gateway(
+    vs_namespace: str, vs_gateways: Iterable[str], gateway: ConfigKey, domain_suffix: str
+) -> bool:
+    """Whether a VirtualService's ``gateways`` name ``gateway``."""
+    full = f"{gateway.namespace}/{gateway.name}"
+    fqdn = f"{gateway.name}.{gateway.namespace}.svc.{domain_suffix}"
+    for ref in vs_gateways:
+        if ref in (full, fqdn):
+            return True
+        if "/" not in ref and ref == gateway.name and vs_namespace == gateway.namespace:
+            return True
+    return False
+
+
+def served_host(vs_host: str, vs_namespace: str, server: GatewayServer) -> str | None:
+    """The host a VirtualService host is served as on ``server``: the narrower of the two, or None."""
+    for allowed in server.hosts:
+        if allowed.namespace not in ("*", vs_namespace):
+            continue
+        if host_subset_of(vs_host, allowed.host):
+            return vs_host
+        if is_wildcard(vs_host) and host_subset_of(allowed.host, vs_host):
+            return allowed.host
+    return None

@@ -1,0 +1,262 @@
+"""Gateway proxies (``router``): listeners from Gateway servers, routes from the VirtualServices bound."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from support.kube import istio, pod, service
+from support.mesh_objects import CLIENT, mesh_objects
+from support.model import Model, build
+
+from meshpilot.model.config import ConfigKey
+from meshpilot.model.gateways import ServerHost, binds_gateway, served_host, servers_of
+from meshpilot.model.kind import Kind
+from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.networking.gateway import gateway_listeners, gateway_route_configuration
+from meshpilot.xds.dependencies import proxy_needs_push
+
+GATEWAY = "router~10.1.0.100~gw-1.istio-system~istio-system.svc.cluster.local"
+GATEWAY_LABELS = {"LABELS": {"istio": "ingressgateway"}}
+
+
+def _gateway_objects(*extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        *mesh_objects(),
+        # istio-ingressgateway: port 80 goes to 8080 in the Pod.
+        {
+            **service("istio-ingressgateway", "istio-system", "10.96.1.1", [], {"istio": "ingressgateway"}),
+            "spec": {
+                "clusterIP": "10.96.1.1",
+                "selector": {"istio": "ingressgateway"},
+                "ports": [{"name": "http2", "port": 80, "targetPort": 8080}],
+            },
+        },
+        pod("gw-1", "istio-system", "10.1.0.100", {"istio": "ingressgateway"}),
+        istio(
+            "Gateway",
+            "bookinfo-gateway",
+            "default",
+            {
+                "selector": {"istio": "ingressgateway"},
+                "servers": [
+                    {
+                        "port": {"number": 80, "name": "http", "protocol": "HTTP"},
+                        "hosts": ["bookinfo.example.com", "*/*.shop.example.com"],
+                    },
+                    {
+                        "port": {"number": 443, "name": "https", "protocol": "HTTPS"},
+                        "hosts": ["bookinfo.example.com"],
+                        "tls": {"mode": "SIMPLE", "credentialName": "bookinfo-cert"},
+                    },
+                ],
+            },
+        ),
+        istio(
+            "VirtualService",
+            "bookinfo",
+            "default",
+            {
+                "hosts": ["bookinfo.example.com"],
+                "gateways": ["bookinfo-gateway"],
+                "http": [
+                    {
+                        "match": [{"uri": {"prefix": "/reviews"}}],
+                        "route": [{"destination": {"host": "reviews"}}],
+                    },
+                    {"route": [{"destination": {"host": "productpage", "port": {"number": 9080}}}]},
+                ],
+            },
+        ),
+        # Bound from another namespace, by namespace/name; its host matches the wildcard server host.
+        istio(
+            "VirtualService",
+            "shop",
+            "other",
+            {
+                "hosts": ["cart.shop.example.com"],
+                "gateways": ["default/bookinfo-gateway"],
+                "http": [{"route": [{"destination": {"host": "ratings"}}]}],
+            },
+        ),
+        # For sidecars only (no gateways): not on the gateway.
+        istio(
+            "VirtualService",
+            "reviews-mesh",
+            "default",
+            {
+                "hosts": ["reviews"],
+                "http": [{"route": [{"destination": {"host": "reviews", "subset": "v2"}}]}],
+            },
+        ),
+        *extra,
+    ]
+
+
+@pytest.fixture
+def gateway_model() -> Model:
+    return build(_gateway_objects())
+
+
+def _hcm(listener: Any) -> Any:
+    [chain] = listener.filter_chains
+    [hcm] = chain.filters
+    out = hcm_pb2.HttpConnectionManager()
+    hcm.typed_config.Unpack(out)
+    return out
+
+
+def test_a_plaintext_server_is_a_listener_on_the_pods_port_fetching_http_dot_port(
+    gateway_model: Model,
+) -> None:
+    proxy = gateway_model.proxy(GATEWAY, GATEWAY_LABELS)
+    [listener] = gateway_listeners(proxy, gateway_model.push)
+    assert listener.name == "0.0.0.0_8080"
+    assert listener.address.socket_address.address == "0.0.0.0"
+    assert listener.address.socket_address.port_value == 8080
+    hcm = _hcm(listener)
+    assert hcm.rds.route_config_name == "http.80"
+    assert hcm.use_remote_address.value is True
+    assert hcm.http_filters[-1].name == "envoy.filters.http.router"
+
+
+def test_routes_hold_the_bound_virtual_services_hosts_only(gateway_model: Model) -> None:
+    proxy = gateway_model.proxy(GATEWAY, GATEWAY_LABELS)
+    config = gateway_route_configuration(proxy, gateway_model.push, "http.80")
+    assert config.name == "http.80"
+    vhosts = {v.name: v for v in config.virtual_hosts}
+    assert sorted(vhosts) == ["bookinfo.example.com:80", "cart.shop.example.com:80"]
+    bookinfo = vhosts["bookinfo.example.com:80"]
+    assert list(bookinfo.domains) == ["bookinfo.example.com"]
+    assert [r.route.cluster for r in bookinfo.routes] == [
+        "outbound|9080||reviews.default.svc.cluster.local",
+        "outbound|9080||productpage.default.svc.cluster.local",
+    ]
+    assert bookinfo.routes[0].match.prefix == "/reviews"
+    [cart] = vhosts["cart.shop.example.com:80"].routes
+    # "ratings" is resolved in the VirtualService's namespace.
+    assert cart.route.cluster == "outbound|9080||ratings.other.svc.cluster.local"
+
+
+def test_a_route_name_no_server_has_is_empty_and_a_server_without_virtual_services_answers_404() -> None:
+    model = build(
+        _gateway_objects(
+            istio(
+                "Gateway",
+                "empty",
+                "istio-system",
+                {
+                    "selector": {"istio": "ingressgateway"},
+                    "servers": [
+                        {"port": {"number": 81, "name": "http-81", "protocol": "HTTP"}, "hosts": ["*"]}
+                    ],
+                },
+            )
+        )
+    )
+    proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
+    assert list(gateway_route_configuration(proxy, model.push, "http.82").virtual_hosts) == []
+    [blackhole] = gateway_route_configuration(proxy, model.push, "http.81").virtual_hosts
+    assert list(blackhole.domains) == ["*"]
+    assert blackhole.routes[0].direct_response.status == 404
+    assert sorted(li.name for li in gateway_listeners(proxy, model.push)) == ["0.0.0.0_8080", "0.0.0.0_81"]
+
+
+def test_a_router_the_selector_does_not_match_has_no_listeners(gateway_model: Model) -> None:
+    egress = "router~10.1.0.200~egress-1.istio-system~istio-system.svc.cluster.local"
+    proxy = gateway_model.proxy(egress, {"LABELS": {"istio": "egressgateway"}})
+    assert gateway_listeners(proxy, gateway_model.push) == []
+
+
+def test_sidecars_keep_their_own_routes(gateway_model: Model) -> None:
+    from meshpilot.networking.route import build_route_configuration
+
+    config = build_route_configuration(gateway_model.proxy(CLIENT), gateway_model.push, "9080")
+    names = [v.name for v in config.virtual_hosts]
+    assert "bookinfo.example.com:9080" not in names
+    [reviews] = [v for v in config.virtual_hosts if v.name == "reviews.default.svc.cluster.local:9080"]
+    assert reviews.routes[0].route.cluster == "outbound|9080|v2|reviews.default.svc.cluster.local"
+
+
+def test_https_redirect_requires_tls_on_the_virtual_host() -> None:
+    redirecting = istio(
+        "Gateway",
+        "redirect",
+        "default",
+        {
+            "selector": {"istio": "ingressgateway"},
+            "servers": [
+                {
+                    "port": {"number": 8000, "name": "http-8000", "protocol": "HTTP"},
+                    "hosts": ["secure.example.com"],
+                    "tls": {"httpsRedirect": True},
+                }
+            ],
+        },
+    )
+    bound = istio(
+        "VirtualService",
+        "secure",
+        "default",
+        {
+            "hosts": ["secure.example.com"],
+            "gateways": ["redirect"],
+            "http": [{"route": [{"destination": {"host": "reviews"}}]}],
+        },
+    )
+    model = build(_gateway_objects(redirecting, bound))
+    proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
+    [vhost] = gateway_route_configuration(proxy, model.push, "http.8000").virtual_hosts
+    assert vhost.require_tls == vhost.ALL
+
+
+def test_binding_by_name_namespace_and_fqdn() -> None:
+    gw = ConfigKey(Kind.GATEWAY, "ingress", "istio-system")
+    assert binds_gateway("istio-system", ["ingress"], gw, "cluster.local")
+    assert not binds_gateway("default", ["ingress"], gw, "cluster.local")
+    assert binds_gateway("default", ["istio-system/ingress"], gw, "cluster.local")
+    assert binds_gateway("default", ["ingress.istio-system.svc.cluster.local"], gw, "cluster.local")
+    assert not binds_gateway("default", ["mesh"], gw, "cluster.local")
+
+
+def test_server_hosts_admit_namespaces_and_narrow_wildcards() -> None:
+    model = build(_gateway_objects())
+    [config] = [c for c in model.push.configs(Kind.GATEWAY) if c.name == "bookinfo-gateway"]
+    http = servers_of(config)[0]
+    assert http.hosts == (ServerHost("*", "bookinfo.example.com"), ServerHost("*", "*.shop.example.com"))
+    assert served_host("a.shop.example.com", "x", http) == "a.shop.example.com"
+    # A wider VirtualService host is served as the server's narrower one.
+    assert served_host("*.example.com", "x", http) == "bookinfo.example.com"
+    assert served_host("other.example.org", "x", http) is None
+    dotted = istio(
+        "Gateway",
+        "own",
+        "team",
+        {
+            "selector": {},
+            "servers": [{"port": {"number": 80, "name": "h", "protocol": "HTTP"}, "hosts": ["./a.com"]}],
+        },
+    )
+    own = servers_of(build([dotted]).push.configs(Kind.GATEWAY)[0])[0]
+    assert served_host("a.com", "team", own) == "a.com"
+    assert served_host("a.com", "elsewhere", own) is None
+
+
+def test_gateway_and_virtual_service_changes_push_routers_not_sidecars(gateway_model: Model) -> None:
+    router = gateway_model.proxy(GATEWAY, GATEWAY_LABELS)
+    sidecar = gateway_model.proxy(CLIENT)
+    root = gateway_model.push.mesh.root_namespace
+
+    def change(kind: Kind, name: str, namespace: str) -> PushRequest:
+        return PushRequest(
+            full=True,
+            configs_updated=frozenset({ConfigKey(kind, name, namespace)}),
+            reasons=Counter({TriggerReason.CONFIG: 1}),
+        )
+
+    gateway_change = change(Kind.GATEWAY, "bookinfo-gateway", "default")
+    assert proxy_needs_push(router, gateway_change, root)
+    assert not proxy_needs_push(sidecar, gateway_change, root)
+    assert proxy_needs_push(router, change(Kind.VIRTUAL_SERVICE, "shop", "other"), root)
