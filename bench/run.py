@@ -131,6 +131,7 @@ def suites() -> dict[str, Suite]:
                 FleetJob(full_http, (COMPILED, PURE, NO_CACHE)),
                 FleetJob(_scenario("tcp"), (COMPILED,)),
                 FleetJob(_scenario("scoped"), (COMPILED,)),
+                FleetJob(_scenario("gateways"), (COMPILED,)),
                 FleetJob(_scenario("eds-1"), (COMPILED, PURE)),
                 FleetJob(_scenario("eds-100"), (COMPILED, PURE)),
                 FleetJob(_scenario("eds-1000"), (COMPILED, PURE)),
@@ -307,7 +308,8 @@ def run_fleet(job: FleetJob, variant: Variant, workdir: Path) -> dict[str, Any]:
                     RDS,
                     scenario.proxies,
                     lambda: write_yaml(
-                        config / "routing.yaml", [scenario.virtual_service(0, marker="change1")]
+                        config / scenario.virtual_service_file(0),
+                        [scenario.virtual_service(0, marker="change1")],
                     ),
                 )
         result["peak_rss_mib"] = round(server.memory()["peak_rss_mib"], 1)

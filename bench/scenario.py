@@ -15,6 +15,10 @@ from typing import Any
 import yaml
 
 PROTOCOLS = {"http": ("http", 8080), "tcp": ("tcp", 9000), "grpc": ("grpc", 7070)}
+GATEWAY_NAME = "bench-gateway"
+GATEWAY_NAMESPACE = "istio-system"
+GATEWAY_LABELS = {"istio": "ingressgateway"}
+GATEWAY_PORT = 80
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class Scenario:
     destination_rules: int = 0
     #: Proxies connect through a Sidecar resource that limits egress to their namespace.
     scoped: bool = False
+    #: Proxies are ingress gateways (``router``) of one Gateway; VirtualServices bind to it.
+    gateway: bool = False
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -82,7 +88,12 @@ class Scenario:
         return str(ipaddress.ip_address("10.96.0.0") + service + 1)
 
     def proxy(self, i: int) -> tuple[str, str, str, dict[str, str]]:
-        """(node id, IP, namespace, labels) of proxy ``i``: an endpoint of service ``i % services``."""
+        """(node id, IP, namespace, labels) of proxy ``i``: an endpoint of service ``i % services``,
+        or a replica of the ingress gateway."""
+        if self.gateway:
+            ip = str(ipaddress.ip_address("10.200.0.0") + i)
+            node_id = f"router~{ip}~ingress-{i}.{GATEWAY_NAMESPACE}~{GATEWAY_NAMESPACE}.svc.cluster.local"
+            return node_id, ip, GATEWAY_NAMESPACE, dict(GATEWAY_LABELS)
         service = i % self.services
         index = i // self.services
         namespace = self.namespace(service)
@@ -104,12 +115,16 @@ class Scenario:
         return sorted(names)
 
     def route_names(self) -> list[str]:
+        if self.gateway:
+            return [f"http.{GATEWAY_PORT}"]
         return [str(port) for _, port in self.ports()] if self.protocol != "tcp" else []
 
     # -- config ------------------------------------------------------------------
 
     def endpoints_of(self, service: int) -> int:
-        # Proxies are endpoints too: a service has at least as many pods as proxies it hosts.
+        # Sidecars are endpoints too: a service has at least as many pods as proxies it hosts.
+        if self.gateway:
+            return self.endpoints_per_service
         hosted = self.proxies // self.services + (1 if service < self.proxies % self.services else 0)
         return max(self.endpoints_per_service, hosted)
 
@@ -122,13 +137,19 @@ class Scenario:
         ]
         for s in range(self.services):
             files[f"svc-{s}.yaml"] = self.service_objects(s, extra_endpoints=endpoint_bump if s == 0 else 0)
-        routing = []
-        for s in range(self.destination_rules):
-            routing.append(self.destination_rule(s))
+        if self.destination_rules:
+            files["destination-rules.yaml"] = [
+                self.destination_rule(s) for s in range(self.destination_rules)
+            ]
+        # A file each, as a change to one is one object from the Kubernetes API: a change rewrites
+        # one file, not a file of a thousand objects to read again.
         for s in range(self.virtual_services):
-            routing.append(self.virtual_service(s, marker="initial"))
-        if routing:
-            files["routing.yaml"] = routing
+            files[self.virtual_service_file(s)] = [self.virtual_service(s, marker="initial")]
+        if self.gateway:
+            files["namespaces.yaml"].append(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": GATEWAY_NAMESPACE}}
+            )
+            files["gateway.yaml"] = [self.ingress_gateway()]
         if self.scoped:
             files["sidecars.yaml"] = [
                 {
@@ -194,6 +215,22 @@ class Scenario:
         )
         return docs
 
+    def virtual_service_file(self, s: int) -> str:
+        return f"vs-{s}.yaml"
+
+    def ingress_gateway(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": GATEWAY_NAME, "namespace": GATEWAY_NAMESPACE},
+            "spec": {
+                "selector": dict(GATEWAY_LABELS),
+                "servers": [
+                    {"port": {"number": GATEWAY_PORT, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}
+                ],
+            },
+        }
+
     def destination_rule(self, s: int) -> dict[str, Any]:
         return {
             "apiVersion": "networking.istio.io/v1",
@@ -214,6 +251,18 @@ class Scenario:
             "name": f"bench-{marker}",
             "route": [{"destination": {"host": self.hostname(s)}}],
         }
+        if self.gateway:
+            # Bound to the ingress gateway, for a public host of the service.
+            return {
+                "apiVersion": "networking.istio.io/v1",
+                "kind": "VirtualService",
+                "metadata": {"name": self.service_name(s), "namespace": self.namespace(s)},
+                "spec": {
+                    "hosts": [f"{self.service_name(s)}.bench.example.com"],
+                    "gateways": [f"{GATEWAY_NAMESPACE}/{GATEWAY_NAME}"],
+                    "http": [route],
+                },
+            }
         if self.protocol == "tcp":
             return {
                 "apiVersion": "networking.istio.io/v1",

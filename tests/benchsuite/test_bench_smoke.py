@@ -41,6 +41,22 @@ def test_fleet_run_measures_both_changes_and_reports_them(tmp_path: Path) -> Non
     assert report.goals(results), "the goal rows read the fleet results"
 
 
+@pytest.mark.timeout(180)
+def test_gateway_fleet_converges_on_endpoint_and_virtual_service_changes(tmp_path: Path) -> None:
+    gateways = Scenario(
+        name="tiny-gw", services=3, endpoints_per_service=2, proxies=3, virtual_services=3, gateway=True
+    )
+    result = run_fleet(FleetJob(gateways, (COMPILED,), steady_seconds=0.5), COMPILED, tmp_path)
+
+    assert result["exit_code"] == 0
+    assert result["empty_configs"] == 0
+    for change in ("endpoint_added", "virtual_service_changed"):
+        assert result[change]["converged"] == gateways.proxies, change
+    assert result["endpoint_added"]["server"]["pushes"] == {'type="eds"': gateways.proxies}
+    # One VirtualService changed: the gateways' one route configuration, nothing else.
+    assert result["virtual_service_changed"]["server"]["pushes"] == {'type="rds"': gateways.proxies}
+
+
 @pytest.mark.timeout(240)
 def test_storm_run_resyncs_every_stream_after_a_drop_and_a_restart(tmp_path: Path) -> None:
     result = run_storm(StormJob(TINY, timeout=120), tmp_path)
