@@ -16,6 +16,7 @@ from meshpilot.model.gateways import ServerHost, binds_gateway, served_host, ser
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.networking.gateway import gateway_listeners, gateway_route_configuration
+from meshpilot.networking.route import build_route_configuration
 from meshpilot.xds.dependencies import proxy_needs_push
 
 GATEWAY = "router~10.1.0.100~gw-1.istio-system~istio-system.svc.cluster.local"
@@ -171,8 +172,6 @@ def test_a_router_the_selector_does_not_match_has_no_listeners(gateway_model: Mo
 
 
 def test_sidecars_keep_their_own_routes(gateway_model: Model) -> None:
-    from meshpilot.networking.route import build_route_configuration
-
     config = build_route_configuration(gateway_model.proxy(CLIENT), gateway_model.push, "9080")
     names = [v.name for v in config.virtual_hosts]
     assert "bookinfo.example.com:9080" not in names
@@ -260,3 +259,49 @@ def test_gateway_and_virtual_service_changes_push_routers_not_sidecars(gateway_m
     assert proxy_needs_push(router, gateway_change, root)
     assert not proxy_needs_push(sidecar, gateway_change, root)
     assert proxy_needs_push(router, change(Kind.VIRTUAL_SERVICE, "shop", "other"), root)
+
+
+def test_matches_naming_gateways_apply_only_where_they_say() -> None:
+    both = istio(
+        "VirtualService",
+        "ratings-both",
+        "other",
+        {
+            "hosts": ["ratings.other.svc.cluster.local", "ratings.example.com"],
+            "gateways": ["mesh", "default/bookinfo-gateway"],
+            "http": [
+                {
+                    "match": [{"uri": {"prefix": "/edge"}, "gateways": ["default/bookinfo-gateway"]}],
+                    "route": [{"destination": {"host": "reviews.default.svc.cluster.local"}}],
+                },
+                {
+                    "match": [{"uri": {"prefix": "/inside"}, "gateways": ["mesh"]}],
+                    "route": [{"destination": {"host": "productpage.default.svc.cluster.local"}}],
+                },
+                {"route": [{"destination": {"host": "ratings"}}]},
+            ],
+        },
+    )
+    listed = istio(
+        "Gateway",
+        "bookinfo-gateway",
+        "default",
+        {
+            "selector": {"istio": "ingressgateway"},
+            "servers": [
+                {
+                    "port": {"number": 80, "name": "http", "protocol": "HTTP"},
+                    "hosts": ["*/ratings.example.com"],
+                }
+            ],
+        },
+    )
+    docs = [d for d in _gateway_objects(both) if d["metadata"].get("name") != "bookinfo-gateway"] + [listed]
+    model = build(docs)
+    router = model.proxy(GATEWAY, GATEWAY_LABELS)
+    [vhost] = gateway_route_configuration(router, model.push, "http.80").virtual_hosts
+    assert [r.match.prefix for r in vhost.routes] == ["/edge", "/"]
+
+    sidecar_routes = build_route_configuration(model.proxy(CLIENT), model.push, "9080")
+    [ratings] = [v for v in sidecar_routes.virtual_hosts if v.name == "ratings.other.svc.cluster.local:9080"]
+    assert [r.match.prefix for r in ratings.routes] == ["/inside", "/"]

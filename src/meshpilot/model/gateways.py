@@ -28,6 +28,14 @@ class ServerHost:
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayRef:
+    """The Gateway routes are built for, and the domain its legacy FQDN name is under."""
+
+    key: ConfigKey
+    domain_suffix: str
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayServer:
     """One ``servers`` entry of a Gateway."""
 

@@ -18,7 +18,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 
-from meshpilot.model.gateways import GatewayServer, served_host
+from meshpilot.model.gateways import GatewayRef, GatewayServer, served_host
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.networking import endpoint as eds
@@ -126,6 +126,7 @@ def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> A
                         push.mesh,
                         push.domain_suffix,
                         hash_lookup(scope, vs.config.namespace, push.domain_suffix),
+                        GatewayRef(server.gateway, push.domain_suffix),
                     )
                 vhost_name = f"{served}:{port}"
                 vhost = vhosts.get(vhost_name)

@@ -13,6 +13,7 @@ from envoy.type.matcher.v3 import string_pb2
 from envoy.type.v3 import percent_pb2
 
 from meshpilot.model.config import Config
+from meshpilot.model.gateways import GatewayRef, binds_gateway
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.labels import selector_matches
 from meshpilot.model.proxy import Proxy
@@ -202,11 +203,15 @@ def _operation(route: Any, vs_name: str, port: int) -> str:
     return f"{vs_name}:{port}{path}"
 
 
-def _source_matches(match: Any | None, proxy: Proxy) -> bool:
+def _source_matches(match: Any | None, proxy: Proxy, vs: Config, gateway: GatewayRef | None) -> bool:
+    """Whether a match applies where the routes are built: for sidecars (``gateway`` None, the
+    ``mesh`` gateway) or on one gateway; a match that names gateways ignores source labels."""
     if match is None:
         return True
     if match.gateways:
-        return "mesh" in match.gateways
+        if gateway is None:
+            return "mesh" in match.gateways
+        return binds_gateway(vs.namespace, match.gateways, gateway.key, gateway.domain_suffix)
     if not selector_matches(match.source_labels, proxy.labels):
         return False
     return not match.source_namespace or match.source_namespace == proxy.metadata.namespace
@@ -222,11 +227,12 @@ def translate_route(
     mesh: Any,
     domain_suffix: str,
     lookup_hash: LookupHash = no_hash,
+    gateway: GatewayRef | None = None,
 ) -> Any | None:
     """One Envoy route for one HTTPRoute and one of its matches; None if it does not apply here."""
     if match is not None and match.port and match.port != listener_port:
         return None
-    if not _source_matches(match, proxy):
+    if not _source_matches(match, proxy, vs, gateway):
         return None
     name = http.name
     if match is not None and match.name:
@@ -390,13 +396,17 @@ def routes_for_virtual_service(
     mesh: Any,
     domain_suffix: str,
     lookup_hash: LookupHash = no_hash,
+    gateway: GatewayRef | None = None,
 ) -> list[Any]:
-    """Envoy routes of a VirtualService's HTTP section for one listener port, up to the first catch-all."""
+    """Envoy routes of a VirtualService's HTTP section for one listener port, up to the first catch-all.
+
+    ``gateway``: the routes are for that gateway's server, not for sidecars.
+    """
     out: list[Any] = []
     for http in vs.spec.http:
         if not http.match:
             route = translate_route(
-                proxy, http, None, listener_port, vs, lookup, mesh, domain_suffix, lookup_hash
+                proxy, http, None, listener_port, vs, lookup, mesh, domain_suffix, lookup_hash, gateway
             )
             if route is not None:
                 out.append(route)
@@ -404,7 +414,7 @@ def routes_for_virtual_service(
         stop = False
         for match in http.match:
             route = translate_route(
-                proxy, http, match, listener_port, vs, lookup, mesh, domain_suffix, lookup_hash
+                proxy, http, match, listener_port, vs, lookup, mesh, domain_suffix, lookup_hash, gateway
             )
             if route is not None:
                 out.append(route)
