@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from support.kube import istio, pod, service
 from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
@@ -305,3 +306,73 @@ def test_matches_naming_gateways_apply_only_where_they_say() -> None:
     sidecar_routes = build_route_configuration(model.proxy(CLIENT), model.push, "9080")
     [ratings] = [v for v in sidecar_routes.virtual_hosts if v.name == "ratings.other.svc.cluster.local:9080"]
     assert [r.match.prefix for r in ratings.routes] == ["/inside", "/"]
+
+
+def _tcp_proxy(chain: Any) -> Any:
+    out = tcp_proxy_pb2.TcpProxy()
+    chain.filters[-1].typed_config.Unpack(out)
+    return out
+
+
+def test_tls_passthrough_and_tcp_servers_route_by_sni_and_port() -> None:
+    servers = istio(
+        "Gateway",
+        "l4",
+        "default",
+        {
+            "selector": {"istio": "ingressgateway"},
+            "servers": [
+                {
+                    "port": {"number": 443, "name": "tls", "protocol": "TLS"},
+                    "hosts": ["*.example.com"],
+                    "tls": {"mode": "PASSTHROUGH"},
+                },
+                {"port": {"number": 3306, "name": "tcp", "protocol": "TCP"}, "hosts": ["*"]},
+                {
+                    "port": {"number": 8443, "name": "https", "protocol": "HTTPS"},
+                    "hosts": ["*"],
+                    "tls": {"mode": "SIMPLE", "credentialName": "cert"},
+                },
+            ],
+        },
+    )
+    routes = istio(
+        "VirtualService",
+        "l4",
+        "default",
+        {
+            "hosts": ["*.example.com", "*.example.org", "db.internal"],
+            "gateways": ["l4"],
+            "tls": [
+                {
+                    "match": [{"port": 443, "sniHosts": ["a.example.com"]}],
+                    "route": [{"destination": {"host": "reviews", "subset": "v1"}}],
+                },
+                {
+                    "match": [{"port": 443, "sniHosts": ["b.example.com", "c.example.org"]}],
+                    "route": [{"destination": {"host": "ratings.other.svc.cluster.local"}}],
+                },
+            ],
+            "tcp": [
+                {
+                    "match": [{"port": 3306}],
+                    "route": [{"destination": {"host": "db", "port": {"number": 3306}}}],
+                }
+            ],
+        },
+    )
+    model = build(_gateway_objects(servers, routes))
+    proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
+    listeners = {li.name: li for li in gateway_listeners(proxy, model.push)}
+    # 8443 terminates TLS, which is not served yet: no listener rather than a wrong one.
+    assert sorted(listeners) == ["0.0.0.0_3306", "0.0.0.0_443", "0.0.0.0_8080"]
+    tls = listeners["0.0.0.0_443"]
+    assert [f.name for f in tls.listener_filters] == ["envoy.filters.listener.tls_inspector"]
+    by_sni = {tuple(c.filter_chain_match.server_names): _tcp_proxy(c).cluster for c in tls.filter_chains}
+    # c.example.org is outside the server's hosts.
+    assert by_sni == {
+        ("a.example.com",): "outbound|9080|v1|reviews.default.svc.cluster.local",
+        ("b.example.com",): "outbound|9080||ratings.other.svc.cluster.local",
+    }
+    [tcp] = listeners["0.0.0.0_3306"].filter_chains
+    assert _tcp_proxy(tcp).cluster == "outbound|3306||db.default.svc.cluster.local"

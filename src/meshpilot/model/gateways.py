@@ -48,6 +48,8 @@ class GatewayServer:
     bind: str
     #: ``tls.httpsRedirect`` on a plaintext server: every request is redirected to HTTPS.
     https_redirect: bool
+    #: ``tls.mode`` by name (``PASSTHROUGH``, ``SIMPLE``, ...); "" without ``tls``.
+    tls_mode: str = ""
 
     @property
     def gateway_name(self) -> str:
@@ -90,6 +92,7 @@ def servers_of(config: Config) -> list[GatewayServer]:
                 hosts=_server_hosts(server.hosts, config.namespace),
                 bind=server.bind,
                 https_redirect=bool(tls is not None and tls.https_redirect),
+                tls_mode=tls.TLSmode.Name(tls.mode) if tls is not None else "",
             )
         )
     return out

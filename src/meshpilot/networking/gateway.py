@@ -1,12 +1,14 @@
 """Listeners and route configurations of a gateway proxy (``router``), from its Gateways' servers.
 
-Plaintext HTTP servers are served: a listener per (bind, port) whose
-HttpConnectionManager fetches ``http.<port>[.<bind>]`` over RDS, and that
-route configuration holds a virtual host per VirtualService host bound to one
-of the port's servers. A Gateway port that a Service selecting the gateway Pod
-exposes is listened on at the Service's targetPort, as istiod does (port 80 of
-``istio-ingressgateway`` is 8080 in the Pod). Servers of other protocols
-(HTTPS, TLS, TCP) are not served yet; they are logged once per snapshot.
+A listener per (bind, port). Plaintext HTTP servers: an HttpConnectionManager
+fetching ``http.<port>[.<bind>]`` over RDS, whose route configuration holds a
+virtual host per VirtualService host bound to one of the port's servers. TLS
+PASSTHROUGH servers: a chain per ``tls`` route match, chosen by SNI. TCP
+servers: the first ``tcp`` route that applies. A Gateway port that a Service
+selecting the gateway Pod exposes is listened on at the Service's targetPort,
+as istiod does (port 80 of ``istio-ingressgateway`` is 8080 in the Pod).
+Servers that terminate TLS (HTTPS, TLS SIMPLE/MUTUAL/ISTIO_MUTUAL,
+AUTO_PASSTHROUGH) are not served yet; they are logged once per snapshot.
 """
 
 from __future__ import annotations
@@ -18,14 +20,18 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 
-from meshpilot.model.gateways import GatewayRef, GatewayServer, served_host
+from meshpilot.model.gateways import GatewayRef, GatewayServer, binds_gateway, served_host
+from meshpilot.model.labels import selector_matches
+from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
-from meshpilot.model.push_context import PushContext
+from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import names
 from meshpilot.networking.filters import http_connection_manager
 from meshpilot.networking.http_routes import routes_for_virtual_service
+from meshpilot.networking.listener import tls_inspector
 from meshpilot.networking.route import hash_lookup, route_header
+from meshpilot.networking.tcp_routes import RouteContext, route_filters
 
 log = logging.getLogger(__name__)
 
@@ -46,41 +52,135 @@ def _listen_port(proxy: Proxy, port: int) -> int:
     return port
 
 
+def _kind(server: GatewayServer) -> str:
+    """How a server is served: "http", "passthrough" (TLS by SNI, not terminated), "tcp", or "" (not yet)."""
+    if server.protocol.is_http:
+        return "http"
+    if server.protocol is Protocol.TLS and server.tls_mode == "PASSTHROUGH":
+        return "passthrough"
+    if server.protocol.is_tcp and not server.protocol.is_tls:
+        return "tcp"
+    return ""
+
+
 def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
-    merged = push.merged_gateway(proxy)
-    listeners: dict[str, Any] = {}
-    skipped = []
-    for server in merged.servers:
-        if not server.protocol.is_http:
-            skipped.append(server)
-            continue
-        bind = server.bind or _ANY_ADDRESS
-        port = _listen_port(proxy, server.port)
-        name = names.listener_name(bind, port)
-        if name in listeners:
-            continue  # the route configuration holds every server on the port
-        hcm = http_connection_manager(
-            proxy,
-            stat_prefix=names.stat_name(f"outbound_{name}"),
-            inbound=False,
-            rds_name=route_name(server),
-            gateway=True,
-        )
+    """A listener per bind and port of the servers that can be served; servers that cannot are logged."""
+    by_listener: dict[tuple[str, int], list[GatewayServer]] = {}
+    for server in push.merged_gateway(proxy).servers:
+        key = (server.bind or _ANY_ADDRESS, _listen_port(proxy, server.port))
+        by_listener.setdefault(key, []).append(server)
+    out = []
+    for (bind, port), servers in by_listener.items():
+        # The first server that can be served decides the listener; the others on it are logged.
+        kind = next((k for k in map(_kind, servers) if k), "")
+        for server in servers:
+            if _kind(server) != kind or not kind:
+                log.warning(
+                    "gateway %s: %s server on port %d (tls mode %s) is not served",
+                    server.gateway_name,
+                    server.protocol.value,
+                    server.port,
+                    server.tls_mode or "none",
+                )
+        same = [s for s in servers if _kind(s) == kind]
         listener = listener_pb2.Listener(
-            name=name,
+            name=names.listener_name(bind, port),
             address=eds.socket_address(bind, port),
             traffic_direction=base_pb2.OUTBOUND,
-            filter_chains=[listener_components_pb2.FilterChain(filters=[hcm])],
         )
-        listeners[name] = listener
-    for server in skipped:
-        log.warning(
-            "gateway %s: %s server on port %d is not served (only plaintext HTTP servers are)",
-            server.gateway_name,
-            server.protocol.value,
-            server.port,
-        )
-    return list(listeners.values())
+        if kind == "http":
+            # One route configuration holds every server of the port.
+            hcm = http_connection_manager(
+                proxy,
+                stat_prefix=names.stat_name(f"outbound_{listener.name}"),
+                inbound=False,
+                rds_name=route_name(same[0]),
+                gateway=True,
+            )
+            listener.filter_chains.append(listener_components_pb2.FilterChain(filters=[hcm]))
+        elif kind == "passthrough":
+            listener.filter_chains.extend(_passthrough_chains(proxy, push, same))
+            listener.listener_filters.append(tls_inspector())
+        elif kind == "tcp":
+            listener.filter_chains.extend(_tcp_chains(proxy, push, same))
+        # A listener without chains would be rejected by Envoy: a port nothing routes is not listened on.
+        if listener.filter_chains:
+            out.append(listener)
+    return out
+
+
+def _static_match(match: Any, proxy: Proxy, port: int, vs: VirtualServiceEntry, gateway: GatewayRef) -> bool:
+    """The predicates of a tcp or tls match decided per gateway: gateways, port and source."""
+    if match.gateways and not binds_gateway(
+        vs.config.namespace, match.gateways, gateway.key, gateway.domain_suffix
+    ):
+        return False
+    if match.port and match.port != port:
+        return False
+    if not selector_matches(dict(match.source_labels), proxy.labels):
+        return False
+    return not match.source_namespace or match.source_namespace == proxy.config_namespace
+
+
+def _bound(push: PushContext, proxy: Proxy, server: GatewayServer) -> list[VirtualServiceEntry]:
+    """The VirtualServices bound to the server's Gateway with a host the server serves."""
+    return [
+        vs
+        for vs in push.virtual_services_for_gateway(proxy.config_namespace, server.gateway)
+        if any(served_host(h, vs.config.namespace, server) for h in vs.hosts)
+    ]
+
+
+def _passthrough_chains(proxy: Proxy, push: PushContext, servers: list[GatewayServer]) -> list[Any]:
+    """A chain per ``tls`` route match, selected by the SNI the server's hosts allow."""
+    out = []
+    seen: set[tuple[str, ...]] = set()
+    for server in servers:
+        ctx = RouteContext(proxy, push, server.port)
+        gateway = GatewayRef(server.gateway, push.domain_suffix)
+        for vs in _bound(push, proxy, server):
+            for route in vs.config.spec.tls:
+                if not route.route:
+                    continue
+                for match in route.match:
+                    if not _static_match(match, proxy, server.port, vs, gateway):
+                        continue
+                    sni = sorted(
+                        {
+                            h
+                            for h in (served_host(n, vs.config.namespace, server) for n in match.sni_hosts)
+                            if h
+                        }
+                    )
+                    if not sni or tuple(sni) in seen:
+                        continue
+                    seen.add(tuple(sni))
+                    chain = listener_components_pb2.FilterChain(
+                        filters=route_filters(ctx, list(route.route), vs)(),
+                        filter_chain_match=listener_components_pb2.FilterChainMatch(server_names=sni),
+                    )
+                    out.append(chain)
+    return out
+
+
+def _tcp_chains(proxy: Proxy, push: PushContext, servers: list[GatewayServer]) -> list[Any]:
+    """The first ``tcp`` route that applies: a TCP port has one chain, as in istiod."""
+    for server in servers:
+        ctx = RouteContext(proxy, push, server.port)
+        gateway = GatewayRef(server.gateway, push.domain_suffix)
+        for vs in _bound(push, proxy, server):
+            for route in vs.config.spec.tcp:
+                if not route.route:
+                    continue
+                if not route.match or any(
+                    _static_match(m, proxy, server.port, vs, gateway) for m in route.match
+                ):
+                    return [
+                        listener_components_pb2.FilterChain(
+                            filters=route_filters(ctx, list(route.route), vs)()
+                        )
+                    ]
+    return []
 
 
 def _parse_route_name(name: str) -> tuple[int, str] | None:

@@ -80,9 +80,11 @@ class ListenerGenerator:
 
     def _gateway(self, ctx: GenerationContext) -> ResourceList:
         proxy, push = ctx.proxy, ctx.push
-        # Gateway replicas share their Gateways and the Service ports that map theirs.
+        # What the listeners read besides the snapshot: the Gateways (chosen by the labels, which
+        # TCP and TLS matches may also name), the namespace (VirtualService visibility), and the
+        # Service ports that map Gateway ports. Gateway replicas share all of it.
         ports = tuple(sorted((t.port.port, t.target_port) for t in proxy.service_targets))
-        key = ("lds-gw", push.merged_gateway(proxy).gateways, proxy.capabilities, ports)
+        key = ("lds-gw", frozenset(proxy.labels.items()), proxy.config_namespace, proxy.capabilities, ports)
         return push.memoized(
             key, lambda: ResourceList(Resource.of(li.name, li) for li in gateway_listeners(proxy, push))
         )
