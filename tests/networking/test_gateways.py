@@ -24,6 +24,12 @@ GATEWAY = "router~10.1.0.100~gw-1.istio-system~istio-system.svc.cluster.local"
 GATEWAY_LABELS = {"LABELS": {"istio": "ingressgateway"}}
 
 
+def _gateway_doc(name: str, namespace: str, *servers: dict[str, Any]) -> dict[str, Any]:
+    return istio(
+        "Gateway", name, namespace, {"selector": {"istio": "ingressgateway"}, "servers": list(servers)}
+    )
+
+
 def _gateway_objects(*extra: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         *mesh_objects(),
@@ -37,23 +43,17 @@ def _gateway_objects(*extra: dict[str, Any]) -> list[dict[str, Any]]:
             },
         },
         pod("gw-1", "istio-system", "10.1.0.100", {"istio": "ingressgateway"}),
-        istio(
-            "Gateway",
+        _gateway_doc(
             "bookinfo-gateway",
             "default",
             {
-                "selector": {"istio": "ingressgateway"},
-                "servers": [
-                    {
-                        "port": {"number": 80, "name": "http", "protocol": "HTTP"},
-                        "hosts": ["bookinfo.example.com", "*/*.shop.example.com"],
-                    },
-                    {
-                        "port": {"number": 443, "name": "https", "protocol": "HTTPS"},
-                        "hosts": ["bookinfo.example.com"],
-                        "tls": {"mode": "SIMPLE", "credentialName": "bookinfo-cert"},
-                    },
-                ],
+                "port": {"number": 80, "name": "http", "protocol": "HTTP"},
+                "hosts": ["bookinfo.example.com", "*/*.shop.example.com"],
+            },
+            {
+                "port": {"number": 443, "name": "https", "protocol": "HTTPS"},
+                "hosts": ["bookinfo.example.com"],
+                "tls": {"mode": "SIMPLE", "credentialName": "bookinfo-cert"},
             },
         ),
         istio(
@@ -145,16 +145,10 @@ def test_routes_hold_the_bound_virtual_services_hosts_only(gateway_model: Model)
 def test_a_route_name_no_server_has_is_empty_and_a_server_without_virtual_services_answers_404() -> None:
     model = build(
         _gateway_objects(
-            istio(
-                "Gateway",
+            _gateway_doc(
                 "empty",
                 "istio-system",
-                {
-                    "selector": {"istio": "ingressgateway"},
-                    "servers": [
-                        {"port": {"number": 81, "name": "http-81", "protocol": "HTTP"}, "hosts": ["*"]}
-                    ],
-                },
+                {"port": {"number": 81, "name": "http-81", "protocol": "HTTP"}, "hosts": ["*"]},
             )
         )
     )
@@ -181,19 +175,13 @@ def test_sidecars_keep_their_own_routes(gateway_model: Model) -> None:
 
 
 def test_https_redirect_requires_tls_on_the_virtual_host() -> None:
-    redirecting = istio(
-        "Gateway",
+    redirecting = _gateway_doc(
         "redirect",
         "default",
         {
-            "selector": {"istio": "ingressgateway"},
-            "servers": [
-                {
-                    "port": {"number": 8000, "name": "http-8000", "protocol": "HTTP"},
-                    "hosts": ["secure.example.com"],
-                    "tls": {"httpsRedirect": True},
-                }
-            ],
+            "port": {"number": 8000, "name": "http-8000", "protocol": "HTTP"},
+            "hosts": ["secure.example.com"],
+            "tls": {"httpsRedirect": True},
         },
     )
     bound = istio(
@@ -283,18 +271,12 @@ def test_matches_naming_gateways_apply_only_where_they_say() -> None:
             ],
         },
     )
-    listed = istio(
-        "Gateway",
+    listed = _gateway_doc(
         "bookinfo-gateway",
         "default",
         {
-            "selector": {"istio": "ingressgateway"},
-            "servers": [
-                {
-                    "port": {"number": 80, "name": "http", "protocol": "HTTP"},
-                    "hosts": ["*/ratings.example.com"],
-                }
-            ],
+            "port": {"number": 80, "name": "http", "protocol": "HTTP"},
+            "hosts": ["*/ratings.example.com"],
         },
     )
     docs = [d for d in _gateway_objects(both) if d["metadata"].get("name") != "bookinfo-gateway"] + [listed]
@@ -315,25 +297,19 @@ def _tcp_proxy(chain: Any) -> Any:
 
 
 def test_tls_passthrough_and_tcp_servers_route_by_sni_and_port() -> None:
-    servers = istio(
-        "Gateway",
+    servers = _gateway_doc(
         "l4",
         "default",
         {
-            "selector": {"istio": "ingressgateway"},
-            "servers": [
-                {
-                    "port": {"number": 443, "name": "tls", "protocol": "TLS"},
-                    "hosts": ["*.example.com"],
-                    "tls": {"mode": "PASSTHROUGH"},
-                },
-                {"port": {"number": 3306, "name": "tcp", "protocol": "TCP"}, "hosts": ["*"]},
-                {
-                    "port": {"number": 8443, "name": "https", "protocol": "HTTPS"},
-                    "hosts": ["*"],
-                    "tls": {"mode": "SIMPLE", "credentialName": "cert"},
-                },
-            ],
+            "port": {"number": 443, "name": "tls", "protocol": "TLS"},
+            "hosts": ["*.example.com"],
+            "tls": {"mode": "PASSTHROUGH"},
+        },
+        {"port": {"number": 3306, "name": "tcp", "protocol": "TCP"}, "hosts": ["*"]},
+        {
+            "port": {"number": 8443, "name": "https", "protocol": "HTTPS"},
+            "hosts": ["*"],
+            "tls": {"mode": "SIMPLE", "credentialName": "cert"},
         },
     )
     routes = istio(

@@ -14,6 +14,7 @@ AUTO_PASSTHROUGH) are not served yet; they are logged once per snapshot.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
@@ -131,55 +132,46 @@ def _bound(push: PushContext, proxy: Proxy, server: GatewayServer) -> list[Virtu
     ]
 
 
-def _passthrough_chains(proxy: Proxy, push: PushContext, servers: list[GatewayServer]) -> list[Any]:
-    """A chain per ``tls`` route match, selected by the SNI the server's hosts allow."""
-    out = []
-    seen: set[tuple[str, ...]] = set()
+def _bound_routes(
+    proxy: Proxy, push: PushContext, servers: list[GatewayServer], section: str
+) -> Iterator[tuple[GatewayServer, RouteContext, GatewayRef, VirtualServiceEntry, Any]]:
+    """The ``tls`` or ``tcp`` routes with destinations of the VirtualServices bound to each server."""
     for server in servers:
         ctx = RouteContext(proxy, push, server.port)
         gateway = GatewayRef(server.gateway, push.domain_suffix)
         for vs in _bound(push, proxy, server):
-            for route in vs.config.spec.tls:
-                if not route.route:
-                    continue
-                for match in route.match:
-                    if not _static_match(match, proxy, server.port, vs, gateway):
-                        continue
-                    sni = sorted(
-                        {
-                            h
-                            for h in (served_host(n, vs.config.namespace, server) for n in match.sni_hosts)
-                            if h
-                        }
-                    )
-                    if not sni or tuple(sni) in seen:
-                        continue
-                    seen.add(tuple(sni))
-                    chain = listener_components_pb2.FilterChain(
-                        filters=route_filters(ctx, list(route.route), vs)(),
-                        filter_chain_match=listener_components_pb2.FilterChainMatch(server_names=sni),
-                    )
-                    out.append(chain)
+            for route in getattr(vs.config.spec, section):
+                if route.route:
+                    yield server, ctx, gateway, vs, route
+
+
+def _passthrough_chains(proxy: Proxy, push: PushContext, servers: list[GatewayServer]) -> list[Any]:
+    """A chain per ``tls`` route match, selected by the SNI the server's hosts allow."""
+    out = []
+    seen: set[tuple[str, ...]] = set()
+    for server, ctx, gateway, vs, route in _bound_routes(proxy, push, servers, "tls"):
+        for match in route.match:
+            if not _static_match(match, proxy, server.port, vs, gateway):
+                continue
+            served = (served_host(n, vs.config.namespace, server) for n in match.sni_hosts)
+            sni = tuple(sorted({h for h in served if h}))
+            if not sni or sni in seen:
+                continue
+            seen.add(sni)
+            out.append(
+                listener_components_pb2.FilterChain(
+                    filters=route_filters(ctx, list(route.route), vs)(),
+                    filter_chain_match=listener_components_pb2.FilterChainMatch(server_names=sni),
+                )
+            )
     return out
 
 
 def _tcp_chains(proxy: Proxy, push: PushContext, servers: list[GatewayServer]) -> list[Any]:
     """The first ``tcp`` route that applies: a TCP port has one chain, as in istiod."""
-    for server in servers:
-        ctx = RouteContext(proxy, push, server.port)
-        gateway = GatewayRef(server.gateway, push.domain_suffix)
-        for vs in _bound(push, proxy, server):
-            for route in vs.config.spec.tcp:
-                if not route.route:
-                    continue
-                if not route.match or any(
-                    _static_match(m, proxy, server.port, vs, gateway) for m in route.match
-                ):
-                    return [
-                        listener_components_pb2.FilterChain(
-                            filters=route_filters(ctx, list(route.route), vs)()
-                        )
-                    ]
+    for server, ctx, gateway, vs, route in _bound_routes(proxy, push, servers, "tcp"):
+        if not route.match or any(_static_match(m, proxy, server.port, vs, gateway) for m in route.match):
+            return [listener_components_pb2.FilterChain(filters=route_filters(ctx, list(route.route), vs)())]
     return []
 
 
