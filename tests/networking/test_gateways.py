@@ -352,3 +352,17 @@ def test_tls_passthrough_and_tcp_servers_route_by_sni_and_port() -> None:
     }
     [tcp] = listeners["0.0.0.0_3306"].filter_chains
     assert _tcp_proxy(tcp).cluster == "outbound|3306||db.default.svc.cluster.local"
+
+
+def test_a_server_bound_to_a_unix_socket_listens_on_it() -> None:
+    socket_server = {
+        "port": {"number": 0, "name": "http-uds", "protocol": "HTTP"},
+        "hosts": ["*"],
+        "bind": "unix:///var/run/gw.sock",
+    }
+    model = build(_gateway_objects(_gateway_doc("uds", "default", socket_server)))
+    proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
+    [uds] = [li for li in gateway_listeners(proxy, model.push) if li.name.startswith("unix://")]
+    assert uds.name == "unix:///var/run/gw.sock_0"
+    assert uds.address.pipe.path == "/var/run/gw.sock"
+    assert _hcm(uds).rds.route_config_name == "http.0.unix:///var/run/gw.sock"
