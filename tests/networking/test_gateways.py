@@ -131,7 +131,7 @@ def test_routes_hold_the_bound_virtual_services_hosts_only(gateway_model: Model)
     vhosts = {v.name: v for v in config.virtual_hosts}
     assert sorted(vhosts) == ["bookinfo.example.com:80", "cart.shop.example.com:80"]
     bookinfo = vhosts["bookinfo.example.com:80"]
-    assert list(bookinfo.domains) == ["bookinfo.example.com"]
+    assert list(bookinfo.domains) == ["bookinfo.example.com", "bookinfo.example.com:*"]
     assert [r.route.cluster for r in bookinfo.routes] == [
         "outbound|9080||reviews.default.svc.cluster.local",
         "outbound|9080||productpage.default.svc.cluster.local",
@@ -366,3 +366,24 @@ def test_a_server_bound_to_a_unix_socket_listens_on_it() -> None:
     assert uds.name == "unix:///var/run/gw.sock_0"
     assert uds.address.pipe.path == "/var/run/gw.sock"
     assert _hcm(uds).rds.route_config_name == "http.0.unix:///var/run/gw.sock"
+
+
+def test_domains_match_any_port_except_for_wildcard_hosts() -> None:
+    server = {"port": {"number": 8088, "name": "http-8088", "protocol": "HTTP"}, "hosts": ["*"]}
+
+    def bound(name: str, host: str) -> dict[str, Any]:
+        http = [{"route": [{"destination": {"host": "reviews"}}]}]
+        return istio("VirtualService", name, "default", {"hosts": [host], "gateways": ["any"], "http": http})
+
+    wild = [bound("wild", "*.wild.example.com"), bound("all", "*")]
+    model = build(_gateway_objects(_gateway_doc("any", "default", server), *wild))
+    proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
+    vhosts = {
+        v.name: list(v.domains)
+        for v in gateway_route_configuration(proxy, model.push, "http.8088").virtual_hosts
+    }
+    # Envoy allows one wildcard per domain: a wildcard host keeps the port.
+    assert vhosts == {
+        "*.wild.example.com:8088": ["*.wild.example.com", "*.wild.example.com:8088"],
+        "*:8088": ["*"],
+    }

@@ -22,6 +22,7 @@ from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 
 from meshpilot.model.gateways import GatewayRef, GatewayServer, binds_gateway, served_host
+from meshpilot.model.hosts import is_wildcard
 from meshpilot.model.labels import selector_matches
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
@@ -183,6 +184,14 @@ def _parse_route_name(name: str) -> tuple[int, str] | None:
     return int(port), bind
 
 
+def _domains(host: str, port: int) -> list[str]:
+    """istiod's gateway domains: the host, and the host with any port (behind a load balancer the
+    Host header may carry one). Envoy allows one wildcard per domain, so a wildcard host keeps the port."""
+    if host == "*":
+        return [host]
+    return [host, f"{host}:{port}" if is_wildcard(host) else f"{host}:*"]
+
+
 def _blackhole(port: int) -> Any:
     route = rc.Route(name="default", match=rc.RouteMatch(prefix="/"))
     route.direct_response.status = 404
@@ -224,7 +233,7 @@ def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> A
                 vhost = vhosts.get(vhost_name)
                 if vhost is None:
                     vhost = rc.VirtualHost(
-                        name=vhost_name, domains=[served], include_request_attempt_count=True
+                        name=vhost_name, domains=_domains(served, port), include_request_attempt_count=True
                     )
                     if server.https_redirect:
                         vhost.require_tls = rc.VirtualHost.ALL
