@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from meshpilot.networking.names import outbound_cluster
+
 PROTOCOLS = {"http": ("http", 8080), "tcp": ("tcp", 9000), "grpc": ("grpc", 7070)}
 GATEWAY_NAME = "bench-gateway"
 GATEWAY_NAMESPACE = "istio-system"
@@ -103,16 +105,14 @@ class Scenario:
         return node_id, ip, namespace, {"app": self.service_name(service), "version": "v1"}
 
     def outbound_clusters(self) -> list[str]:
-        """The outbound clusters (EDS names) of a sidecar that sees every service, named as meshpilot does."""
-        names = []
-        for s in range(self.services):
-            subsets = ("", "v1", "v2") if s < self.destination_rules else ("",)
-            names += [
-                f"outbound|{port}|{subset}|{self.hostname(s)}"
-                for _, port in self.ports()
-                for subset in subsets
-            ]
-        return sorted(names)
+        """The outbound clusters (EDS names) of a sidecar that sees every service."""
+        subsets = [("", "v1", "v2") if s < self.destination_rules else ("",) for s in range(self.services)]
+        return sorted(
+            outbound_cluster(port, subset, self.hostname(s))
+            for s in range(self.services)
+            for _, port in self.ports()
+            for subset in subsets[s]
+        )
 
     def route_names(self) -> list[str]:
         if self.gateway:

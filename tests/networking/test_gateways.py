@@ -13,7 +13,7 @@ from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
 
 from meshpilot.model.config import ConfigKey
-from meshpilot.model.gateways import ServerHost, binds_gateway, served_host, servers_of
+from meshpilot.model.gateways import ServerHost, binds_gateway, served_hosts, servers_of
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.networking.gateway import gateway_listeners, gateway_route_configuration
@@ -214,10 +214,10 @@ def test_server_hosts_admit_namespaces_and_narrow_wildcards() -> None:
     [config] = [c for c in model.push.configs(Kind.GATEWAY) if c.name == "bookinfo-gateway"]
     http = servers_of(config)[0]
     assert http.hosts == (ServerHost("*", "bookinfo.example.com"), ServerHost("*", "*.shop.example.com"))
-    assert served_host("a.shop.example.com", "x", http) == "a.shop.example.com"
-    # A wider VirtualService host is served as the server's narrower one.
-    assert served_host("*.example.com", "x", http) == "bookinfo.example.com"
-    assert served_host("other.example.org", "x", http) is None
+    assert served_hosts("a.shop.example.com", "x", http) == ["a.shop.example.com"]
+    # A wider VirtualService host is served as each of the server's narrower ones.
+    assert served_hosts("*.example.com", "x", http) == ["bookinfo.example.com", "*.shop.example.com"]
+    assert served_hosts("other.example.org", "x", http) == []
     dotted = istio(
         "Gateway",
         "own",
@@ -228,8 +228,8 @@ def test_server_hosts_admit_namespaces_and_narrow_wildcards() -> None:
         },
     )
     own = servers_of(build([dotted]).push.configs(Kind.GATEWAY)[0])[0]
-    assert served_host("a.com", "team", own) == "a.com"
-    assert served_host("a.com", "elsewhere", own) is None
+    assert served_hosts("a.com", "team", own) == ["a.com"]
+    assert served_hosts("a.com", "elsewhere", own) == []
 
 
 def test_gateway_and_virtual_service_changes_push_routers_not_sidecars(gateway_model: Model) -> None:
@@ -387,3 +387,24 @@ def test_domains_match_any_port_except_for_wildcard_hosts() -> None:
         "*.wild.example.com:8088": ["*.wild.example.com", "*.wild.example.com:8088"],
         "*:8088": ["*"],
     }
+
+
+def test_a_wildcard_virtual_service_host_gets_a_virtual_host_per_narrower_server_host() -> None:
+    server = {
+        "port": {"number": 8090, "name": "http-8090", "protocol": "HTTP"},
+        "hosts": ["a.foo.com", "b.foo.com"],
+    }
+    wild = istio(
+        "VirtualService",
+        "foo",
+        "default",
+        {
+            "hosts": ["*.foo.com"],
+            "gateways": ["foo"],
+            "http": [{"route": [{"destination": {"host": "reviews"}}]}],
+        },
+    )
+    model = build(_gateway_objects(_gateway_doc("foo", "default", server), wild))
+    proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
+    config = gateway_route_configuration(proxy, model.push, "http.8090")
+    assert [v.name for v in config.virtual_hosts] == ["a.foo.com:8090", "b.foo.com:8090"]

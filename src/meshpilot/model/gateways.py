@@ -19,6 +19,9 @@ from meshpilot.model.hosts import host_subset_of, is_wildcard
 from meshpilot.model.labels import selector_matches
 from meshpilot.model.protocol import Protocol
 
+#: The gateway name that means every sidecar in a VirtualService's ``gateways``.
+MESH_GATEWAY = "mesh"
+
 
 @dataclass(frozen=True, slots=True)
 class ServerHost:
@@ -41,7 +44,6 @@ class GatewayServer:
 
     gateway: ConfigKey
     port: int
-    port_name: str
     protocol: Protocol
     hosts: tuple[ServerHost, ...]
     #: The address to listen on; "" for every address.
@@ -60,7 +62,6 @@ class GatewayServer:
 class MergedGateway:
     """The servers of every Gateway a router takes, in Gateway order (oldest first)."""
 
-    gateways: tuple[ConfigKey, ...]
     servers: tuple[GatewayServer, ...]
 
     def servers_on(self, port: int, bind: str) -> list[GatewayServer]:
@@ -87,7 +88,6 @@ def servers_of(config: Config) -> list[GatewayServer]:
             GatewayServer(
                 gateway=config.key,
                 port=server.port.number,
-                port_name=server.port.name,
                 protocol=Protocol.parse(server.port.protocol),
                 hosts=_server_hosts(server.hosts, config.namespace),
                 bind=server.bind,
@@ -101,10 +101,7 @@ def servers_of(config: Config) -> list[GatewayServer]:
 def merge_gateways(gateways: Iterable[Config], labels: dict[str, str]) -> MergedGateway:
     """The Gateways (oldest first) whose selector matches a router's ``labels``, merged."""
     chosen = [g for g in gateways if selector_matches(dict(g.spec.selector), labels)]
-    return MergedGateway(
-        gateways=tuple(g.key for g in chosen),
-        servers=tuple(s for g in chosen for s in servers_of(g)),
-    )
+    return MergedGateway(servers=tuple(s for g in chosen for s in servers_of(g)))
 
 
 def binds_gateway(
@@ -121,13 +118,28 @@ def binds_gateway(
     return False
 
 
-def served_host(vs_host: str, vs_namespace: str, server: GatewayServer) -> str | None:
-    """The host a VirtualService host is served as on ``server``: the narrower of the two, or None."""
+def gateway_match(refs: Iterable[str], vs_namespace: str, gateway: GatewayRef | None) -> bool:
+    """Whether a route match's non-empty ``gateways`` name where the config is built: ``mesh`` for
+    sidecars (``gateway`` None), else the gateway routes are built for."""
+    if gateway is None:
+        return MESH_GATEWAY in refs
+    return binds_gateway(vs_namespace, refs, gateway.key, gateway.domain_suffix)
+
+
+def served_hosts(vs_host: str, vs_namespace: str, server: GatewayServer) -> list[str]:
+    """The hosts a VirtualService host is served as on ``server``: where it meets each server host
+    its namespace may use, the narrower of the two (``*.foo.com`` on ``a.foo.com`` and ``b.foo.com``
+    is both)."""
+    out: list[str] = []
     for allowed in server.hosts:
         if allowed.namespace not in ("*", vs_namespace):
             continue
         if host_subset_of(vs_host, allowed.host):
-            return vs_host
-        if is_wildcard(vs_host) and host_subset_of(allowed.host, vs_host):
-            return allowed.host
-    return None
+            found = vs_host
+        elif is_wildcard(vs_host) and host_subset_of(allowed.host, vs_host):
+            found = allowed.host
+        else:
+            continue
+        if found not in out:
+            out.append(found)
+    return out

@@ -16,7 +16,7 @@ from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.delegation import merge_delegates
 from meshpilot.model.destination_rules import DestinationRuleIndex, rule_selector
-from meshpilot.model.gateways import MergedGateway, binds_gateway, merge_gateways
+from meshpilot.model.gateways import MESH_GATEWAY, MergedGateway, binds_gateway, merge_gateways
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.kind import Kind
 from meshpilot.model.labels import selector_matches
@@ -24,7 +24,6 @@ from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.service import Registry, Service
 from meshpilot.model.sidecar_scope import SidecarScope, build_scope
 
-MESH_GATEWAY = "mesh"
 _MEMO_LIMIT = 20000
 T = TypeVar("T")
 

@@ -21,9 +21,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 
-from meshpilot.model.gateways import GatewayRef, GatewayServer, binds_gateway, served_host
+from meshpilot.model.gateways import GatewayRef, GatewayServer, served_hosts
 from meshpilot.model.hosts import is_wildcard
-from meshpilot.model.labels import selector_matches
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
@@ -33,7 +32,7 @@ from meshpilot.networking.filters import http_connection_manager
 from meshpilot.networking.http_routes import routes_for_virtual_service
 from meshpilot.networking.listener import tls_inspector
 from meshpilot.networking.route import hash_lookup, route_header
-from meshpilot.networking.tcp_routes import RouteContext, route_filters
+from meshpilot.networking.tcp_routes import RouteContext, route_filters, static_match
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +66,16 @@ def _kind(server: GatewayServer) -> str:
 
 def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
     """A listener per bind and port of the servers that can be served; servers that cannot are logged."""
-    by_listener: dict[tuple[str, int], list[GatewayServer]] = {}
+    by_listener: dict[tuple[str, int], list[tuple[str, GatewayServer]]] = {}
     for server in push.merged_gateway(proxy).servers:
         key = (server.bind or _ANY_ADDRESS, _listen_port(proxy, server.port))
-        by_listener.setdefault(key, []).append(server)
+        by_listener.setdefault(key, []).append((_kind(server), server))
     out = []
-    for (bind, port), servers in by_listener.items():
+    for (bind, port), kinds in by_listener.items():
         # The first server that can be served decides the listener; the others on it are logged.
-        kind = next((k for k in map(_kind, servers) if k), "")
-        for server in servers:
-            if _kind(server) != kind or not kind:
+        kind = next((k for k, _ in kinds if k), "")
+        for other, server in kinds:
+            if other != kind or not kind:
                 log.warning(
                     "gateway %s: %s server on port %d (tls mode %s) is not served",
                     server.gateway_name,
@@ -84,7 +83,7 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
                     server.port,
                     server.tls_mode or "none",
                 )
-        same = [s for s in servers if _kind(s) == kind]
+        same = [server for k, server in kinds if k == kind]
         listener = listener_pb2.Listener(
             name=names.listener_name(bind, port),
             address=eds.socket_address(bind, port),
@@ -111,25 +110,12 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
     return out
 
 
-def _static_match(match: Any, proxy: Proxy, port: int, vs: VirtualServiceEntry, gateway: GatewayRef) -> bool:
-    """The predicates of a tcp or tls match decided per gateway: gateways, port and source."""
-    if match.gateways and not binds_gateway(
-        vs.config.namespace, match.gateways, gateway.key, gateway.domain_suffix
-    ):
-        return False
-    if match.port and match.port != port:
-        return False
-    if not selector_matches(dict(match.source_labels), proxy.labels):
-        return False
-    return not match.source_namespace or match.source_namespace == proxy.config_namespace
-
-
 def _bound(push: PushContext, proxy: Proxy, server: GatewayServer) -> list[VirtualServiceEntry]:
     """The VirtualServices bound to the server's Gateway with a host the server serves."""
     return [
         vs
         for vs in push.virtual_services_for_gateway(proxy.config_namespace, server.gateway)
-        if any(served_host(h, vs.config.namespace, server) for h in vs.hosts)
+        if any(served_hosts(h, vs.config.namespace, server) for h in vs.hosts)
     ]
 
 
@@ -152,10 +138,11 @@ def _passthrough_chains(proxy: Proxy, push: PushContext, servers: list[GatewaySe
     seen: set[tuple[str, ...]] = set()
     for server, ctx, gateway, vs, route in _bound_routes(proxy, push, servers, "tls"):
         for match in route.match:
-            if not _static_match(match, proxy, server.port, vs, gateway):
+            if not static_match(match, proxy, server.port, vs.config.namespace, gateway):
                 continue
-            served = (served_host(n, vs.config.namespace, server) for n in match.sni_hosts)
-            sni = tuple(sorted({h for h in served if h}))
+            sni = tuple(
+                sorted({h for n in match.sni_hosts for h in served_hosts(n, vs.config.namespace, server)})
+            )
             if not sni or sni in seen:
                 continue
             seen.add(sni)
@@ -171,7 +158,10 @@ def _passthrough_chains(proxy: Proxy, push: PushContext, servers: list[GatewaySe
 def _tcp_chains(proxy: Proxy, push: PushContext, servers: list[GatewayServer]) -> list[Any]:
     """The first ``tcp`` route that applies: a TCP port has one chain, as in istiod."""
     for server, ctx, gateway, vs, route in _bound_routes(proxy, push, servers, "tcp"):
-        if not route.match or any(_static_match(m, proxy, server.port, vs, gateway) for m in route.match):
+        namespace = vs.config.namespace
+        if not route.match or any(
+            static_match(m, proxy, server.port, namespace, gateway) for m in route.match
+        ):
             return [listener_components_pb2.FilterChain(filters=route_filters(ctx, list(route.route), vs)())]
     return []
 
@@ -213,33 +203,32 @@ def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> A
     vhosts: dict[str, Any] = {}
     for server in servers:
         for vs in push.virtual_services_for_gateway(proxy.config_namespace, server.gateway):
-            routes: list[Any] | None = None
-            for host in vs.hosts:
-                served = served_host(host, vs.config.namespace, server)
-                if served is None:
-                    continue
-                if routes is None:
-                    routes = routes_for_virtual_service(
-                        proxy,
-                        vs.config,
-                        port,
-                        scope.service,
-                        push.mesh,
-                        push.domain_suffix,
-                        hash_lookup(scope, vs.config.namespace, push.domain_suffix),
-                        GatewayRef(server.gateway, push.domain_suffix),
-                    )
-                vhost_name = f"{served}:{port}"
-                vhost = vhosts.get(vhost_name)
+            namespace = vs.config.namespace
+            hosts = dict.fromkeys(h for vs_host in vs.hosts for h in served_hosts(vs_host, namespace, server))
+            if not hosts:
+                continue
+            routes = routes_for_virtual_service(
+                proxy,
+                vs.config,
+                port,
+                scope.service,
+                push.mesh,
+                push.domain_suffix,
+                hash_lookup(scope, namespace, push.domain_suffix),
+                GatewayRef(server.gateway, push.domain_suffix),
+            )
+            for host in hosts:
+                vhost = vhosts.get(host)
                 if vhost is None:
-                    vhost = rc.VirtualHost(
-                        name=vhost_name, domains=_domains(served, port), include_request_attempt_count=True
+                    vhost = vhosts[host] = rc.VirtualHost(
+                        name=f"{host}:{port}",
+                        domains=_domains(host, port),
+                        include_request_attempt_count=True,
                     )
-                    if server.https_redirect:
-                        vhost.require_tls = rc.VirtualHost.ALL
-                    vhosts[vhost_name] = vhost
-                # Several VirtualServices for one host: their routes in VirtualService order.
+                # Several VirtualServices (or servers) for one host add their routes in order, as in istiod.
                 vhost.routes.extend(routes)
+                if server.https_redirect:
+                    vhost.require_tls = rc.VirtualHost.ALL
     kept = [v for v in vhosts.values() if v.routes]
     out.virtual_hosts.extend(sorted(kept, key=lambda v: v.name) or [_blackhole(port)])
     return out

@@ -13,7 +13,7 @@ from envoy.type.matcher.v3 import string_pb2
 from envoy.type.v3 import percent_pb2
 
 from meshpilot.model.config import Config
-from meshpilot.model.gateways import GatewayRef, binds_gateway
+from meshpilot.model.gateways import GatewayRef, gateway_match
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.labels import selector_matches
 from meshpilot.model.proxy import Proxy
@@ -209,9 +209,7 @@ def _source_matches(match: Any | None, proxy: Proxy, vs: Config, gateway: Gatewa
     if match is None:
         return True
     if match.gateways:
-        if gateway is None:
-            return "mesh" in match.gateways
-        return binds_gateway(vs.namespace, match.gateways, gateway.key, gateway.domain_suffix)
+        return gateway_match(match.gateways, vs.namespace, gateway)
     if not selector_matches(match.source_labels, proxy.labels):
         return False
     return not match.source_namespace or match.source_namespace == proxy.metadata.namespace

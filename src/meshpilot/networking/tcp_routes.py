@@ -18,11 +18,12 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.listener.v3 import listener_components_pb2
 
 from meshpilot.model.destination_rules import MergedDestinationRule
+from meshpilot.model.gateways import GatewayRef, gateway_match
 from meshpilot.model.hosts import host_matches, resolve_short_name
 from meshpilot.model.labels import selector_matches
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
-from meshpilot.model.push_context import MESH_GATEWAY, PushContext, VirtualServiceEntry
+from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.model.service import UNSPECIFIED_IP, Service
 from meshpilot.networking import http_routes, names
 from meshpilot.networking.cluster import config_path
@@ -106,9 +107,12 @@ def match_conflict_key(match: Any | None) -> tuple[object, ...]:
 # -- static predicates ------------------------------------------------------------
 
 
-def _static_match(match: Any, proxy: Proxy, port: int) -> bool:
-    """gateways, sourceLabels, port and sourceNamespace, the same for L4 and TLS matches."""
-    gateways_ok = not match.gateways or MESH_GATEWAY in match.gateways
+def static_match(
+    match: Any, proxy: Proxy, port: int, vs_namespace: str = "", gateway: GatewayRef | None = None
+) -> bool:
+    """gateways, sourceLabels, port and sourceNamespace, the same for L4 and TLS matches; for
+    sidecars, or on ``gateway`` (whose name a match's gateways give relative to ``vs_namespace``)."""
+    gateways_ok = not match.gateways or gateway_match(match.gateways, vs_namespace, gateway)
     labels_ok = selector_matches(dict(match.source_labels), proxy.labels)
     port_ok = match.port == 0 or match.port == port
     namespace_ok = not match.source_namespace or match.source_namespace == proxy.config_namespace
@@ -278,7 +282,7 @@ def tls_chains(
             if not route.route:
                 continue
             for match in route.match:
-                if not _static_match(match, ctx.proxy, ctx.listen_port):
+                if not static_match(match, ctx.proxy, ctx.listen_port):
                     continue
                 if match.destination_subnets and ctx.listen_port > 0:
                     current = tuple(match.destination_subnets)
@@ -319,7 +323,7 @@ def tcp_chains(
                 return out
             subnets: list[str] = []
             for match in route.match:
-                if not _static_match(match, ctx.proxy, ctx.listen_port):
+                if not static_match(match, ctx.proxy, ctx.listen_port):
                     continue
                 if not match.destination_subnets or ctx.listen_port == 0:
                     build = route_filters(ctx, list(route.route), vs)
