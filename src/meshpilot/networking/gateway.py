@@ -29,9 +29,8 @@ from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import names
 from meshpilot.networking.filters import http_connection_manager
-from meshpilot.networking.http_routes import routes_for_virtual_service
 from meshpilot.networking.listener import tls_inspector
-from meshpilot.networking.route import hash_lookup, route_header
+from meshpilot.networking.route import route_header, virtual_service_routes
 from meshpilot.networking.tcp_routes import RouteContext, route_filters, static_match
 
 log = logging.getLogger(__name__)
@@ -198,8 +197,6 @@ def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> A
     servers = [s for s in push.merged_gateway(proxy).servers_on(port, bind) if s.protocol.is_http]
     if not servers:
         return out
-    scope = proxy.sidecar_scope
-    assert scope is not None
     vhosts: dict[str, Any] = {}
     for server in servers:
         for vs in push.virtual_services_for_gateway(proxy.config_namespace, server.gateway):
@@ -207,15 +204,8 @@ def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> A
             hosts = dict.fromkeys(h for vs_host in vs.hosts for h in served_hosts(vs_host, namespace, server))
             if not hosts:
                 continue
-            routes = routes_for_virtual_service(
-                proxy,
-                vs.config,
-                port,
-                scope.service,
-                push.mesh,
-                push.domain_suffix,
-                hash_lookup(scope, namespace, push.domain_suffix),
-                GatewayRef(server.gateway, push.domain_suffix),
+            routes = virtual_service_routes(
+                proxy, push, vs.config, port, GatewayRef(server.gateway, push.domain_suffix)
             )
             for host in hosts:
                 vhost = vhosts.get(host)

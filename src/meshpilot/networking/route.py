@@ -18,6 +18,7 @@ from envoy.config.route.v3 import route_pb2
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.destination_rules import MergedDestinationRule
+from meshpilot.model.gateways import GatewayRef
 from meshpilot.model.hosts import host_matches, is_wildcard, resolve_short_name
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import REGISTRY_ONLY
@@ -259,15 +260,7 @@ def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener:
     scope = proxy.sidecar_scope
     assert scope is not None
     for vs in virtual_services:
-        routes = routes_for_virtual_service(
-            proxy,
-            vs.config,
-            port,
-            scope.service,
-            push.mesh,
-            push.domain_suffix,
-            hash_lookup(scope, vs.config.namespace, push.domain_suffix),
-        )
+        routes = virtual_service_routes(proxy, push, vs.config, port)
         if not routes:
             continue
         outside, matched = _hosts_for_vs(vs, services)
@@ -311,7 +304,20 @@ def _hashing_rules(scope: SidecarScope) -> dict[str, MergedDestinationRule]:
     return found  # type: ignore[return-value]
 
 
-def hash_lookup(scope: SidecarScope, namespace: str, domain_suffix: str) -> LookupHash:
+def virtual_service_routes(
+    proxy: Proxy, push: PushContext, vs: Config, port: int, gateway: GatewayRef | None = None
+) -> list[Any]:
+    """A VirtualService's HTTP routes on ``port`` as the proxy's scope resolves them (for a sidecar,
+    or on ``gateway``)."""
+    scope = proxy.sidecar_scope
+    assert scope is not None
+    lookup_hash = _hash_lookup(scope, vs.namespace, push.domain_suffix)
+    return routes_for_virtual_service(
+        proxy, vs, port, scope.service, push.mesh, push.domain_suffix, lookup_hash, gateway
+    )
+
+
+def _hash_lookup(scope: SidecarScope, namespace: str, domain_suffix: str) -> LookupHash:
     """Consistent hashes of a VirtualService's destinations, from the DestinationRules in scope."""
 
     def lookup(destination: Any) -> Any | None:
