@@ -11,7 +11,7 @@ RUN_FLAGS ?= --config-dir examples/config --mesh-config examples/mesh.yaml \
 	--grpc-addr 127.0.0.1:15010 --http-addr 127.0.0.1:8080 --monitoring-addr 127.0.0.1:15014 \
 	--webhook-addr 127.0.0.1:15017
 
-.PHONY: run test install install-test lint typecheck unit bench bench-quick clean
+.PHONY: run test install install-test lint typecheck unit bench bench-quick clean reference
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,11 +51,51 @@ $(VENV)/.system-deps: $(BIN)/python
 	if [ -n "$$missing" ]; then apt-get update && apt-get install -y iptables iproute2 util-linux curl; fi
 	touch $@
 
+# Istio and Kubernetes as the referee (tests/reference, the real-API-server and agent tests):
+# istiod, pilot-agent, istioctl, kube-apiserver and etcd built from the module versions pinned in
+# reference/*/go.mod, with Istio's own build tags (Makefile.core.mk). Go's module and build caches make
+# a rebuild a relink. Binaries go to build/reference/bin, which git ignores; nothing is committed.
+GO ?= go
+REFERENCE_BIN := build/reference/bin
+# The version istiod reads from the agent's ISTIO_VERSION: the module's VERSION file with "-dev", as
+# Istio's Makefile stamps a development build.
+ISTIO_BUILD_VERSION := 1.31-dev
+ISTIO_LDFLAGS := -X istio.io/istio/pkg/version.buildVersion=$(ISTIO_BUILD_VERSION)
+REFERENCE_BINARIES := $(addprefix $(REFERENCE_BIN)/,pilot-discovery pilot-agent istioctl xdsdump kube-apiserver etcd)
+ISTIO_MOD := reference/istio/go.mod reference/istio/go.sum
+
+reference: $(REFERENCE_BINARIES)
+
+$(REFERENCE_BIN)/pilot-discovery $(REFERENCE_BIN)/istioctl: $(ISTIO_MOD)
+	cd reference/istio && $(GO) build -trimpath -tags vtprotobuf,disable_pgv -ldflags '$(ISTIO_LDFLAGS)' \
+		-o $(CURDIR)/$@ istio.io/istio/$(if $(filter %istioctl,$@),istioctl/cmd/istioctl,pilot/cmd/pilot-discovery)
+
+$(REFERENCE_BIN)/pilot-agent: $(ISTIO_MOD)
+	cd reference/istio && $(GO) build -trimpath -tags agent,disable_pgv,grpcnotrace,retrynotrace \
+		-ldflags '$(ISTIO_LDFLAGS)' -o $(CURDIR)/$@ istio.io/istio/pilot/cmd/pilot-agent
+
+# Istio's test helpers call protoc-gen-validate's Validate, which disable_pgv leaves out.
+$(REFERENCE_BIN)/xdsdump: $(ISTIO_MOD) $(wildcard reference/istio/xdsdump/*.go)
+	cd reference/istio && $(GO) build -trimpath -tags vtprotobuf -o $(CURDIR)/$@ ./xdsdump
+
+$(REFERENCE_BIN)/kube-apiserver: reference/kube/go.mod reference/kube/go.sum
+	cd reference/kube && $(GO) build -trimpath -o $(CURDIR)/$@ k8s.io/kubernetes/cmd/kube-apiserver
+
+$(REFERENCE_BIN)/etcd: reference/etcd/go.mod reference/etcd/go.sum
+	cd reference/etcd && $(GO) build -trimpath -o $(CURDIR)/$@ go.etcd.io/etcd/server/v3
+
+# Where Go is present, `make test` builds the reference binaries first and requires every test that
+# uses them to run (MESHPILOT_REQUIRE_REFERENCE turns their skip into a failure); without Go they skip
+# with a line naming `make reference`.
+HAVE_GO := $(shell command -v $(GO) 2>/dev/null)
+TEST_REFERENCE := $(if $(HAVE_GO),reference)
+TEST_ENV := $(if $(HAVE_GO),MESHPILOT_REQUIRE_REFERENCE=1)
+
 # The whole suite: lint, types, then tests with the compiled hot paths (a test
 # fails if they did not load), then the twins' own run of the unit tests.
-test: $(VENV)/.system-deps lint typecheck
-	MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q
-	MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not envoy and not integration" tests
+test: $(VENV)/.system-deps lint typecheck $(TEST_REFERENCE)
+	$(TEST_ENV) MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q
+	$(TEST_ENV) MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not envoy and not integration and not reference" tests
 
 $(VENV)/.installed-bench: $(VENV)/.installed-test
 	$(BIN)/pip install --quiet -e '.[test,bench]'

@@ -7,15 +7,13 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
 import yaml
+from support.reference import istio_file
 
 from meshpilot.webhooks.inject.config import InjectConfig, InjectionError, load_config_dir, parse_config
 from meshpilot.webhooks.inject.context import TemplateContext, Workload
@@ -171,26 +169,14 @@ def test_a_template_that_does_not_parse_keeps_the_last_good_config(config_dir: P
         InjectConfigSource.load(config_dir)
 
 
-# -- Istio's own chart templates, when a local mirror of istio/istio is available
+# -- Istio's own chart templates, read from the pinned istio.io/istio module (`make reference`)
 
-ISTIO_MIRROR = Path(os.environ.get("MESHPILOT_ISTIO_MIRROR", "/work/.mirror/istio+istio/repo"))
 CHART = "manifests/charts/istio-control/istio-discovery"
-
-
-def _from_mirror(path: str) -> str:
-    if shutil.which("git") is None or not ISTIO_MIRROR.is_dir():
-        pytest.skip(f"no Istio git mirror at {ISTIO_MIRROR} (set MESHPILOT_ISTIO_MIRROR to one)")
-    done = subprocess.run(
-        ["git", "-C", str(ISTIO_MIRROR), "show", f"HEAD:{path}"], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        pytest.skip(f"the Istio mirror at {ISTIO_MIRROR} has no {path}: {done.stderr.strip()}")
-    return done.stdout
 
 
 def _chart_values() -> dict[str, Any]:
     """The injector's values as the chart renders them: its defaults, with ``pilot.cni`` beside."""
-    values: dict[str, Any] = yaml.safe_load(_from_mirror(f"{CHART}/values.yaml"))[
+    values: dict[str, Any] = yaml.safe_load(istio_file(f"{CHART}/values.yaml"))[
         "_internal_defaults_do_not_set"
     ]
     values["pilot"] = {"cni": values.get("cni", {})}
@@ -198,11 +184,12 @@ def _chart_values() -> dict[str, Any]:
     return values
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize(
     "name", ["injection-template", "gateway-injection-template", "grpc-agent", "grpc-simple"]
 )
 def test_istio_chart_templates_parse_and_render(name: str) -> None:
-    text = _from_mirror(f"{CHART}/files/{name}.yaml")
+    text = istio_file(f"{CHART}/files/{name}.yaml")
     config = parse_config("{}", yaml.safe_dump(_chart_values()))
     ctx = TemplateContext(
         copy.deepcopy(POD), Workload("shop", "default", "apps/v1", "Deployment"), {}, config.values, "default"
@@ -244,11 +231,12 @@ def _inject_or_error(pod: dict[str, Any], config: InjectConfig) -> dict[str, Any
     return _normalise(injected) if injected is not None else None
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("path", PODS, ids=[p.stem for p in PODS])
 def test_istio_sidecar_template_matches_the_builtin(path: Path) -> None:
     """Istio's chart template, run by the engine, injects what the built-in Python template does for
     every golden pod (modulo Go's typed-Pod normalisation, see ``_normalise``)."""
-    text = _from_mirror(f"{CHART}/files/injection-template.yaml")
+    text = istio_file(f"{CHART}/files/injection-template.yaml")
     values = yaml.safe_dump(_chart_values())
     pod = yaml.safe_load(path.read_text())["pod"]
     from_chart = _inject_or_error(pod, parse_config(yaml.safe_dump({"templates": {"sidecar": text}}), values))

@@ -244,6 +244,8 @@ def _proxy_env(ctx: TemplateContext, mode: str) -> list[dict[str, Any]]:
         {"name": "ISTIO_META_POD_PORTS", "value": _pod_ports(ctx.pod)},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(app_containers(ctx.pod))},
         _resource_env("GOMEMLIMIT", "limits.memory"),
+        # The agent is Go in istiod's image: Istio 1.31's template caps its threads by the CPU limit too.
+        _resource_env("GOMAXPROCS", "limits.cpu"),
         {"name": "ISTIO_META_CLUSTER_ID", "value": glob["multiCluster"].get("clusterName") or "Kubernetes"},
         _field_env("ISTIO_META_NODE_NAME", "spec.nodeName"),
         {"name": "ISTIO_META_INTERCEPTION_MODE", "value": mode},

@@ -1,0 +1,324 @@
+// Command xdsdump prints the xDS resources istiod generates for a golden case
+// of meshpilot's (tests/golden/cases/<case>): the same config.yaml, mesh.yaml
+// and proxies.yaml, served by Istio's own discovery server in-process (the fake
+// server Istio's pilot tests use), asked over ADS the way a sidecar asks: CDS
+// and LDS by wildcard, then RDS for the route names the listeners name and EDS
+// for the EDS clusters. Output is one JSON object on stdout:
+//
+//	{"<proxy>": {"clusters": [...], "listeners": [...], "routes": [...], "endpoints": [...]}}
+//
+// with each resource in protobuf JSON under proto field names, so that
+// tests/reference compares it with meshpilot's output field by field.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	kubeyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"istio.io/istio/pilot/pkg/config/kube/crd"
+	v3 "istio.io/istio/pilot/pkg/xds/v3"
+	"istio.io/istio/pilot/test/xds"
+	"istio.io/istio/pkg/config/mesh"
+	"istio.io/istio/pkg/log"
+	"istio.io/istio/pkg/test"
+)
+
+// domain is the DNS domain of the fake cluster, as the fake server's registries use it.
+const domain = "cluster.local"
+
+type proxySpec struct {
+	ID       string         `json:"id"`
+	Metadata map[string]any `json:"metadata"`
+}
+
+func main() {
+	caseDir := flag.String("case", "", "a golden case directory (config.yaml, proxies.yaml, optional mesh.yaml)")
+	flag.Parse()
+	if *caseDir == "" {
+		fmt.Fprintln(os.Stderr, "usage: xdsdump --case DIR")
+		os.Exit(2)
+	}
+	// Istio's packages log to stdout, which carries the JSON: send their
+	// log to stderr, errors only.
+	logOptions := log.DefaultOptions()
+	logOptions.OutputPaths = []string{"stderr"}
+	logOptions.SetDefaultOutputLevel(log.OverrideScopeName, log.ErrorLevel)
+	if err := log.Configure(logOptions); err != nil {
+		fmt.Fprintln(os.Stderr, "xdsdump:", err)
+		os.Exit(1)
+	}
+	out, err := dumpCase(*caseDir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "xdsdump:", err)
+		os.Exit(1)
+	}
+	os.Stdout.Write(out)
+}
+
+func dumpCase(dir string) ([]byte, error) {
+	istioConfig, kubeObjects, err := splitConfig(filepath.Join(dir, "config.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	proxies := map[string]proxySpec{}
+	raw, err := os.ReadFile(filepath.Join(dir, "proxies.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	if err := yaml.Unmarshal(raw, &proxies); err != nil {
+		return nil, fmt.Errorf("proxies.yaml: %v", err)
+	}
+	configs, _, err := crd.ParseInputs(istioConfig)
+	if err != nil {
+		return nil, fmt.Errorf("config.yaml: %v", err)
+	}
+	for i := range configs {
+		// istiod's config sources stamp every object with the cluster's DNS
+		// domain, which resolves short hosts ("reviews" in namespace default
+		// is reviews.default.svc.cluster.local); the test helpers' own parser
+		// leaves it empty, so short hosts would match nothing.
+		configs[i].Domain = domain
+		if configs[i].Namespace == "" {
+			configs[i].Namespace = "default"
+		}
+	}
+	opts := xds.FakeOptions{Configs: configs, KubernetesObjectString: kubeObjects}
+	if meshYAML, err := os.ReadFile(filepath.Join(dir, "mesh.yaml")); err == nil {
+		m, err := mesh.ApplyMeshConfigDefaults(string(meshYAML))
+		if err != nil {
+			return nil, fmt.Errorf("mesh.yaml: %v", err)
+		}
+		opts.MeshConfig = m
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+
+	result := map[string]map[string][]json.RawMessage{}
+	var failure error
+	werr := test.Wrap(func(t test.Failer) {
+		server := xds.NewFakeDiscoveryServer(t, opts)
+		for name, spec := range proxies {
+			got, err := dumpProxy(server, spec)
+			if err != nil {
+				failure = fmt.Errorf("proxy %s: %v", name, err)
+				return
+			}
+			result[name] = got
+		}
+	})
+	if werr != nil {
+		return nil, werr
+	}
+	if failure != nil {
+		return nil, failure
+	}
+	return json.MarshalIndent(result, "", " ")
+}
+
+// splitConfig separates Istio's objects (for the config store) from Kubernetes'
+// (for the fake API server), as the two go to different places in istiod.
+func splitConfig(path string) (string, string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", "", err
+	}
+	var istio, kube []string
+	decoder := kubeyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		var obj map[string]any
+		if err := decoder.Decode(&obj); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return "", "", fmt.Errorf("%s: %v", path, err)
+		}
+		if len(obj) == 0 {
+			continue
+		}
+		text, err := yaml.Marshal(obj)
+		if err != nil {
+			return "", "", err
+		}
+		apiVersion, _ := obj["apiVersion"].(string)
+		group, _, _ := strings.Cut(apiVersion, "/")
+		if strings.HasSuffix(group, "istio.io") {
+			istio = append(istio, string(text))
+		} else {
+			kube = append(kube, string(text))
+		}
+	}
+	return strings.Join(istio, "\n---\n"), strings.Join(kube, "\n---\n"), nil
+}
+
+// stream is one ADS connection as a sidecar holds it: requests carry the
+// node on the first message only and every response is ACKed.
+type stream struct {
+	client discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	node   *core.Node
+	first  bool
+}
+
+func (s *stream) fetch(typeURL string, names []string) ([]*anypb.Any, error) {
+	req := &discovery.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names}
+	if s.first {
+		req.Node = s.node
+		s.first = false
+	}
+	if err := s.client.Send(req); err != nil {
+		return nil, err
+	}
+	resp, err := s.client.Recv()
+	if err != nil {
+		return nil, err
+	}
+	if resp.TypeUrl != typeURL {
+		return nil, fmt.Errorf("asked for %s, got %s", typeURL, resp.TypeUrl)
+	}
+	ack := &discovery.DiscoveryRequest{
+		TypeUrl: typeURL, ResourceNames: names, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce,
+	}
+	return resp.Resources, s.client.Send(ack)
+}
+
+func dumpProxy(server *xds.FakeDiscoveryServer, spec proxySpec) (map[string][]json.RawMessage, error) {
+	metadata, err := structpb.NewStruct(spec.Metadata)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %v", err)
+	}
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return server.BufListener.Dial() }))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s := &stream{client: client, node: &core.Node{Id: spec.ID, Metadata: metadata}, first: true}
+
+	clusters, err := s.fetch(v3.ClusterType, nil)
+	if err != nil {
+		return nil, fmt.Errorf("CDS: %v", err)
+	}
+	listeners, err := s.fetch(v3.ListenerType, nil)
+	if err != nil {
+		return nil, fmt.Errorf("LDS: %v", err)
+	}
+	routeNames, err := routeConfigNames(listeners)
+	if err != nil {
+		return nil, err
+	}
+	var routes []*anypb.Any
+	if len(routeNames) > 0 {
+		if routes, err = s.fetch(v3.RouteType, routeNames); err != nil {
+			return nil, fmt.Errorf("RDS: %v", err)
+		}
+	}
+	edsNames, err := edsClusterNames(clusters)
+	if err != nil {
+		return nil, err
+	}
+	var endpoints []*anypb.Any
+	if len(edsNames) > 0 {
+		if endpoints, err = s.fetch(v3.EndpointType, edsNames); err != nil {
+			return nil, fmt.Errorf("EDS: %v", err)
+		}
+	}
+	out := map[string][]json.RawMessage{}
+	for key, resources := range map[string][]*anypb.Any{
+		"clusters": clusters, "listeners": listeners, "routes": routes, "endpoints": endpoints,
+	} {
+		encoded := []json.RawMessage{}
+		for _, r := range resources {
+			text, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(r)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %v", r.TypeUrl, err)
+			}
+			encoded = append(encoded, text)
+		}
+		out[key] = encoded
+	}
+	return out, nil
+}
+
+func edsClusterNames(resources []*anypb.Any) ([]string, error) {
+	var names []string
+	for _, r := range resources {
+		c := &cluster.Cluster{}
+		if err := r.UnmarshalTo(c); err != nil {
+			return nil, err
+		}
+		if c.GetType() == cluster.Cluster_EDS {
+			names = append(names, c.Name)
+		}
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// routeConfigNames walks every filter chain's HTTP connection manager for the
+// RDS names, as Envoy does when it asks for routes.
+func routeConfigNames(resources []*anypb.Any) ([]string, error) {
+	seen := map[string]bool{}
+	for _, r := range resources {
+		l := &listener.Listener{}
+		if err := r.UnmarshalTo(l); err != nil {
+			return nil, err
+		}
+		chains := append([]*listener.FilterChain{}, l.FilterChains...)
+		if l.DefaultFilterChain != nil {
+			chains = append(chains, l.DefaultFilterChain)
+		}
+		for _, chain := range chains {
+			for _, f := range chain.Filters {
+				manager := &hcm.HttpConnectionManager{}
+				if f.GetTypedConfig() == nil || f.GetTypedConfig().UnmarshalTo(manager) != nil {
+					continue
+				}
+				if rds := manager.GetRds(); rds != nil {
+					seen[rds.RouteConfigName] = true
+				}
+			}
+		}
+		if api := l.GetApiListener().GetApiListener(); api != nil {
+			manager := &hcm.HttpConnectionManager{}
+			if api.UnmarshalTo(manager) == nil && manager.GetRds() != nil {
+				seen[manager.GetRds().RouteConfigName] = true
+			}
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names, nil
+}
