@@ -110,7 +110,7 @@ def _hcm(listener: Any) -> Any:
     return out
 
 
-def test_a_plaintext_server_is_a_listener_on_the_pods_port_fetching_http_dot_port(
+def test_a_plaintext_server_is_a_listener_on_the_pods_port_fetching_http_dot_that_port(
     gateway_model: Model,
 ) -> None:
     proxy = gateway_model.proxy(GATEWAY, GATEWAY_LABELS)
@@ -119,15 +119,16 @@ def test_a_plaintext_server_is_a_listener_on_the_pods_port_fetching_http_dot_por
     assert listener.address.socket_address.address == "0.0.0.0"
     assert listener.address.socket_address.port_value == 8080
     hcm = _hcm(listener)
-    assert hcm.rds.route_config_name == "http.80"
+    # istiod names the route configuration after the port the Pod listens on, not the Gateway port.
+    assert hcm.rds.route_config_name == "http.8080"
     assert hcm.use_remote_address.value is True
     assert hcm.http_filters[-1].name == "envoy.filters.http.router"
 
 
 def test_routes_hold_the_bound_virtual_services_hosts_only(gateway_model: Model) -> None:
     proxy = gateway_model.proxy(GATEWAY, GATEWAY_LABELS)
-    config = gateway_route_configuration(proxy, gateway_model.push, "http.80")
-    assert config.name == "http.80"
+    config = gateway_route_configuration(proxy, gateway_model.push, "http.8080")
+    assert config.name == "http.8080"
     vhosts = {v.name: v for v in config.virtual_hosts}
     assert sorted(vhosts) == ["bookinfo.example.com:80", "cart.shop.example.com:80"]
     bookinfo = vhosts["bookinfo.example.com:80"]
@@ -282,7 +283,7 @@ def test_matches_naming_gateways_apply_only_where_they_say() -> None:
     docs = [d for d in _gateway_objects(both) if d["metadata"].get("name") != "bookinfo-gateway"] + [listed]
     model = build(docs)
     router = model.proxy(GATEWAY, GATEWAY_LABELS)
-    [vhost] = gateway_route_configuration(router, model.push, "http.80").virtual_hosts
+    [vhost] = gateway_route_configuration(router, model.push, "http.8080").virtual_hosts
     assert [r.match.prefix for r in vhost.routes] == ["/edge", "/"]
 
     sidecar_routes = build_route_configuration(model.proxy(CLIENT), model.push, "9080")

@@ -142,7 +142,7 @@ def test_connection_pool() -> None:
         thresholds.max_requests.value,
         thresholds.max_retries.value,
         thresholds.track_remaining,
-    ) == (10, 11, 12, 14, True)
+    ) == (10, 11, 12, 14, False)
     assert c.connect_timeout.seconds == 3
     assert as_dict(c.upstream_connection_options) == {
         "tcpKeepalive": {"keepaliveProbes": 3, "keepaliveTime": 60, "keepaliveInterval": 10}

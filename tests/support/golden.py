@@ -1,14 +1,18 @@
 """meshpilot's xDS resources for a golden case, as JSON: what tests/golden checks in and tests/reference
 compares with istiod's.
 
-A case is a directory with ``config.yaml`` (Kubernetes and Istio objects) and optionally ``mesh.yaml``
-(MeshConfig). ``generate`` runs the same generators the ADS server uses for one proxy: CDS and LDS,
-RDS for the names the listeners ask for, EDS for the EDS clusters.
+A case is a directory with ``config.yaml`` (Kubernetes and Istio objects), ``proxies.yaml`` (node IDs
+with what is particular to each proxy's metadata) and optionally ``mesh.yaml`` (MeshConfig).
+``agent_metadata`` completes a proxy's metadata to what Istio's own agent sends for an injected pod,
+so meshpilot and istiod are judged on a real node, not a hand-made subset. ``generate`` runs the
+same generators the ADS server uses for one proxy: CDS and LDS, RDS for the names the listeners ask
+for, EDS for the EDS clusters.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +24,66 @@ from meshpilot.model.push_request import PushRequest
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators import GenerationContext, sidecar_generators
 from meshpilot.xds.types import TypeUrl
+
+#: The version Istio's agent reports: the reference build's stamp (ISTIO_BUILD_VERSION in the Makefile).
+AGENT_ISTIO_VERSION = "1.31-dev"
+
+
+def agent_metadata(node_id: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The node metadata Istio's agent sends for the pod of ``node_id``, with ``metadata`` on top.
+
+    The keys and defaults are those of a real pilot-agent run on a sidecar injected by Istio's
+    template (``tests/reference/agent_node_metadata.json``, recorded by test_istio_agent.py);
+    values come from the node ID (``TYPE~IP~POD.NS~NS.svc.DOMAIN``) and the pod's labels.
+    """
+    kind, ip, pod_ref, _ = node_id.split("~")
+    pod, namespace = pod_ref.rsplit(".", 1)
+    labels = dict(metadata.get("LABELS") or {})
+    # A Deployment's pod is <deployment>-<replicaset hash>-<pod hash>; the cases name pods <workload>-N.
+    workload = pod.rsplit("-", 1)[0] if "-" in pod else pod
+    app = labels.get("app") or labels.get("istio") or workload
+    if kind == "sidecar":
+        labels.setdefault("security.istio.io/tlsMode", "istio")
+    labels.setdefault("service.istio.io/canonical-name", app)
+    labels.setdefault("service.istio.io/canonical-revision", labels.get("version", "latest"))
+    base: dict[str, Any] = {
+        "ANNOTATIONS": {
+            "istio.io/rev": "default",
+            "kubectl.kubernetes.io/default-container": app,
+            "kubectl.kubernetes.io/default-logs-container": app,
+            "prometheus.io/path": "/stats/prometheus",
+            "prometheus.io/port": "15020",
+            "prometheus.io/scrape": "true",
+        },
+        "APP_CONTAINERS": app,
+        "CLUSTER_ID": "Kubernetes",
+        "ENVOY_PROMETHEUS_PORT": 15090,
+        "ENVOY_SKIP_DEPRECATED_LOGS": "true",
+        "ENVOY_STATUS_PORT": 15021,
+        "INSTANCE_IPS": ip,
+        "INTERCEPTION_MODE": "REDIRECT",
+        "ISTIO_VERSION": AGENT_ISTIO_VERSION,
+        "MESH_ID": "cluster.local",
+        "METADATA_DISCOVERY": "false",
+        "NAME": pod,
+        "NAMESPACE": namespace,
+        "OWNER": f"kubernetes://apis/apps/v1/namespaces/{namespace}/deployments/{workload}",
+        "PILOT_SAN": ["istiod.istio-system.svc"],
+        "PROXY_CONFIG": {
+            "binaryPath": "/usr/local/bin/envoy",
+            "configPath": "./etc/istio/proxy",
+            "discoveryAddress": "istiod.istio-system.svc:15012",
+            "drainDuration": "45s",
+            "proxyAdminPort": 15000,
+            "serviceCluster": "istio-proxy",
+            "statNameLength": 189,
+            "statusPort": 15020,
+            "terminationDrainDuration": "5s",
+        },
+        "WORKLOAD_IDENTITY_SOCKET_FILE": "socket",
+        "WORKLOAD_NAME": workload,
+    }
+    return {**base, **metadata, "LABELS": labels}
 
 
 def _as_dicts(resources: list[Any] | None) -> list[dict[str, Any]]:
@@ -52,7 +116,7 @@ def generate(case: Path, node_id: str, metadata: dict[str, Any]) -> dict[str, An
     docs = list(yaml.safe_load_all((case / "config.yaml").read_text()))
     mesh_file = case / "mesh.yaml"
     model = build([d for d in docs if d], mesh_yaml=mesh_file.read_text() if mesh_file.exists() else None)
-    proxy = model.proxy(node_id, metadata)
+    proxy = model.proxy(node_id, agent_metadata(node_id, metadata))
     request = PushRequest(full=True, forced=True, reasons=Counter(), push=model.push)
     # No XdsCache: the golden output is what the builders make, not what a cache holds.
     ctx = GenerationContext(proxy, model.push, model.index, request)

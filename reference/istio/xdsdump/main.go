@@ -1,6 +1,7 @@
 // Command xdsdump prints the xDS resources istiod generates for a golden case
 // of meshpilot's (tests/golden/cases/<case>): the same config.yaml, mesh.yaml
-// and proxies.yaml, served by Istio's own discovery server in-process (the fake
+// and proxies (the test passes them with the metadata Istio's agent sends),
+// served by Istio's own discovery server in-process (the fake
 // server Istio's pilot tests use), asked over ADS the way a sidecar asks: CDS
 // and LDS by wildcard, then RDS for the route names the listeners name and EDS
 // for the EDS clusters. Output is one JSON object on stdout:
@@ -57,10 +58,14 @@ type proxySpec struct {
 
 func main() {
 	caseDir := flag.String("case", "", "a golden case directory (config.yaml, proxies.yaml, optional mesh.yaml)")
+	proxiesFile := flag.String("proxies", "", "the proxies to ask for, as YAML or JSON (default: the case's proxies.yaml)")
 	flag.Parse()
 	if *caseDir == "" {
-		fmt.Fprintln(os.Stderr, "usage: xdsdump --case DIR")
+		fmt.Fprintln(os.Stderr, "usage: xdsdump --case DIR [--proxies FILE]")
 		os.Exit(2)
+	}
+	if *proxiesFile == "" {
+		*proxiesFile = filepath.Join(*caseDir, "proxies.yaml")
 	}
 	// Istio's packages log to stdout, which carries the JSON: send their
 	// log to stderr, errors only.
@@ -71,7 +76,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "xdsdump:", err)
 		os.Exit(1)
 	}
-	out, err := dumpCase(*caseDir)
+	out, err := dumpCase(*caseDir, *proxiesFile)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "xdsdump:", err)
 		os.Exit(1)
@@ -79,18 +84,18 @@ func main() {
 	os.Stdout.Write(out)
 }
 
-func dumpCase(dir string) ([]byte, error) {
+func dumpCase(dir, proxiesFile string) ([]byte, error) {
 	istioConfig, kubeObjects, err := splitConfig(filepath.Join(dir, "config.yaml"))
 	if err != nil {
 		return nil, err
 	}
 	proxies := map[string]proxySpec{}
-	raw, err := os.ReadFile(filepath.Join(dir, "proxies.yaml"))
+	raw, err := os.ReadFile(proxiesFile)
 	if err != nil {
 		return nil, err
 	}
 	if err := yaml.Unmarshal(raw, &proxies); err != nil {
-		return nil, fmt.Errorf("proxies.yaml: %v", err)
+		return nil, fmt.Errorf("%s: %v", proxiesFile, err)
 	}
 	configs, _, err := crd.ParseInputs(istioConfig)
 	if err != nil {

@@ -64,9 +64,6 @@ class MergedGateway:
 
     servers: tuple[GatewayServer, ...]
 
-    def servers_on(self, port: int, bind: str) -> list[GatewayServer]:
-        return [s for s in self.servers if s.port == port and s.bind == bind]
-
 
 def _server_hosts(hosts: Iterable[str], gateway_namespace: str) -> tuple[ServerHost, ...]:
     out = []

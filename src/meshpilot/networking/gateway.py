@@ -39,9 +39,11 @@ _ANY_ADDRESS = "0.0.0.0"
 BLACKHOLE_VHOST = "blackhole"
 
 
-def route_name(server: GatewayServer) -> str:
-    """istiod's RDS name for a plaintext HTTP server: ``http.<port>``, then ``.<bind>`` when bound."""
-    return f"http.{server.port}.{server.bind}" if server.bind else f"http.{server.port}"
+def route_name(listen_port: int, bind: str) -> str:
+    """istiod's RDS name for the plaintext HTTP servers of a listener: ``http.<port>``, then ``.<bind>``
+    when bound. The port is the one the gateway Pod listens on (the Service's targetPort), not the
+    Gateway's, as istiod names it."""
+    return f"http.{listen_port}.{bind}" if bind else f"http.{listen_port}"
 
 
 def _listen_port(proxy: Proxy, port: int) -> int:
@@ -94,7 +96,7 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
                 proxy,
                 stat_prefix=names.stat_name(f"outbound_{listener.name}"),
                 inbound=False,
-                rds_name=route_name(same[0]),
+                rds_name=route_name(port, same[0].bind),
                 gateway=True,
             )
             listener.filter_chains.append(listener_components_pb2.FilterChain(filters=[hcm]))
@@ -193,12 +195,17 @@ def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> A
     parsed = _parse_route_name(name)
     if parsed is None:
         return out
-    port, bind = parsed
-    servers = [s for s in push.merged_gateway(proxy).servers_on(port, bind) if s.protocol.is_http]
+    listen_port, bind = parsed
+    servers = [
+        s
+        for s in push.merged_gateway(proxy).servers
+        if s.bind == bind and s.protocol.is_http and _listen_port(proxy, s.port) == listen_port
+    ]
     if not servers:
         return out
     vhosts: dict[str, Any] = {}
     for server in servers:
+        port = server.port
         for vs in push.virtual_services_for_gateway(proxy.config_namespace, server.gateway):
             namespace = vs.config.namespace
             hosts = dict.fromkeys(h for vs_host in vs.hosts for h in served_hosts(vs_host, namespace, server))
@@ -220,5 +227,5 @@ def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> A
                 if server.https_redirect:
                     vhost.require_tls = rc.VirtualHost.ALL
     kept = [v for v in vhosts.values() if v.routes]
-    out.virtual_hosts.extend(sorted(kept, key=lambda v: v.name) or [_blackhole(port)])
+    out.virtual_hosts.extend(sorted(kept, key=lambda v: v.name) or [_blackhole(servers[0].port)])
     return out

@@ -185,7 +185,11 @@ def _mirror_percent(route: Any) -> Any | None:
 
 
 def _mirror_policy(cluster: str, fraction: Any) -> Any:
-    out = rc.RouteAction.RequestMirrorPolicy(cluster=cluster, trace_sampled=boolean(False))
+    # Mirrored requests keep their Host: istiod turns off Envoy's "-shadow" suffix
+    # (DISABLE_SHADOW_HOST_SUFFIX, on by default since Istio 1.26).
+    out = rc.RouteAction.RequestMirrorPolicy(
+        cluster=cluster, trace_sampled=boolean(False), disable_shadow_host_suffix_append=True
+    )
     out.runtime_fraction.default_value.CopyFrom(fraction)
     return out
 

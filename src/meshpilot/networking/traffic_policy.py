@@ -86,7 +86,8 @@ def default_circuit_breakers() -> Any:
                 max_pending_requests=uint32(_MAX),
                 max_requests=uint32(_MAX),
                 max_retries=uint32(_MAX),
-                track_remaining=True,
+                # No track_remaining: istiod leaves Envoy's remaining_* gauges off
+                # (DISABLE_TRACK_REMAINING_CB_METRICS, on by default).
             )
         ]
     )
