@@ -36,7 +36,7 @@ def _cases() -> list[Any]:
 
 @pytest.mark.parametrize(("case", "name", "proxy"), _cases())
 def test_generated_resources_match_the_golden_file(case: Path, name: str, proxy: dict[str, Any]) -> None:
-    got = generate(case, proxy["id"], proxy.get("metadata") or {})
+    got = generate(case, proxy["id"], proxy.get("metadata") or {}, proxy.get("listeners"))
     text = json.dumps(got, indent=1, sort_keys=True) + "\n"
     golden = case / f"{name}.golden.json"
     if UPDATE or not golden.exists():

@@ -41,7 +41,11 @@ def _proxies(case: Path) -> dict[str, Any]:
 def _nodes(case: Path) -> dict[str, Any]:
     """The case's proxies with the metadata Istio's agent sends: what both servers are given."""
     return {
-        name: {"id": spec["id"], "metadata": agent_metadata(spec["id"], spec.get("metadata") or {})}
+        name: {
+            "id": spec["id"],
+            "metadata": agent_metadata(spec["id"], spec.get("metadata") or {}),
+            "listeners": spec.get("listeners"),
+        }
         for name, spec in _proxies(case).items()
     }
 
@@ -61,7 +65,7 @@ def istiod_output(case: Path) -> dict[str, Any]:
 @functools.cache
 def report(case: Path, proxy: str) -> ProxyReport:
     spec = _proxies(case)[proxy]
-    ours = generate(case, spec["id"], spec.get("metadata") or {})
+    ours = generate(case, spec["id"], spec.get("metadata") or {}, spec.get("listeners"))
     return compare(case.name, proxy, istiod_output(case)[proxy], ours, load_rules(RULES))
 
 

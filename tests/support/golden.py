@@ -22,7 +22,7 @@ from support.model import build
 
 from meshpilot.model.push_request import PushRequest
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators import GenerationContext, sidecar_generators
+from meshpilot.xds.generators import GenerationContext, generators_by_metadata, sidecar_generators
 from meshpilot.xds.types import TypeUrl
 
 #: The version Istio's agent reports: the reference build's stamp (ISTIO_BUILD_VERSION in the Makefile).
@@ -112,7 +112,25 @@ def _rds_names(listeners: list[dict[str, Any]]) -> set[str]:
     return found
 
 
-def generate(case: Path, node_id: str, metadata: dict[str, Any]) -> dict[str, Any]:
+def _route_clusters(routes: list[dict[str, Any]]) -> set[str]:
+    """The clusters a proxyless gRPC client asks for: every cluster its routes name."""
+    found: set[str] = set()
+    for config in routes:
+        for vhost in config.get("virtual_hosts", []):
+            for route in vhost.get("routes", []):
+                action = route.get("route", {})
+                if "cluster" in action:
+                    found.add(action["cluster"])
+                found.update(c["name"] for c in action.get("weighted_clusters", {}).get("clusters", []))
+    return found
+
+
+def generate(
+    case: Path, node_id: str, metadata: dict[str, Any], listeners: list[str] | None = None
+) -> dict[str, Any]:
+    """A proxy's resources, asked for as its client asks: a sidecar takes CDS and LDS whole, then the
+    routes and endpoints they name; a proxyless gRPC client (``listeners`` given) asks for those
+    listeners, then the routes they name, the clusters the routes name, and their endpoints."""
     docs = list(yaml.safe_load_all((case / "config.yaml").read_text()))
     mesh_file = case / "mesh.yaml"
     model = build([d for d in docs if d], mesh_yaml=mesh_file.read_text() if mesh_file.exists() else None)
@@ -120,18 +138,25 @@ def generate(case: Path, node_id: str, metadata: dict[str, Any]) -> dict[str, An
     request = PushRequest(full=True, forced=True, reasons=Counter(), push=model.push)
     # No XdsCache: the golden output is what the builders make, not what a cache holds.
     ctx = GenerationContext(proxy, model.push, model.index, request)
-    generators = sidecar_generators()
+    # As the ADS server picks them: the proxy's GENERATOR's generators first, then the defaults.
+    generators = {**sidecar_generators(), **generators_by_metadata().get(proxy.metadata.generator, {})}
 
     def run(type_url: TypeUrl, names: set[str] | None) -> list[dict[str, Any]]:
         watch = WatchedResource(type_url.value, frozenset(names or ()), wildcard=names is None)
         return _as_dicts(generators[type_url].generate(ctx, watch, None))
 
-    clusters = run(TypeUrl.CLUSTER, None)
-    listeners = run(TypeUrl.LISTENER, None)
+    if listeners is not None:
+        found_listeners = run(TypeUrl.LISTENER, set(listeners))
+        routes = run(TypeUrl.ROUTE, _rds_names(found_listeners))
+        clusters = run(TypeUrl.CLUSTER, _route_clusters(routes))
+    else:
+        clusters = run(TypeUrl.CLUSTER, None)
+        found_listeners = run(TypeUrl.LISTENER, None)
+        routes = run(TypeUrl.ROUTE, _rds_names(found_listeners))
     eds_names = {c["name"] for c in clusters if c.get("type") == "EDS"}
     return {
         "clusters": clusters,
-        "listeners": listeners,
-        "routes": run(TypeUrl.ROUTE, _rds_names(listeners)),
+        "listeners": found_listeners,
+        "routes": routes,
         "endpoints": run(TypeUrl.ENDPOINT, eds_names),
     }

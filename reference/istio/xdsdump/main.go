@@ -30,6 +30,7 @@ import (
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -54,6 +55,9 @@ const domain = "cluster.local"
 type proxySpec struct {
 	ID       string         `json:"id"`
 	Metadata map[string]any `json:"metadata"`
+	// Listeners, when set, makes this a proxyless gRPC client: it asks for
+	// these listeners by name, then for what they name, as gRPC's xDS client does.
+	Listeners []string `json:"listeners"`
 }
 
 func main() {
@@ -229,22 +233,30 @@ func dumpProxy(server *xds.FakeDiscoveryServer, spec proxySpec) (map[string][]js
 	}
 	s := &stream{client: client, node: &core.Node{Id: spec.ID, Metadata: metadata}, first: true}
 
-	clusters, err := s.fetch(v3.ClusterType, nil)
-	if err != nil {
-		return nil, fmt.Errorf("CDS: %v", err)
-	}
-	listeners, err := s.fetch(v3.ListenerType, nil)
-	if err != nil {
-		return nil, fmt.Errorf("LDS: %v", err)
-	}
-	routeNames, err := routeConfigNames(listeners)
-	if err != nil {
-		return nil, err
-	}
-	var routes []*anypb.Any
-	if len(routeNames) > 0 {
-		if routes, err = s.fetch(v3.RouteType, routeNames); err != nil {
-			return nil, fmt.Errorf("RDS: %v", err)
+	var clusters, listeners, routes []*anypb.Any
+	if spec.Listeners != nil {
+		if listeners, err = s.fetch(v3.ListenerType, spec.Listeners); err != nil {
+			return nil, fmt.Errorf("LDS: %v", err)
+		}
+		if routes, err = s.fetchRoutes(listeners); err != nil {
+			return nil, err
+		}
+		names, err := routeClusterNames(routes)
+		if err != nil {
+			return nil, err
+		}
+		if clusters, err = s.fetch(v3.ClusterType, names); err != nil {
+			return nil, fmt.Errorf("CDS: %v", err)
+		}
+	} else {
+		if clusters, err = s.fetch(v3.ClusterType, nil); err != nil {
+			return nil, fmt.Errorf("CDS: %v", err)
+		}
+		if listeners, err = s.fetch(v3.ListenerType, nil); err != nil {
+			return nil, fmt.Errorf("LDS: %v", err)
+		}
+		if routes, err = s.fetchRoutes(listeners); err != nil {
+			return nil, err
 		}
 	}
 	edsNames, err := edsClusterNames(clusters)
@@ -272,6 +284,48 @@ func dumpProxy(server *xds.FakeDiscoveryServer, spec proxySpec) (map[string][]js
 		out[key] = encoded
 	}
 	return out, nil
+}
+
+// fetchRoutes asks for the route configurations the listeners name, if any.
+func (s *stream) fetchRoutes(listeners []*anypb.Any) ([]*anypb.Any, error) {
+	names, err := routeConfigNames(listeners)
+	if err != nil || len(names) == 0 {
+		return nil, err
+	}
+	routes, err := s.fetch(v3.RouteType, names)
+	if err != nil {
+		return nil, fmt.Errorf("RDS: %v", err)
+	}
+	return routes, nil
+}
+
+// routeClusterNames lists the clusters the routes send to, which a gRPC
+// client asks for next.
+func routeClusterNames(resources []*anypb.Any) ([]string, error) {
+	seen := map[string]bool{}
+	for _, r := range resources {
+		rc := &route.RouteConfiguration{}
+		if err := r.UnmarshalTo(rc); err != nil {
+			return nil, err
+		}
+		for _, vh := range rc.VirtualHosts {
+			for _, rt := range vh.Routes {
+				action := rt.GetRoute()
+				if name := action.GetCluster(); name != "" {
+					seen[name] = true
+				}
+				for _, wc := range action.GetWeightedClusters().GetClusters() {
+					seen[wc.Name] = true
+				}
+			}
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names, nil
 }
 
 func edsClusterNames(resources []*anypb.Any) ([]string, error) {
