@@ -70,6 +70,11 @@ class SimProxy:
     stopping: bool = False
     #: By type: the names list last requested and its encoded resource_names fields.
     names_encoded: dict[str, tuple[list[str], bytes]] = field(default_factory=dict)
+    #: By type: how many resources the first response on the current stream held.
+    counts: dict[str, int] = field(default_factory=dict)
+    #: By type: the names of those resources, kept only where ``record_names`` (one proxy a worker).
+    names: dict[str, list[str]] = field(default_factory=dict)
+    record_names: bool = False
 
     @property
     def synced(self) -> bool:
@@ -150,6 +155,8 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
         proxy.acked.clear()
         proxy.nonces.clear()
         proxy.versions.clear()
+        proxy.counts.clear()
+        proxy.names.clear()
         proxy.eds_names = []
         first_cds = True
         # Not awaited here: a write before the stream is up waits for its headers to go out,
@@ -167,6 +174,10 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
                 version, type_url, nonce, spans = scan_response(data)
                 proxy.nonces[type_url] = nonce
                 proxy.versions[type_url] = version
+                if type_url not in proxy.counts:
+                    proxy.counts[type_url] = len(spans)
+                    if proxy.record_names:
+                        proxy.names[type_url] = sorted(resource_name(data, s) for s in spans)
                 if (
                     proxy.marker
                     and proxy.marker_seen is None
@@ -237,6 +248,8 @@ class Worker:
     ) -> None:
         self.target = target
         self.proxies = [SimProxy(spec, route_names) for spec in specs]
+        if self.proxies:
+            self.proxies[0].record_names = True
         self.per_channel = per_channel
         self.own_connections = own_connections
         self.tasks: list[asyncio.Task[None]] = []
@@ -282,7 +295,13 @@ class Worker:
             "bytes": sum(p.bytes_received for p in self.proxies),
             # What the EDS ACKs repeat, which bench.run's floor sends as its ACKs.
             "eds_names_bytes": sum(len(p.names_encoded.get(EDS, ([], b""))[1]) for p in self.proxies),
+            # The first proxy's resources on its stream: what a server gave one sidecar.
+            "resources": [dict(self.proxies[0].counts)] if self.proxies else [],
         }
+
+    def names(self) -> dict[str, list[str]]:
+        """The resource names the first proxy got in the first response of each type on its stream."""
+        return dict(self.proxies[0].names) if self.proxies else {}
 
     def arm(self, marker: bytes, type_url: str) -> None:
         for proxy in self.proxies:
@@ -309,6 +328,8 @@ async def _serve(conn: multiprocessing.connection.Connection, worker: Worker) ->
             conn.send("ok")
         elif name == "collect":
             conn.send(worker.collect())
+        elif name == "names":
+            conn.send(worker.names())
         elif name == "restart":
             await worker.stop()
             await worker.start()
@@ -392,6 +413,8 @@ class Fleet:
             for key, value in reply.items():
                 if key == "ended":
                     out["ended"] = _sum_counts([out.get("ended", {}), value])
+                elif key == "resources":
+                    out["resources"] = out.get("resources", []) + value
                 else:
                     out[key] = out.get(key, 0 if key != "samples" else []) + value
         return out
@@ -408,6 +431,10 @@ class Fleet:
 
     def arm(self, marker: bytes, type_url: str) -> None:
         self._all("arm", marker, type_url)
+
+    def names(self) -> dict[str, list[str]]:
+        """Resource names by type of the first proxy of the first worker (see ``Worker.names``)."""
+        return dict(self._all("names")[0])
 
     def collect(self) -> list[float | None]:
         return [t for reply in self._all("collect") for t in reply]

@@ -7,11 +7,16 @@ the XdsCache on against off. Fleet runs start a real server process, connect
 the simulated fleet over ADS, and read the server's CPU time and memory from
 /proc. Results go to ``bench/results/<suite>.json``; ``bench.report`` turns
 them into ``docs/benchmarks.md`` and its plots.
+
+``--peer istiod`` adds, for each fleet scenario of the suite, a run of istiod
+(``pilot-discovery`` from ``make reference``) and one of meshpilot, one after
+the other, on the ServiceEntry form of the scenario (see ``bench.istiod``).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -21,12 +26,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from bench import grpc_floor
-from bench.fleet import EDS, RDS, Fleet, ProxySpec, ack_bytes
+from bench import istiod as peer_istiod
+from bench.fleet import EDS, RDS, TYPES, Fleet, ProxySpec, ack_bytes
+from bench.kube_stub import KubeStub
 from bench.scenario import Scenario, write_yaml
 from bench.server import ServerProcess
 
@@ -44,12 +51,17 @@ class Variant:
     name: str
     env: dict[str, str] = field(default_factory=dict)
     args: tuple[str, ...] = ()
+    #: Which program serves: "meshpilot" or "istiod" (``pilot-discovery``).
+    server: str = "meshpilot"
 
 
 COMPILED = Variant("compiled")
 PURE = Variant("pure-python", {"MESHPILOT_NO_EXTENSIONS": "1"})
 #: PILOT_XDS_CACHE_SIZE=0: no XdsCache and nothing shared between proxies (the uncached reference).
 NO_CACHE = Variant("compiled, uncached", args=("--xds-cache-size", "0"))
+#: istiod with its defaults (XdsCache on), the debounce and stream rate set as meshpilot's.
+ISTIOD = Variant("istiod", server="istiod")
+PEERS = {"istiod": ISTIOD}
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,8 @@ class FleetJob:
     connect_rate: int | None = 100
     steady_seconds: float = 10.0
     changes: bool = True
+    #: Wait after the initial sync before the steady state is measured.
+    settle_seconds: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,16 @@ def _scenario(file: str, **overrides: Any) -> Scenario:
     """A scenario from bench/scenarios, with some fields replaced (a scaled-down quick run)."""
     base = Scenario.load(SCENARIOS / f"{file}.yaml")
     return Scenario(**{**base.__dict__, **overrides})
+
+
+def peer_jobs(suite: Suite, peer: Variant) -> tuple[FleetJob, ...]:
+    """The suite's fleet scenarios in their ServiceEntry form, each for meshpilot and then the peer."""
+    jobs = []
+    for job in suite.fleet:
+        scenario = job.scenario
+        se = Scenario(**{**scenario.__dict__, "service_entries": True, "name": f"{scenario.name}-se"})
+        jobs.append(replace(job, scenario=se, variants=(COMPILED, peer)))
+    return tuple(jobs)
 
 
 def suites() -> dict[str, Suite]:
@@ -259,17 +283,60 @@ def _change(
     return out
 
 
-def run_fleet(job: FleetJob, variant: Variant, workdir: Path) -> dict[str, Any]:
-    scenario = job.scenario
-    config = workdir / "config"
-    scenario.write(config)
+#: How long the unchanged rewrite is watched: past istiod's 250 ms file-watch delay and its debounce.
+REWRITE_WINDOW = 2.0
+
+
+def _rewrite_unchanged(server: ServerProcess, config: Path, scenario: Scenario) -> dict[str, Any]:
+    """Rewrite one config file with what it holds: the server's CPU for reading files, and any push."""
+    before = server.metrics()
+    cpu = server.cpu_seconds()
+    write_yaml(config / "svc-0.yaml", scenario.service_objects(0))
+    time.sleep(REWRITE_WINDOW)
+    return {
+        "window_seconds": REWRITE_WINDOW,
+        "server_cpu_seconds": round(server.cpu_seconds() - cpu, 3),
+        "server": _push_metrics(before, server.metrics()),
+    }
+
+
+def _short(type_url: str) -> str:
+    return {EDS: "eds", RDS: "rds"}.get(type_url) or type_url.rsplit(".", 1)[-1].lower()
+
+
+def _server(
+    job: FleetJob, variant: Variant, config: Path, workdir: Path, kube: KubeStub | None
+) -> ServerProcess:
+    if variant.server == "istiod":
+        if kube is None:
+            raise ValueError("istiod needs the empty API server (bench.kube_stub)")
+        return peer_istiod.IstiodProcess(
+            config,
+            workdir,
+            kubeconfig=kube.kubeconfig,
+            debounce=DEBOUNCE,
+            connect_rate=job.connect_rate,
+            env=variant.env,
+        )
     args = ["--debounce-after", DEBOUNCE, *variant.args]
     if job.connect_rate is not None:
         args += ["--max-requests-per-second", str(job.connect_rate)]
-    server = ServerProcess(config, workdir, extra=args, env=variant.env)
+    return ServerProcess(config, workdir, extra=args, env=variant.env)
+
+
+def run_fleet(job: FleetJob, variant: Variant, workdir: Path, kube: KubeStub | None = None) -> dict[str, Any]:
+    """One server on the scenario: initial sync, steady state, then an endpoint and a VirtualService change.
+
+    ``kube`` is the empty API server istiod's kube client needs (``variant.server == "istiod"``).
+    """
+    scenario = job.scenario
+    config = workdir / "config"
+    scenario.write(config)
+    server = _server(job, variant, config, workdir, kube)
     result: dict[str, Any] = {
         "scenario": scenario.name,
         "variant": variant.name,
+        "server": variant.server,
         "connect_rate": job.connect_rate,
     }
     fleet: Fleet | None = None
@@ -284,13 +351,23 @@ def run_fleet(job: FleetJob, variant: Variant, workdir: Path) -> dict[str, Any]:
         status = fleet.status()
         result["sync_bytes_per_proxy"] = int(status["bytes"] / max(1, status["proxies"]))
         result["empty_configs"] = status["empty_configs"]
-        time.sleep(2)
+        # What one sidecar got: resources by type, and a digest of their names to compare servers by.
+        first = status["resources"][0] if status["resources"] else {}
+        result["resources_per_proxy"] = {_short(t): first[t] for t in TYPES if t in first}
+        names = fleet.names()
+        result["resource_names_digest"] = {
+            _short(t): hashlib.sha256("\n".join(names[t]).encode()).hexdigest()[:16]
+            for t in TYPES
+            if t in names
+        }
+        time.sleep(job.settle_seconds)
         cpu = server.cpu_seconds()
         time.sleep(job.steady_seconds)
         result["steady_vcpu"] = round((server.cpu_seconds() - cpu) / job.steady_seconds, 4)
         memory = server.memory()
         result["steady_rss_mib"] = round(memory["rss_mib"], 1)
         if job.changes:
+            result["unchanged_rewrite"] = _rewrite_unchanged(server, config, scenario)
             new_ip = scenario.endpoint_ip(0, scenario.endpoints_of(0))
             result["endpoint_added"] = _change(
                 server,
@@ -454,7 +531,34 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run_suite(suite: Suite, only: set[str] | None) -> dict[str, Any]:
+def run_peer(suite: Suite, peer: Variant, only: set[str] | None) -> dict[str, Any]:
+    """The suite's fleet scenarios, ServiceEntry form, meshpilot then the peer, one run each."""
+    info = peer_istiod.version()
+    out: dict[str, Any] = {
+        "server": peer.name,
+        "version": info,
+        "binary": str(peer_istiod.binary().relative_to(ROOT)),
+        "debounce": DEBOUNCE,
+        "runs": [],
+    }
+    for job in peer_jobs(suite, peer):
+        if only and not ({"peer", job.scenario.name, job.scenario.name.removesuffix("-se")} & only):
+            continue
+        for variant in job.variants:
+            log(f"peer fleet {job.scenario.name} ({job.scenario.proxies} proxies), {variant.name}")
+            with (
+                tempfile.TemporaryDirectory(prefix="meshpilot-bench-") as tmp,
+                KubeStub(Path(tmp) / "kube") as kube,
+            ):
+                cpu = kube.cpu_seconds()
+                result = run_fleet(job, variant, Path(tmp), kube)
+                result["kube_stub_cpu_seconds"] = round(kube.cpu_seconds() - cpu, 3)
+            out["runs"].append({"scenario_spec": asdict(job.scenario), **result})
+            log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
+    return out
+
+
+def run_suite(suite: Suite, only: set[str] | None, peer: Variant | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"suite": suite.name, "machine": machine(), "fleet": [], "storm": []}
     started = time.time()
     if not only or "micro" in only:
@@ -478,6 +582,8 @@ def run_suite(suite: Suite, only: set[str] | None) -> dict[str, Any]:
                 result = run_fleet(job, variant, Path(tmp))
             results["fleet"].append({"scenario_spec": asdict(job.scenario), **result})
             log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
+    if peer is not None:
+        results["peer"] = run_peer(suite, peer, only)
     for storm in suite.storm:
         if only and storm.scenario.name not in only and "storm" not in only:
             continue
@@ -493,12 +599,23 @@ def run_suite(suite: Suite, only: set[str] | None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=sorted(suites()), default="quick")
-    parser.add_argument("--only", nargs="*", help="micro, floor, fleet, storm or scenario names")
+    parser.add_argument("--only", nargs="*", help="micro, floor, fleet, peer, storm or scenario names")
+    parser.add_argument(
+        "--peer",
+        choices=sorted(PEERS),
+        help="also run the fleet scenarios, ServiceEntry form, on this server and on meshpilot, side by side",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--no-report", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = parser.parse_args(argv)
     suite = suites()[args.suite]
-    results = run_suite(suite, set(args.only) if args.only else None)
+    peer = PEERS[args.peer] if args.peer else None
+    if peer is not None:
+        try:
+            peer_istiod.binary()
+        except peer_istiod.MissingReference as err:
+            parser.error(str(err))
+    results = run_suite(suite, set(args.only) if args.only else None, peer)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{suite.name}.json"
     path.write_text(json.dumps(results, indent=2, sort_keys=False) + "\n")

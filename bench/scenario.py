@@ -3,6 +3,13 @@
 A scenario names how many services, ports, endpoints, namespaces and proxies
 to make. Every proxy is a Pod of one of the services (so it has inbound
 config, as a real sidecar does), in REDIRECT mode, with its own IP.
+
+With ``service_entries`` the same services (hosts, VIPs, ports, endpoint
+addresses and labels) are written as ServiceEntries with inline endpoints
+instead of Services, Pods and EndpointSlices: istiod reads only Istio kinds
+from files, so that is the form both servers get when istiod runs beside
+meshpilot (``python -m bench.run --peer istiod``). The proxies are then client
+sidecars on addresses of their own (see ``proxy``).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import yaml
 from meshpilot.networking.names import outbound_cluster
 
 PROTOCOLS = {"http": ("http", 8080), "tcp": ("tcp", 9000), "grpc": ("grpc", 7070)}
+#: A ServiceEntry port's protocol, by scenario protocol.
+SE_PROTOCOLS = {"http": "HTTP", "tcp": "TCP", "grpc": "GRPC"}
 GATEWAY_NAME = "bench-gateway"
 GATEWAY_NAMESPACE = "istio-system"
 GATEWAY_LABELS = {"istio": "ingressgateway"}
@@ -39,6 +48,8 @@ class Scenario:
     scoped: bool = False
     #: Proxies are ingress gateways (``router``) of one Gateway; VirtualServices bind to it.
     gateway: bool = False
+    #: Services as ServiceEntries (resolution STATIC, inline endpoints), not Kubernetes objects.
+    service_entries: bool = False
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -90,8 +101,8 @@ class Scenario:
         return str(ipaddress.ip_address("10.96.0.0") + service + 1)
 
     def proxy(self, i: int) -> tuple[str, str, str, dict[str, str]]:
-        """(node id, IP, namespace, labels) of proxy ``i``: an endpoint of service ``i % services``,
-        or a replica of the ingress gateway."""
+        """(node id, IP, namespace, labels) of proxy ``i``: an endpoint of service ``i % services``
+        (with ``service_entries``, a client of it), or a replica of the ingress gateway."""
         if self.gateway:
             ip = str(ipaddress.ip_address("10.200.0.0") + i)
             node_id = f"router~{ip}~ingress-{i}.{GATEWAY_NAMESPACE}~{GATEWAY_NAMESPACE}.svc.cluster.local"
@@ -101,6 +112,11 @@ class Scenario:
         namespace = self.namespace(service)
         pod = f"{self.service_name(service)}-{index}"
         ip = self.endpoint_ip(service, index)
+        if self.service_entries:
+            # A client sidecar: its address backs no service, so it has no inbound services. istiod
+            # finds a proxy's services among ServiceEntry endpoints by its IP, meshpilot (today) only
+            # among Kubernetes Pods; on an endpoint's IP the two would build different sidecars.
+            ip = str(ipaddress.ip_address("10.64.0.0") + i)
         node_id = f"sidecar~{ip}~{pod}.{namespace}~{namespace}.svc.cluster.local"
         return node_id, ip, namespace, {"app": self.service_name(service), "version": "v1"}
 
@@ -163,6 +179,8 @@ class Scenario:
         return files
 
     def service_objects(self, s: int, *, extra_endpoints: int = 0) -> list[dict[str, Any]]:
+        if self.service_entries:
+            return [self.service_entry(s, extra_endpoints=extra_endpoints)]
         ns, name = self.namespace(s), self.service_name(s)
         ports = self.ports()
         labels = {"app": name, "version": "v1"}
@@ -214,6 +232,35 @@ class Scenario:
             }
         )
         return docs
+
+    def service_entry(self, s: int, *, extra_endpoints: int = 0) -> dict[str, Any]:
+        """Service ``s`` as one ServiceEntry: the Service's host, VIP and ports, the pods' addresses,
+        labels and service account as inline endpoints (what a Kubernetes Service becomes in istiod's
+        model, written in the form istiod's file source reads)."""
+        name = self.service_name(s)
+        protocol = SE_PROTOCOLS[self.protocol]
+        return {
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "ServiceEntry",
+            "metadata": {"name": name, "namespace": self.namespace(s)},
+            "spec": {
+                "hosts": [self.hostname(s)],
+                "addresses": [self.cluster_ip(s)],
+                "location": "MESH_INTERNAL",
+                "resolution": "STATIC",
+                "ports": [
+                    {"name": p, "number": n, "protocol": protocol, "targetPort": n} for p, n in self.ports()
+                ],
+                "endpoints": [
+                    {
+                        "address": self.endpoint_ip(s, i),
+                        "labels": {"app": name, "version": "v1"},
+                        "serviceAccount": name,
+                    }
+                    for i in range(self.endpoints_of(s) + extra_endpoints)
+                ],
+            },
+        }
 
     def virtual_service_file(self, s: int) -> str:
         return f"vs-{s}.yaml"

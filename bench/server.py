@@ -1,4 +1,7 @@
-"""The meshpilot server under test, as a process whose CPU time and memory are read from /proc."""
+"""The server under test, as a process whose CPU time and memory are read from /proc.
+
+``ServerProcess`` runs meshpilot; ``bench.istiod.IstiodProcess`` runs istiod with the same probes.
+"""
 
 from __future__ import annotations
 
@@ -51,6 +54,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class ServerProcess:
+    #: What the results and errors call this server.
+    name = "meshpilot"
+
     def __init__(
         self,
         config_dir: Path,
@@ -95,14 +101,14 @@ class ServerProcess:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env)
         while time.time() - started < timeout:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"meshpilot exited: {self.log.read_text()[-2000:]}")
+                raise RuntimeError(f"{self.name} exited: {self.log.read_text()[-2000:]}")
             try:
                 if self.get("/ready")[0] == 200:
                     return time.time() - started
             except OSError:
                 pass
             time.sleep(0.1)
-        raise TimeoutError("meshpilot not ready")
+        raise TimeoutError(f"{self.name} not ready after {timeout} s (log: {self.log})")
 
     def get(self, path: str, port: int | None = None, timeout: float = 10) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", port or self.http_port, timeout=timeout)

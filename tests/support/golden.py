@@ -11,6 +11,7 @@ for, EDS for the EDS clusters.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,7 +41,8 @@ def agent_metadata(node_id: str, metadata: Mapping[str, Any]) -> dict[str, Any]:
     pod, namespace = pod_ref.rsplit(".", 1)
     labels = dict(metadata.get("LABELS") or {})
     # A Deployment's pod is <deployment>-<replicaset hash>-<pod hash>; the cases name pods <workload>-N.
-    workload = pod.rsplit("-", 1)[0] if "-" in pod else pod
+    deployment = re.fullmatch(r"(.+)-[a-z0-9]{6,10}-[a-z0-9]{5}", pod)
+    workload = deployment.group(1) if deployment else pod.rsplit("-", 1)[0]
     app = labels.get("app") or labels.get("istio") or workload
     if kind == "sidecar":
         labels.setdefault("security.istio.io/tlsMode", "istio")
