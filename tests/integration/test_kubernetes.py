@@ -1,7 +1,10 @@
-"""meshpilot reading an (emulated) Kubernetes API server, shown by a real Envoy and real traffic.
+"""meshpilot reading a Kubernetes API server, shown by a real Envoy and real traffic.
 
-The API server runs in the test process on loopback; meshpilot is a
-subprocess given a kubeconfig for it, exactly as with a real cluster.
+meshpilot is a subprocess given a kubeconfig, exactly as with a real cluster. The API server is
+the emulator (``emulator``: in the test process) and Kubernetes' own kube-apiserver over etcd
+(``kube-apiserver``: built by `make reference`, one per module, reset before each test). Tests
+that need what only the emulator does on demand (going away, 410, a failing request) or loopback
+endpoint addresses (a real API server refuses 127.0.0.0/8 in EndpointSlices) take ``emulated_api``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from integration.conftest import MeshHarness
 from support.ads_client import AdsClient
 from support.kube import egress_sidecar, endpoint_slice, istio, namespace, pod, service, workload, write
 from support.kube_api import KubeApiServer
-from support.processes import Meshpilot, http_get
+from support.processes import Envoy, Meshpilot, http_get
+from support.real_kube import KubeApi, RealKubeApiServer
 from support.wait import eventually
 
 pytestmark = [pytest.mark.integration]
@@ -29,8 +33,32 @@ REVIEWS_HOST = "reviews.default.svc.cluster.local"
 CLUSTER = f"outbound|{PORT}||{REVIEWS_HOST}"
 
 
+@pytest.fixture(scope="module")
+def real_api() -> Iterator[RealKubeApiServer]:
+    with RealKubeApiServer() as server:
+        yield server
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("emulator", id="emulator"),
+        pytest.param("kube-apiserver", id="kube-apiserver", marks=pytest.mark.reference),
+    ]
+)
+def api(request: pytest.FixtureRequest) -> Iterator[KubeApi]:
+    """The emulator, or the module's real API server emptied of what earlier tests made."""
+    if request.param == "emulator":
+        with KubeApiServer() as emulator:
+            yield emulator
+        return
+    server: RealKubeApiServer = request.getfixturevalue("real_api")
+    server.reset()
+    yield server
+
+
 @pytest.fixture
-def api() -> Iterator[KubeApiServer]:
+def emulated_api() -> Iterator[KubeApiServer]:
+    """For the faults only the emulator makes on demand, and loopback endpoint addresses."""
     with KubeApiServer() as server:
         yield server
 
@@ -45,9 +73,12 @@ def mesh_configmap(mesh: dict[str, Any]) -> dict[str, Any]:
 
 
 def client_objects() -> list[dict[str, Any]]:
+    """The client's Service and Pod (which the sidecar is), without endpoints: nothing calls it, and
+    a real API server refuses loopback endpoint addresses."""
     return [
         namespace("default"),
-        *workload("client", "default", "10.96.0.10", PORT, {"client-1": CLIENT_IP}),
+        service("client", "default", "10.96.0.10", [("http", PORT)], {"app": "client"}),
+        pod("client-1", "default", CLIENT_IP, {"app": "client"}, service_account="client"),
         egress_sidecar("client", CLIENT_IP),
     ]
 
@@ -68,25 +99,31 @@ def answer(path: str = "/") -> str:
 
 
 @pytest.mark.envoy
-def test_pods_and_slices_from_the_api_move_envoy_endpoints(mesh: MeshHarness, api: KubeApiServer) -> None:
+def test_pods_and_slices_from_the_api_move_envoy_endpoints(
+    mesh: MeshHarness, emulated_api: KubeApiServer
+) -> None:
     for obj in [*client_objects(), *reviews({"reviews-v1": "127.0.66.21"})]:
-        api.apply(obj)
+        emulated_api.apply(obj)
     mesh.backend("reviews-v1", "127.0.66.21", PORT)
     mesh.backend("reviews-v2", "127.0.66.22", PORT)
-    mp = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
+    mp = mesh.start_meshpilot(
+        config_dir=None, kubeconfig=emulated_api.write_kubeconfig(mesh.tmp / "kubeconfig")
+    )
     envoy = mesh.sidecar("client-1", CLIENT_IP, labels={"app": "client"})
     eventually(lambda: envoy.endpoints(CLUSTER) == ["127.0.66.21:9080"], what="the first endpoint")
     assert answer() == "reviews-v1"
     pushes = {t: mp.metric(f'pilot_xds_pushes{{type="{t}"}}') for t in ("eds", "cds", "lds")}
 
     # A second pod and its endpoint: an EDS-only push, and traffic reaches it.
-    api.apply(pod("reviews-v2", "default", "127.0.66.22", {"app": "reviews", "version": "v2"}, "reviews"))
-    api.apply(reviews_slice(("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")))
+    emulated_api.apply(
+        pod("reviews-v2", "default", "127.0.66.22", {"app": "reviews", "version": "v2"}, "reviews")
+    )
+    emulated_api.apply(reviews_slice(("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")))
     eventually(lambda: sorted(envoy.endpoints(CLUSTER)) == ["127.0.66.21:9080", "127.0.66.22:9080"])
     eventually(lambda: {answer() for _ in range(20)} == {"reviews-v1", "reviews-v2"}, what="both answer")
     # The first pod goes away.
-    api.apply(reviews_slice(("reviews-v2", "127.0.66.22")))
-    api.delete("pods", "default", "reviews-v1")
+    emulated_api.apply(reviews_slice(("reviews-v2", "127.0.66.22")))
+    emulated_api.delete("pods", "default", "reviews-v1")
     eventually(lambda: envoy.endpoints(CLUSTER) == ["127.0.66.22:9080"])
     assert {answer() for _ in range(10)} == {"reviews-v2"}
     assert mp.metric('pilot_xds_pushes{type="eds"}') > pushes["eds"]
@@ -96,30 +133,50 @@ def test_pods_and_slices_from_the_api_move_envoy_endpoints(mesh: MeshHarness, ap
     assert mp.metric('pilot_k8s_reg_events{event="delete",type="Pods"}') == 1
 
     # The API server goes away: meshpilot keeps serving the last state, and catches up when it is back.
-    api.stop_listening()
+    emulated_api.stop_listening()
     time.sleep(1.0)
     assert {answer() for _ in range(5)} == {"reviews-v2"}
     assert mp.get("/ready")[0] == 200
-    api.apply(pod("reviews-v1", "default", "127.0.66.21", {"app": "reviews", "version": "v1"}, "reviews"))
-    api.apply(reviews_slice(("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")))
-    api.start_listening()
+    emulated_api.apply(
+        pod("reviews-v1", "default", "127.0.66.21", {"app": "reviews", "version": "v1"}, "reviews")
+    )
+    emulated_api.apply(reviews_slice(("reviews-v1", "127.0.66.21"), ("reviews-v2", "127.0.66.22")))
+    emulated_api.start_listening()
     eventually(
         lambda: sorted(envoy.endpoints(CLUSTER)) == ["127.0.66.21:9080", "127.0.66.22:9080"], timeout=20
     )
     assert envoy.rejected_updates() == {}
 
 
+def route_clusters(envoy: Envoy) -> set[str]:
+    """The clusters Envoy's route ``9080`` sends the reviews host to."""
+    for config in envoy.config_dump()["configs"]:
+        for dynamic in config.get("dynamic_route_configs", []):
+            if dynamic["route_config"]["name"] != str(PORT):
+                continue
+            for vhost in dynamic["route_config"].get("virtual_hosts", []):
+                if "reviews" in vhost["domains"]:
+                    return {r["route"]["cluster"] for r in vhost["routes"] if "cluster" in r.get("route", {})}
+    return set()
+
+
 @pytest.mark.envoy
-def test_virtual_service_created_through_the_api_changes_traffic(
-    mesh: MeshHarness, api: KubeApiServer
-) -> None:
-    for obj in [*client_objects(), *reviews({"reviews-v1": "127.0.66.31", "reviews-v2": "127.0.66.32"})]:
+def test_virtual_service_created_through_the_api_changes_traffic(mesh: MeshHarness, api: KubeApi) -> None:
+    """The route follows a VirtualService from the API; traffic shows it where endpoints may be loopback
+    addresses (the emulator), the endpoints Envoy got from the slices where they may not."""
+    traffic = isinstance(api, KubeApiServer)
+    v1, v2 = ("127.0.66.31", "127.0.66.32") if traffic else ("10.66.0.31", "10.66.0.32")
+    for obj in [*client_objects(), *reviews({"reviews-v1": v1, "reviews-v2": v2})]:
         api.apply(obj)
-    mesh.backend("reviews-v1", "127.0.66.31", PORT)
-    mesh.backend("reviews-v2", "127.0.66.32", PORT)
+    if traffic:
+        mesh.backend("reviews-v1", v1, PORT)
+        mesh.backend("reviews-v2", v2, PORT)
     mp = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
     envoy = mesh.sidecar("client-1", CLIENT_IP, labels={"app": "client"})
-    eventually(lambda: {answer() for _ in range(20)} == {"reviews-v1", "reviews-v2"}, what="round robin")
+    eventually(lambda: route_clusters(envoy) == {CLUSTER}, what="the route to the reviews service")
+    eventually(lambda: envoy.endpoints(CLUSTER) == [f"{v1}:{PORT}", f"{v2}:{PORT}"], what="both endpoints")
+    if traffic:
+        eventually(lambda: {answer() for _ in range(20)} == {"reviews-v1", "reviews-v2"}, what="round robin")
     with api.api_client() as client:
         from kubernetes.client import CustomObjectsApi
 
@@ -151,23 +208,29 @@ def test_virtual_service_created_through_the_api_changes_traffic(
                 },
             ),
         )
-    eventually(lambda: {answer() for _ in range(10)} == {"reviews-v2"}, what="all traffic to v2")
+    subset_v2 = f"outbound|{PORT}|v2|{REVIEWS_HOST}"
+    eventually(lambda: route_clusters(envoy) == {subset_v2}, what="the route to subset v2")
+    assert envoy.endpoints(subset_v2) == [f"{v2}:{PORT}"]
+    if traffic:
+        eventually(lambda: {answer() for _ in range(10)} == {"reviews-v2"}, what="all traffic to v2")
     assert mp.metric('pilot_k8s_cfg_events{event="add",type="VirtualService"}') == 1
     # An invalid update is rejected and counted; the last valid VirtualService keeps routing.
     api.apply(istio("VirtualService", "reviews", "default", {"hosts": ["reviews"], "http": [{"route": []}]}))
     eventually(lambda: mp.metric("meshpilot_config_rejected_objects") == 1, what="the rejection counted")
-    assert {answer() for _ in range(10)} == {"reviews-v2"}
+    assert route_clusters(envoy) == {subset_v2}
+    if traffic:
+        assert {answer() for _ in range(10)} == {"reviews-v2"}
     assert envoy.rejected_updates() == {}
 
 
-def test_ready_only_after_the_initial_lists(mesh: MeshHarness, api: KubeApiServer) -> None:
+def test_ready_only_after_the_initial_lists(mesh: MeshHarness, emulated_api: KubeApiServer) -> None:
     """An API server that is not there yet: /ready is 503 and ADS streams get UNAVAILABLE until it is."""
     import asyncio
 
     import grpc
 
-    kubeconfig = api.write_kubeconfig(mesh.tmp / "kubeconfig")
-    api.stop_listening()
+    kubeconfig = emulated_api.write_kubeconfig(mesh.tmp / "kubeconfig")
+    emulated_api.stop_listening()
     mp = mesh.start_meshpilot(config_dir=None, kubeconfig=kubeconfig, wait=False)
     eventually(lambda: mp.get("/ready")[0] == 503, what="/ready answering 503")
 
@@ -188,17 +251,17 @@ def test_ready_only_after_the_initial_lists(mesh: MeshHarness, api: KubeApiServe
     assert asyncio.run(stream_status()) is grpc.StatusCode.UNAVAILABLE
     time.sleep(0.5)
     assert mp.get("/ready")[0] == 503
-    api.start_listening()
+    emulated_api.start_listening()
     mp.wait_ready(timeout=30)
 
 
 @pytest.mark.envoy
-def test_mesh_config_configmap_is_watched(mesh: MeshHarness, api: KubeApiServer) -> None:
+def test_mesh_config_configmap_is_watched(mesh: MeshHarness, api: KubeApi) -> None:
     """discoverySelectors from the ConfigMap limit what Envoy gets; changing it pushes to Envoy."""
     api.apply(namespace("default", mesh="yes"))
     api.apply(namespace("other"))
-    for obj in workload("client", "default", "10.96.0.10", PORT, {"client-1": CLIENT_IP}):
-        api.apply(obj)
+    api.apply(namespace("istio-system"))
+    api.apply(pod("client-1", "default", CLIENT_IP, {"app": "client"}, service_account="client"))
     # The client sees every namespace, so only the selectors decide whether b is served.
     everywhere = {
         "workloadSelector": {"labels": {"app": "client"}},
@@ -223,12 +286,13 @@ def test_mesh_config_configmap_is_watched(mesh: MeshHarness, api: KubeApiServer)
     assert envoy.rejected_updates() == {}
 
 
-def test_a_mesh_config_file_wins_over_the_configmap(mesh: MeshHarness, api: KubeApiServer) -> None:
+def test_a_mesh_config_file_wins_over_the_configmap(mesh: MeshHarness, api: KubeApi) -> None:
     """As istiod with a mesh file: the file is used (its discoverySelectors too), the ConfigMap unread."""
     api.apply(namespace("default", mesh="yes"))
     api.apply(namespace("other"))
     api.apply(service("a", "default", "10.96.1.1", [("http", 80)]))
     api.apply(service("b", "other", "10.96.1.2", [("http", 80)]))
+    api.apply(namespace("istio-system"))
     api.apply(mesh_configmap({}))
     mesh_file = mesh.tmp / "mesh.yaml"
     mesh_file.write_text(yaml.safe_dump({"discoverySelectors": [{"matchLabels": {"mesh": "yes"}}]}))
@@ -240,14 +304,12 @@ def test_a_mesh_config_file_wins_over_the_configmap(mesh: MeshHarness, api: Kube
     assert "b.other.svc.cluster.local" not in hosts
 
 
-def test_same_objects_from_api_and_directory_give_identical_config(
-    mesh: MeshHarness, api: KubeApiServer
-) -> None:
+def test_same_objects_from_api_and_directory_give_identical_config(mesh: MeshHarness, api: KubeApi) -> None:
     import asyncio
 
     objects = [
         *client_objects(),
-        *reviews({"reviews-v1": "127.0.66.41", "reviews-v2": "127.0.66.42"}),
+        *reviews({"reviews-v1": "10.66.0.41", "reviews-v2": "10.66.0.42"}),
         istio(
             "DestinationRule",
             "reviews",
@@ -276,7 +338,9 @@ def test_same_objects_from_api_and_directory_give_identical_config(
     ]
     for obj in objects:
         api.apply(obj)
-    write(mesh.config_dir / "all.yaml", objects)
+    # A real API server serves its own `kubernetes` Service: the directory holds it too.
+    own = [s for s in api.objects("services", "default") if s["metadata"]["name"] == "kubernetes"]
+    write(mesh.config_dir / "all.yaml", [*objects, *own])
     from_api = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
     from_dir = mesh.start_meshpilot(log_name="meshpilot-dir.log")
 
@@ -317,7 +381,7 @@ def test_same_objects_from_api_and_directory_give_identical_config(
         assert a[type_] == b[type_], f"{type_} differs between the API and the directory"
 
 
-def _replica(mesh: MeshHarness, api: KubeApiServer, name: str) -> Meshpilot:
+def _replica(mesh: MeshHarness, api: KubeApi, name: str) -> Meshpilot:
     return mesh.start_meshpilot(
         config_dir=None,
         kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"),
@@ -327,7 +391,7 @@ def _replica(mesh: MeshHarness, api: KubeApiServer, name: str) -> Meshpilot:
     )
 
 
-def test_two_replicas_one_leader_and_a_takeover(mesh: MeshHarness, api: KubeApiServer) -> None:
+def test_two_replicas_one_leader_and_a_takeover(mesh: MeshHarness, api: KubeApi) -> None:
     api.apply(namespace("istio-system"))
     api.apply(
         istio(
@@ -392,11 +456,12 @@ def test_two_replicas_one_leader_and_a_takeover(mesh: MeshHarness, api: KubeApiS
 
 
 @pytest.mark.envoy
-def test_multicluster_secret_adds_and_removes_a_cluster(mesh: MeshHarness, api: KubeApiServer) -> None:
+def test_multicluster_secret_adds_and_removes_a_cluster(mesh: MeshHarness, api: KubeApi) -> None:
     """Endpoints of a remote cluster reach Envoy (and traffic reaches them) while its Secret exists."""
     with KubeApiServer() as remote:
         for obj in client_objects():
             api.apply(obj)
+        api.apply(namespace("istio-system"))
         api.apply(service("reviews", "default", "10.96.0.20", [("http", PORT)], {"app": "reviews"}))
         mesh.backend("reviews-r1", "127.0.66.51", PORT)
         remote.apply(namespace("default"))
@@ -438,13 +503,14 @@ def _remote_secret(name: str, cluster: str, kubeconfig: bytes) -> dict[str, Any]
     }
 
 
-def test_ready_waits_for_remote_clusters_up_to_the_timeout(mesh: MeshHarness, api: KubeApiServer) -> None:
+def test_ready_waits_for_remote_clusters_up_to_the_timeout(mesh: MeshHarness, api: KubeApi) -> None:
     with KubeApiServer() as up, KubeApiServer() as down:
         for remote in (up, down):
             remote.apply(namespace("default"))
         for obj in reviews({"reviews-r1": "127.0.66.61"}):
             up.apply(obj)
         api.apply(namespace("default"))
+        api.apply(namespace("istio-system"))
         api.apply(_remote_secret("remote-up", "up", up.write_kubeconfig(mesh.tmp / "up").read_bytes()))
         api.apply(
             _remote_secret("remote-down", "down", down.write_kubeconfig(mesh.tmp / "down").read_bytes())

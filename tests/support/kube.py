@@ -44,7 +44,11 @@ def pod(
     service_account: str = "default",
     node: str = "",
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"serviceAccountName": service_account, "containers": [{"name": "app"}]}
+    # A container needs an image for a real API server; nothing here pulls it.
+    spec: dict[str, Any] = {
+        "serviceAccountName": service_account,
+        "containers": [{"name": "app", "image": "app:latest"}],
+    }
     if node:
         spec["nodeName"] = node
     return {

@@ -40,7 +40,7 @@ def test_several_errors_read_as_go_multierror() -> None:
     response = call(handler, two_bad_weights())
     assert response == {
         "allowed": False,
-        "result": {
+        "status": {
             "message": "configuration is invalid: 2 errors occurred:\n"
             "\t* weight -5 < 0\n\t* weight -3 < 0\n\n"
         },
@@ -70,7 +70,7 @@ def test_reasons_counted_with_istiod_labels() -> None:
     assert failed(metrics, "unknown_type") == 1
     assert failed(metrics, "yaml_decode_error") == 2
     assert failed(metrics, "unsupported_operation") == 1
-    assert call(handler, vs(hosts="x"))["result"]["message"].startswith(
+    assert call(handler, vs(hosts="x"))["status"]["message"].startswith(
         "error decoding configuration: spec.hosts"
     )
 

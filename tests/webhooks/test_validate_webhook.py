@@ -174,7 +174,7 @@ def test_invalid_virtual_service_is_denied_with_istiod_wording(webhook: tuple[Me
     assert response["allowed"] is False
     assert response["uid"] == sent["request"]["uid"]
     assert (
-        response["result"]["message"] == "configuration is invalid: 1 error occurred:\n\t* weight -5 < 0\n\n"
+        response["status"]["message"] == "configuration is invalid: 1 error occurred:\n\t* weight -5 < 0\n\n"
     )
     after = proc.metric(
         'galley_validation_failed{group="networking.istio.io",reason="invalid_resource",'
@@ -212,12 +212,12 @@ def test_unknown_kind_and_unknown_field_are_denied(webhook: tuple[Meshpilot, Cli
     _, client = webhook
     deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"}, "spec": {}}
     response = client.review(review(deployment))["response"]
-    assert response["result"]["message"] == "unrecognized type apps/v1, Kind=Deployment"
+    assert response["status"]["message"] == "unrecognized type apps/v1, Kind=Deployment"
     assert response["allowed"] is False
     extra_field = {**virtual_service("x"), "extra": 1}
     response = client.review(review(extra_field))["response"]
     assert response["allowed"] is False
-    assert response["result"]["message"] == 'unknown field "extra" on VirtualService resource bookinfo/x'
+    assert response["status"]["message"] == 'unknown field "extra" on VirtualService resource bookinfo/x'
 
 
 def test_transport_errors(webhook: tuple[Meshpilot, Client]) -> None:
@@ -258,7 +258,7 @@ def test_garbage_is_denied_not_crashed(webhook: tuple[Meshpilot, Client], body: 
     assert status == 200, raw
     answer = json.loads(raw)
     assert answer["response"]["allowed"] is False
-    assert answer["response"]["result"]["message"]
+    assert answer["response"]["status"]["message"]
     assert proc.running
 
 
@@ -314,7 +314,7 @@ async def test_self_signed_certificate_names_istiod_and_the_address() -> None:
             async with session.post(url, json=sent, ssl=context) as response:
                 answer = await response.json()
             assert answer["response"]["allowed"] is False
-            assert "handler bug" in answer["response"]["result"]["message"]
+            assert "handler bug" in answer["response"]["status"]["message"]
             await check_shared_transport_rules(session, f"https://{HOST}:{port}", context, metrics)
             async with session.get(f"https://{HOST}:{port}/ready", ssl=context) as response:
                 assert response.status == 200

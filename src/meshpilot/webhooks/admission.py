@@ -33,8 +33,12 @@ class ReviewDecodeError(ValueError):
 
 
 def denied(message: str) -> dict[str, Any]:
-    """A response refusing the request, as istiod's toAdmissionResponse builds it."""
-    return {"allowed": False, "result": {"message": message}}
+    """A response refusing the request, as istiod's toAdmissionResponse builds it.
+
+    The message goes in ``status`` (Go's ``Result`` field is ``json:"status"``): the API server shows
+    that to the user, and ignores a ``result`` key (shown by a real kube-apiserver calling /validate).
+    """
+    return {"allowed": False, "status": {"message": message}}
 
 
 def decode_review(body: bytes) -> tuple[str, dict[str, Any]]:

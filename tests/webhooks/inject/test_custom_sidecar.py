@@ -93,7 +93,7 @@ def _inject_through_handler(config: InjectConfig, pod: dict[str, Any]) -> dict[s
         "request": {"uid": "u", "namespace": "default", "object": pod},
     }
     response = handle_inject(review, config)["response"]
-    assert response["allowed"], response.get("result")
+    assert response["allowed"], response.get("status")
     patch = json.loads(base64.b64decode(response["patch"]))
     result: dict[str, Any] = jsonpatch.apply_patch(pod, patch)
     return result

@@ -37,8 +37,8 @@ def _run(case: dict[str, Any]) -> dict[str, Any]:
         result["pod"] = jsonpatch.apply_patch(pod, patch)
     else:
         result["patched"] = False
-    if "result" in response:
-        result["message"] = response["result"]["message"]
+    if "status" in response:
+        result["message"] = response["status"]["message"]
     return result
 
 

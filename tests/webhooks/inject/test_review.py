@@ -72,10 +72,10 @@ def test_bad_input_is_refused_with_a_message_not_a_crash() -> None:
     out = handle_inject(_review(["not", "a", "pod"]), InjectConfig())
     assert out["response"]["allowed"] is False
     assert out["response"]["uid"] == "abc-123"
-    assert "not a pod" in out["response"]["result"]["message"]
+    assert "not a pod" in out["response"]["status"]["message"]
     wrong = handle_inject(_review(_pod(), api="admission.k8s.io/v2"), InjectConfig())
     assert wrong["response"]["allowed"] is False
-    assert "admission.k8s.io/v2" in wrong["response"]["result"]["message"]
+    assert "admission.k8s.io/v2" in wrong["response"]["status"]["message"]
 
 
 def test_counters_count_requests_successes_skips_and_failures() -> None:
@@ -121,7 +121,7 @@ def test_malformed_pods_are_refused_with_the_reason() -> None:
     for pod, message in cases:
         response = handle_inject(_review(pod), InjectConfig())["response"]
         assert response["allowed"] is False
-        assert message in response["result"]["message"]
+        assert message in response["status"]["message"]
 
 
 def test_bad_proxy_config_annotation_names_the_field() -> None:
@@ -129,8 +129,8 @@ def test_bad_proxy_config_annotation_names_the_field() -> None:
     pod["metadata"]["annotations"] = {"proxy.istio.io/config": "concurency: 2"}
     response = handle_inject(_review(pod), InjectConfig())["response"]
     assert response["allowed"] is False
-    assert "proxy.istio.io/config" in response["result"]["message"]
-    assert "concurency" in response["result"]["message"]
+    assert "proxy.istio.io/config" in response["status"]["message"]
+    assert "concurency" in response["status"]["message"]
 
 
 def test_handler_plugs_into_the_webhook_servers_review_path() -> None:
