@@ -1,7 +1,7 @@
 //go:build tools
 
 // Package tools pins the Istio binaries that `make reference` builds, so that
-// go.sum records them alongside the packages tests/reference imports.
+// go.sum records them alongside the packages xdsdump imports.
 package tools
 
 import (

@@ -174,7 +174,10 @@ def test_virtual_service_created_through_the_api_changes_traffic(mesh: MeshHarne
     mp = mesh.start_meshpilot(config_dir=None, kubeconfig=api.write_kubeconfig(mesh.tmp / "kubeconfig"))
     envoy = mesh.sidecar("client-1", CLIENT_IP, labels={"app": "client"})
     eventually(lambda: route_clusters(envoy) == {CLUSTER}, what="the route to the reviews service")
-    eventually(lambda: envoy.endpoints(CLUSTER) == [f"{v1}:{PORT}", f"{v2}:{PORT}"], what="both endpoints")
+    eventually(
+        lambda: sorted(envoy.endpoints(CLUSTER)) == sorted([f"{v1}:{PORT}", f"{v2}:{PORT}"]),
+        what="both endpoints",
+    )
     if traffic:
         eventually(lambda: {answer() for _ in range(20)} == {"reviews-v1", "reviews-v2"}, what="round robin")
     with api.api_client() as client:

@@ -7,8 +7,10 @@ paths name list elements by their ``name`` where they have one, so a rule reads 
     listeners[virtualOutbound].filter_chains[0].filters[envoy.filters.network.tcp_proxy].typed_config
 
 A rule of ``tests/reference/fidelity.yaml`` explains the differences whose path matches one of its
-patterns, where ``*`` stands for any text (dots and brackets included) and everything else is literal.
-What no rule explains fails the comparison.
+patterns: ``*`` stands for any text without brackets (one name, or a run of fields), ``**`` for any
+text at all, and everything else is literal. What no rule explains fails the comparison. Named list
+elements are matched by name; when the names both sides share come in another order, that is a
+difference too (path ``<list>(order)``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,10 @@ class Rule:
 
 
 def _pattern(glob: str) -> re.Pattern[str]:
-    return re.compile(".*".join(re.escape(part) for part in glob.split("*")))
+    def within(part: str) -> str:
+        return r"[^\[\]]*".join(re.escape(piece) for piece in part.split("*"))
+
+    return re.compile(".*".join(within(part) for part in glob.split("**")))
 
 
 def load_rules(path: Path) -> list[Rule]:
@@ -101,6 +106,10 @@ def diff(istiod: Any, meshpilot: Any, path: str = "") -> Iterator[Difference]:
     if isinstance(istiod, list) and isinstance(meshpilot, list):
         left, right = _keyed(istiod), _keyed(meshpilot)
         if left is not None and right is not None:
+            shared = set(left) & set(right)
+            order = [n for n in left if n in shared], [n for n in right if n in shared]
+            if order[0] != order[1]:
+                yield Difference(f"{path}(order)", order[0], order[1])
             yield from diff_named(left, right, path)
             return
         for i in range(max(len(istiod), len(meshpilot))):

@@ -46,6 +46,12 @@ def route_name(listen_port: int, bind: str) -> str:
     return f"http.{listen_port}.{bind}" if bind else f"http.{listen_port}"
 
 
+def service_port_map(proxy: Proxy) -> tuple[tuple[int, int | None], ...]:
+    """The (Service port, targetPort) pairs of the Services selecting a gateway Pod: what maps its
+    Gateway ports to the ports it listens on, so part of every cache key of its listeners and routes."""
+    return tuple(sorted((t.port.port, t.target_port) for t in proxy.service_targets))
+
+
 def _listen_port(proxy: Proxy, port: int) -> int:
     """The port the gateway Pod listens on for a Gateway port (a Service's targetPort, if one maps it)."""
     for target in proxy.service_targets:

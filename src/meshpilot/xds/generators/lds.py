@@ -12,7 +12,7 @@ import logging
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_request import PushRequest
-from meshpilot.networking.gateway import gateway_listeners
+from meshpilot.networking.gateway import gateway_listeners, service_port_map
 from meshpilot.networking.listener import build_outbound_listeners
 from meshpilot.networking.listener_inbound import build_inbound_listeners
 from meshpilot.networking.tcp_routes import source_label_key
@@ -83,7 +83,7 @@ class ListenerGenerator:
         # What the listeners read besides the snapshot: the Gateways (chosen by the labels, which
         # TCP and TLS matches may also name), the namespace (VirtualService visibility), and the
         # Service ports that map Gateway ports. Gateway replicas share all of it.
-        ports = tuple(sorted((t.port.port, t.target_port) for t in proxy.service_targets))
+        ports = service_port_map(proxy)
         key = ("lds-gw", frozenset(proxy.labels.items()), proxy.config_namespace, proxy.capabilities, ports)
         return push.memoized(
             key, lambda: ResourceList(Resource.of(li.name, li) for li in gateway_listeners(proxy, push))

@@ -15,7 +15,7 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
-from meshpilot.networking.gateway import gateway_route_configuration
+from meshpilot.networking.gateway import gateway_route_configuration, service_port_map
 from meshpilot.networking.route import (
     RouteCacheParts,
     encode_route_configuration,
@@ -83,9 +83,17 @@ class RouteGenerator:
 
     def _gateway(self, ctx: GenerationContext, name: str) -> Resource:
         proxy, push = ctx.proxy, ctx.push
-        # Routes read the router's Gateways, its namespace (VirtualService visibility) and, for
-        # sourceLabels matches, its labels (which also select the Gateways).
-        key = ("rds-gw", name, proxy.config_namespace, frozenset(proxy.labels.items()), proxy.capabilities)
+        # Routes read the router's Gateways, its namespace (VirtualService visibility), for
+        # sourceLabels matches its labels (which also select the Gateways), and the Service ports that
+        # map the route's listen port back to Gateway ports.
+        key = (
+            "rds-gw",
+            name,
+            proxy.config_namespace,
+            frozenset(proxy.labels.items()),
+            proxy.capabilities,
+            service_port_map(proxy),
+        )
         payload = push.memoized(key, lambda: _any(_serialize(gateway_route_configuration(proxy, push, name))))
         return Resource(name, payload)
 
