@@ -546,6 +546,8 @@ def run_peer(suite: Suite, peer: Variant, only: set[str] | None) -> dict[str, An
             continue
         for variant in job.variants:
             log(f"peer fleet {job.scenario.name} ({job.scenario.proxies} proxies), {variant.name}")
+            # The stub runs beside both servers, though only istiod talks to it, so the machine
+            # is the same for both (its CPU is recorded, and counted for neither).
             with (
                 tempfile.TemporaryDirectory(prefix="meshpilot-bench-") as tmp,
                 KubeStub(Path(tmp) / "kube") as kube,

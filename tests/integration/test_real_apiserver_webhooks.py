@@ -206,11 +206,24 @@ def test_a_pod_created_through_the_api_server_gets_its_sidecar(cluster: Cluster)
     assert cluster.meshpilot.metric("sidecar_injection_success_total") == before + 1
 
 
-def test_a_pod_that_opts_out_is_created_as_it_is(cluster: Cluster) -> None:
+def test_a_pod_that_opts_out_by_label_is_not_sent_to_meshpilot(cluster: Cluster) -> None:
+    """The chart's objectSelector keeps the API server from calling the webhook at all."""
+    requests = cluster.meshpilot.metric("sidecar_injection_requests_total")
     pod = app_pod("opted-out")
     pod["metadata"]["labels"]["sidecar.istio.io/inject"] = "false"
     created = cluster.kube.apply(pod)
     assert [c["name"] for c in created["spec"]["containers"]] == ["productpage"]
+    assert cluster.meshpilot.metric("sidecar_injection_requests_total") == requests
+
+
+def test_a_pod_that_opts_out_by_annotation_is_skipped_by_meshpilot(cluster: Cluster) -> None:
+    """The annotation is meshpilot's to read: the API server calls it, and it answers without a patch."""
+    skipped = cluster.meshpilot.metric("sidecar_injection_skip_total")
+    pod = app_pod("opted-out-annotation")
+    pod["metadata"].setdefault("annotations", {})["sidecar.istio.io/inject"] = "false"
+    created = cluster.kube.apply(pod)
+    assert [c["name"] for c in created["spec"]["containers"]] == ["productpage"]
+    assert cluster.meshpilot.metric("sidecar_injection_skip_total") == skipped + 1
 
 
 def test_a_valid_virtual_service_is_admitted(cluster: Cluster) -> None:

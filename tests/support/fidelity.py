@@ -43,10 +43,12 @@ class Rule:
     cases: tuple[str, ...] = ()
     _compiled: tuple[re.Pattern[str], ...] = field(default=(), compare=False, repr=False)
 
-    def matches(self, case: str, path: str) -> bool:
+    def match(self, case: str, path: str) -> str | None:
+        """The pattern that explains ``path`` in ``case``, if one does."""
         if self.cases and case not in self.cases:
-            return False
-        return any(p.fullmatch(path) for p in self._compiled)
+            return None
+        found = (glob for glob, p in zip(self.paths, self._compiled, strict=True) if p.fullmatch(path))
+        return next(found, None)
 
 
 def _pattern(glob: str) -> re.Pattern[str]:
@@ -148,6 +150,8 @@ class ProxyReport:
     identical: dict[str, int] = field(default_factory=dict)
     explained: dict[str, int] = field(default_factory=dict)
     by_rule: dict[str, int] = field(default_factory=dict)
+    #: (rule id, pattern) pairs that explained something here: a pattern never used is stale.
+    patterns_used: set[tuple[str, str]] = field(default_factory=set)
     unexplained: list[Difference] = field(default_factory=list)
 
 
@@ -170,12 +174,15 @@ def compare(
                 continue
             all_explained = True
             for difference in found:
-                rule = next((r for r in rules if r.matches(case, difference.path)), None)
+                rule, glob = next(
+                    ((r, g) for r in rules if (g := r.match(case, difference.path)) is not None), (None, None)
+                )
                 if rule is None:
                     report.unexplained.append(difference)
                     all_explained = False
                 else:
                     report.by_rule[rule.id] = report.by_rule.get(rule.id, 0) + 1
+                    report.patterns_used.add((rule.id, str(glob)))
             if all_explained:
                 report.explained[kind] = report.explained.get(kind, 0) + 1
     return report

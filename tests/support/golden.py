@@ -148,6 +148,7 @@ def generate(
         return _as_dicts(generators[type_url].generate(ctx, watch, None))
 
     if listeners is not None:
+        assert listeners, "a proxyless client names the listeners it asks for"
         found_listeners = run(TypeUrl.LISTENER, set(listeners))
         routes = run(TypeUrl.ROUTE, _rds_names(found_listeners))
         clusters = run(TypeUrl.CLUSTER, _route_clusters(routes))

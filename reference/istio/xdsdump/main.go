@@ -63,9 +63,10 @@ type proxySpec struct {
 func main() {
 	caseDir := flag.String("case", "", "a golden case directory (config.yaml, proxies.yaml, optional mesh.yaml)")
 	proxiesFile := flag.String("proxies", "", "the proxies to ask for, as YAML or JSON (default: the case's proxies.yaml)")
+	serverAddr := flag.String("server", "", "ask this plaintext ADS server (host:port) instead of istiod in-process")
 	flag.Parse()
-	if *caseDir == "" {
-		fmt.Fprintln(os.Stderr, "usage: xdsdump --case DIR [--proxies FILE]")
+	if *caseDir == "" && (*serverAddr == "" || *proxiesFile == "") {
+		fmt.Fprintln(os.Stderr, "usage: xdsdump --case DIR [--proxies FILE] | xdsdump --server HOST:PORT --proxies FILE")
 		os.Exit(2)
 	}
 	if *proxiesFile == "" {
@@ -80,7 +81,21 @@ func main() {
 		fmt.Fprintln(os.Stderr, "xdsdump:", err)
 		os.Exit(1)
 	}
-	out, err := dumpCase(*caseDir, *proxiesFile)
+	proxies, err := readProxies(*proxiesFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "xdsdump:", err)
+		os.Exit(1)
+	}
+	var out []byte
+	if *serverAddr != "" {
+		// Another server (meshpilot) asked by the very same client, so both
+		// sides of a comparison are asked for the same things in the same order.
+		out, err = dumpAll(proxies, func(context.Context, string) (net.Conn, error) {
+			return (&net.Dialer{}).Dial("tcp", *serverAddr)
+		})
+	} else {
+		out, err = dumpCase(*caseDir, proxies)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "xdsdump:", err)
 		os.Exit(1)
@@ -88,18 +103,37 @@ func main() {
 	os.Stdout.Write(out)
 }
 
-func dumpCase(dir, proxiesFile string) ([]byte, error) {
-	istioConfig, kubeObjects, err := splitConfig(filepath.Join(dir, "config.yaml"))
-	if err != nil {
-		return nil, err
-	}
+func readProxies(path string) (map[string]proxySpec, error) {
 	proxies := map[string]proxySpec{}
-	raw, err := os.ReadFile(proxiesFile)
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	if err := yaml.Unmarshal(raw, &proxies); err != nil {
-		return nil, fmt.Errorf("%s: %v", proxiesFile, err)
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	return proxies, nil
+}
+
+type dialer func(context.Context, string) (net.Conn, error)
+
+// dumpAll asks the server behind dial for every proxy's resources.
+func dumpAll(proxies map[string]proxySpec, dial dialer) ([]byte, error) {
+	result := map[string]map[string][]json.RawMessage{}
+	for name, spec := range proxies {
+		got, err := dumpProxy(dial, spec)
+		if err != nil {
+			return nil, fmt.Errorf("proxy %s: %v", name, err)
+		}
+		result[name] = got
+	}
+	return json.MarshalIndent(result, "", " ")
+}
+
+func dumpCase(dir string, proxies map[string]proxySpec) ([]byte, error) {
+	istioConfig, kubeObjects, err := splitConfig(filepath.Join(dir, "config.yaml"))
+	if err != nil {
+		return nil, err
 	}
 	configs, _, err := crd.ParseInputs(istioConfig)
 	if err != nil {
@@ -126,26 +160,18 @@ func dumpCase(dir, proxiesFile string) ([]byte, error) {
 		return nil, err
 	}
 
-	result := map[string]map[string][]json.RawMessage{}
+	var out []byte
 	var failure error
 	werr := test.Wrap(func(t test.Failer) {
 		server := xds.NewFakeDiscoveryServer(t, opts)
-		for name, spec := range proxies {
-			got, err := dumpProxy(server, spec)
-			if err != nil {
-				failure = fmt.Errorf("proxy %s: %v", name, err)
-				return
-			}
-			result[name] = got
-		}
+		out, failure = dumpAll(proxies, func(context.Context, string) (net.Conn, error) {
+			return server.BufListener.Dial()
+		})
 	})
 	if werr != nil {
 		return nil, werr
 	}
-	if failure != nil {
-		return nil, failure
-	}
-	return json.MarshalIndent(result, "", " ")
+	return out, failure
 }
 
 // splitConfig separates Istio's objects (for the config store) from Kubernetes'
@@ -186,9 +212,10 @@ func splitConfig(path string) (string, string, error) {
 // stream is one ADS connection as a sidecar holds it: requests carry the
 // node on the first message only and every response is ACKed.
 type stream struct {
-	client discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
-	node   *core.Node
-	first  bool
+	client  discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	node    *core.Node
+	first   bool
+	watched map[string][]string
 }
 
 func (s *stream) fetch(typeURL string, names []string) ([]*anypb.Any, error) {
@@ -200,27 +227,35 @@ func (s *stream) fetch(typeURL string, names []string) ([]*anypb.Any, error) {
 	if err := s.client.Send(req); err != nil {
 		return nil, err
 	}
-	resp, err := s.client.Recv()
-	if err != nil {
-		return nil, err
+	// A server may push another type it was asked for earlier before it
+	// answers this one: ACK that and wait on (the stream's deadline bounds it).
+	for {
+		resp, err := s.client.Recv()
+		if err != nil {
+			return nil, err
+		}
+		ack := &discovery.DiscoveryRequest{
+			TypeUrl: resp.TypeUrl, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce,
+			ResourceNames: s.watched[resp.TypeUrl],
+		}
+		if resp.TypeUrl == typeURL {
+			ack.ResourceNames = names
+			s.watched[typeURL] = names
+			return resp.Resources, s.client.Send(ack)
+		}
+		if err := s.client.Send(ack); err != nil {
+			return nil, err
+		}
 	}
-	if resp.TypeUrl != typeURL {
-		return nil, fmt.Errorf("asked for %s, got %s", typeURL, resp.TypeUrl)
-	}
-	ack := &discovery.DiscoveryRequest{
-		TypeUrl: typeURL, ResourceNames: names, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce,
-	}
-	return resp.Resources, s.client.Send(ack)
 }
 
-func dumpProxy(server *xds.FakeDiscoveryServer, spec proxySpec) (map[string][]json.RawMessage, error) {
+func dumpProxy(dial dialer, spec proxySpec) (map[string][]json.RawMessage, error) {
 	metadata, err := structpb.NewStruct(spec.Metadata)
 	if err != nil {
 		return nil, fmt.Errorf("metadata: %v", err)
 	}
-	conn, err := grpc.NewClient("passthrough:///bufconn",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return server.BufListener.Dial() }))
+	conn, err := grpc.NewClient("passthrough:///xds",
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dial))
 	if err != nil {
 		return nil, err
 	}
@@ -231,10 +266,13 @@ func dumpProxy(server *xds.FakeDiscoveryServer, spec proxySpec) (map[string][]js
 	if err != nil {
 		return nil, err
 	}
-	s := &stream{client: client, node: &core.Node{Id: spec.ID, Metadata: metadata}, first: true}
+	s := &stream{client: client, node: &core.Node{Id: spec.ID, Metadata: metadata}, first: true, watched: map[string][]string{}}
 
 	var clusters, listeners, routes []*anypb.Any
 	if spec.Listeners != nil {
+		if len(spec.Listeners) == 0 {
+			return nil, fmt.Errorf("listeners: an empty list asks for nothing")
+		}
 		if listeners, err = s.fetch(v3.ListenerType, spec.Listeners); err != nil {
 			return nil, fmt.Errorf("LDS: %v", err)
 		}
@@ -245,8 +283,10 @@ func dumpProxy(server *xds.FakeDiscoveryServer, spec proxySpec) (map[string][]js
 		if err != nil {
 			return nil, err
 		}
-		if clusters, err = s.fetch(v3.ClusterType, names); err != nil {
-			return nil, fmt.Errorf("CDS: %v", err)
+		if len(names) > 0 {
+			if clusters, err = s.fetch(v3.ClusterType, names); err != nil {
+				return nil, fmt.Errorf("CDS: %v", err)
+			}
 		}
 	} else {
 		if clusters, err = s.fetch(v3.ClusterType, nil); err != nil {
