@@ -13,6 +13,7 @@ from typing import Any
 
 from envoy.config.cluster.v3 import cluster_pb2, filter_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
+from envoy.extensions.network.dns_resolver.cares.v3 import cares_dns_resolver_pb2
 from xds.type.v3 import typed_struct_pb2
 
 from meshpilot.model.config import ConfigKey
@@ -143,6 +144,7 @@ def build_outbound_cluster(
         cluster.dns_lookup_family = _dns_family(proxy)
         cluster.respect_dns_ttl = True
         cluster.dns_refresh_rate.CopyFrom(mesh.dns_refresh_rate)
+        _dns_resolver(cluster)
         dns_endpoints = endpoints
     elif cluster_type == cluster_pb2.Cluster.ORIGINAL_DST and _passthrough_target_port(svc, port):
         # A ServiceEntry with resolution NONE may send to another port than the one called.
@@ -191,6 +193,22 @@ def _subset_labels(rule: MergedDestinationRule | None, subset: str) -> dict[str,
         return None
     found = rule.subset(subset)
     return dict(found.labels) if found is not None else None
+
+
+#: istiod's defaults: PILOT_DNS_CARES_UDP_MAX_QUERIES (100) caps the queries on one UDP socket, and
+#: PILOT_DNS_JITTER_DURATION (100 ms) spreads the refreshes of many proxies resolving one name.
+_CARES_UDP_MAX_QUERIES = 100
+_DNS_JITTER_SECONDS = 0.1
+
+
+def _dns_resolver(cluster: Any) -> None:
+    """The c-ares resolver and refresh jitter istiod gives every DNS-resolved cluster."""
+    resolver = cluster.typed_dns_resolver_config
+    resolver.name = "envoy.network.dns_resolver.cares"
+    config = cares_dns_resolver_pb2.CaresDnsResolverConfig()
+    config.udp_max_queries.value = _CARES_UDP_MAX_QUERIES
+    resolver.typed_config.CopyFrom(pack(config))
+    cluster.dns_jitter.CopyFrom(duration(_DNS_JITTER_SECONDS))
 
 
 def _dns_family(proxy: Proxy) -> Any:

@@ -154,6 +154,15 @@ def http_connection_manager(
         hcm.set_current_client_cert_details.uri = True
         hcm.set_current_client_cert_details.dns = True
         hcm.server_name = "istio-envoy"
+    if gateway:
+        # istiod's gateway HCM: the client's certificate details replace any XFCC header a client sent
+        # (it is the mesh's edge), and responses name the server as a sidecar's do.
+        hcm.forward_client_cert_details = hcm_pb2.HttpConnectionManager.SANITIZE_SET
+        details = hcm.set_current_client_cert_details
+        details.subject.value = True
+        details.cert = details.dns = details.uri = True
+        hcm.server_name = "istio-envoy"
+        hcm.http_protocol_options.SetInParent()
     if http2:
         hcm.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
     return listener_components_pb2.Filter(name=HCM, typed_config=pack(hcm))

@@ -30,6 +30,7 @@ from meshpilot.networking import endpoint as eds
 from meshpilot.networking import names
 from meshpilot.networking.filters import http_connection_manager
 from meshpilot.networking.listener import tls_inspector
+from meshpilot.networking.protobuf import duration
 from meshpilot.networking.route import route_header, virtual_service_routes
 from meshpilot.networking.tcp_routes import RouteContext, route_filters, static_match
 
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 _ANY_ADDRESS = "0.0.0.0"
 BLACKHOLE_VHOST = "blackhole"
+#: istiod's PILOT_GATEWAY_TRANSPORT_SOCKET_CONNECT_TIMEOUT default.
+_HANDSHAKE_TIMEOUT_SECONDS = 15
 
 
 def route_name(listen_port: int, bind: str) -> str:
@@ -96,6 +99,9 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
             address=eds.socket_address(bind, port),
             traffic_direction=base_pb2.OUTBOUND,
         )
+        # As istiod's (MAX_CONNECTIONS_PER_SOCKET_EVENT_LOOP, 1): accept one connection per wakeup, so
+        # a burst of clients is spread over Envoy's worker threads, not taken by the first to wake.
+        listener.max_connections_to_accept_per_socket_event.value = 1
         if kind == "http":
             # One route configuration holds every server of the port.
             hcm = http_connection_manager(
@@ -111,6 +117,10 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
             listener.listener_filters.append(tls_inspector())
         elif kind == "tcp":
             listener.filter_chains.extend(_tcp_chains(proxy, push, same))
+        for chain in listener.filter_chains:
+            # As istiod's: a client gets 15 s to finish its transport (TLS) handshake, so slow
+            # handshakes cannot hold a gateway's memory.
+            chain.transport_socket_connect_timeout.CopyFrom(duration(_HANDSHAKE_TIMEOUT_SECONDS))
         # A listener without chains would be rejected by Envoy: a port nothing routes is not listened on.
         if listener.filter_chains:
             out.append(listener)
