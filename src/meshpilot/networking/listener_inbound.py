@@ -22,6 +22,7 @@ from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.sidecar_scope import CAPTURE_IPTABLES, CAPTURE_NONE
 from meshpilot.networking import extensions, names
+from meshpilot.networking.cluster import config_path
 from meshpilot.networking.endpoint import socket_address
 from meshpilot.networking.filters import http_connection_manager, tcp_proxy
 from meshpilot.networking.listener import HTTP_ALPNS, WILDCARD, http_inspector, tls_inspector
@@ -47,6 +48,9 @@ class InboundPort:
     service_port: int
     #: Chain name and stat prefix base, ``0.0.0.0_9080``.
     chain_name: str
+    #: The Sidecar a port of its ``ingress`` came from, as istiod records it on the chains
+    #: (``istio.config`` metadata); empty for a Service's port.
+    config: str = ""
 
 
 def _downstream_tls(proxy: Proxy, push: PushContext, *, http: bool) -> Any:
@@ -171,6 +175,8 @@ def permissive_chains(
         )
         if socket is not None:
             chain.transport_socket.CopyFrom(socket)
+        if target.config:
+            chain.metadata.filter_metadata["istio"].update({"config": target.config})
         out.append(chain)
     return out
 
@@ -225,6 +231,7 @@ def _ingress_ports(proxy: Proxy) -> list[tuple[InboundPort, Any]]:
                     hostname=hostname,
                     service_port=number,
                     chain_name=names.listener_name(bind, number),
+                    config=config_path("sidecar", scope.namespace, scope.name),
                 ),
                 ingress,
             )
