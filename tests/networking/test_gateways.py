@@ -132,7 +132,9 @@ def test_routes_hold_the_bound_virtual_services_hosts_only(gateway_model: Model)
     vhosts = {v.name: v for v in config.virtual_hosts}
     assert sorted(vhosts) == ["bookinfo.example.com:80", "cart.shop.example.com:80"]
     bookinfo = vhosts["bookinfo.example.com:80"]
-    assert list(bookinfo.domains) == ["bookinfo.example.com", "bookinfo.example.com:*"]
+    # The host alone: the route configuration ignores the port in the Host header.
+    assert list(bookinfo.domains) == ["bookinfo.example.com"]
+    assert config.ignore_port_in_host_matching
     assert [r.route.cluster for r in bookinfo.routes] == [
         "outbound|9080||reviews.default.svc.cluster.local",
         "outbound|9080||productpage.default.svc.cluster.local",
@@ -369,7 +371,7 @@ def test_a_server_bound_to_a_unix_socket_listens_on_it() -> None:
     assert _hcm(uds).rds.route_config_name == "http.0.unix:///var/run/gw.sock"
 
 
-def test_domains_match_any_port_except_for_wildcard_hosts() -> None:
+def test_domains_are_the_hosts_alone_wildcards_included() -> None:
     server = {"port": {"number": 8088, "name": "http-8088", "protocol": "HTTP"}, "hosts": ["*"]}
 
     def bound(name: str, host: str) -> dict[str, Any]:
@@ -383,14 +385,10 @@ def test_domains_match_any_port_except_for_wildcard_hosts() -> None:
         v.name: list(v.domains)
         for v in gateway_route_configuration(proxy, model.push, "http.8088").virtual_hosts
     }
-    # Envoy allows one wildcard per domain: a wildcard host keeps the port.
-    assert vhosts == {
-        "*.wild.example.com:8088": ["*.wild.example.com", "*.wild.example.com:8088"],
-        "*:8088": ["*"],
-    }
+    assert vhosts == {"*.wild.example.com:8088": ["*.wild.example.com"], "*:8088": ["*"]}
 
 
-def test_a_wildcard_virtual_service_host_gets_a_virtual_host_per_narrower_server_host() -> None:
+def test_a_wildcard_virtual_service_host_is_served_as_every_narrower_server_host() -> None:
     server = {
         "port": {"number": 8090, "name": "http-8090", "protocol": "HTTP"},
         "hosts": ["a.foo.com", "b.foo.com"],
@@ -408,4 +406,14 @@ def test_a_wildcard_virtual_service_host_gets_a_virtual_host_per_narrower_server
     model = build(_gateway_objects(_gateway_doc("foo", "default", server), wild))
     proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
     config = gateway_route_configuration(proxy, model.push, "http.8090")
-    assert [v.name for v in config.virtual_hosts] == ["a.foo.com:8090", "b.foo.com:8090"]
+    # Both hosts have the VirtualService's routes, so they share one virtual host (istiod's route
+    # collapse), named after the first in istiod's host order.
+    [vhost] = config.virtual_hosts
+    assert vhost.name == "a.foo.com:8090"
+    assert list(vhost.domains) == ["a.foo.com", "b.foo.com"]
+
+
+def test_hosts_with_different_routes_keep_their_own_virtual_hosts(gateway_model: Model) -> None:
+    proxy = gateway_model.proxy(GATEWAY, GATEWAY_LABELS)
+    config = gateway_route_configuration(proxy, gateway_model.push, "http.8080")
+    assert all(len(v.domains) == 1 for v in config.virtual_hosts)

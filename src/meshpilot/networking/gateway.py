@@ -191,14 +191,6 @@ def _parse_route_name(name: str) -> tuple[int, str] | None:
     return int(port), bind
 
 
-def _domains(host: str, port: int) -> list[str]:
-    """istiod's gateway domains: the host, and the host with any port (behind a load balancer the
-    Host header may carry one). Envoy allows one wildcard per domain, so a wildcard host keeps the port."""
-    if host == "*":
-        return [host]
-    return [host, f"{host}:{port}" if is_wildcard(host) else f"{host}:*"]
-
-
 def _blackhole(port: int) -> Any:
     route = rc.Route(name="default", match=rc.RouteMatch(prefix="/"))
     route.direct_response.status = 404
@@ -220,6 +212,9 @@ def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> A
     if not servers:
         return out
     vhosts: dict[str, Any] = {}
+    # Which route lists each host's virtual host was made of: hosts made of the very same lists (the
+    # hosts of one VirtualService) share one virtual host, as istiod's route collapse does.
+    sources: dict[str, list[int]] = {}
     for server in servers:
         port = server.port
         for vs in push.virtual_services_for_gateway(proxy.config_namespace, server.gateway):
@@ -233,15 +228,35 @@ def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> A
             for host in hosts:
                 vhost = vhosts.get(host)
                 if vhost is None:
+                    # The host alone: the route configuration ignores a port in the Host header.
                     vhost = vhosts[host] = rc.VirtualHost(
-                        name=f"{host}:{port}",
-                        domains=_domains(host, port),
-                        include_request_attempt_count=True,
+                        name=f"{host}:{port}", domains=[host], include_request_attempt_count=True
                     )
                 # Several VirtualServices (or servers) for one host add their routes in order, as in istiod.
                 vhost.routes.extend(routes)
+                sources.setdefault(host, []).append(id(routes))
                 if server.https_redirect:
                     vhost.require_tls = rc.VirtualHost.ALL
-    kept = [v for v in vhosts.values() if v.routes]
+    kept = _collapse({h: v for h, v in vhosts.items() if v.routes}, sources)
     out.virtual_hosts.extend(sorted(kept, key=lambda v: v.name) or [_blackhole(servers[0].port)])
     return out
+
+
+def _specificity(host: str) -> tuple[bool, int, str]:
+    """istiod's host order: exact hosts before wildcards, longer before shorter, then alphabetical."""
+    return is_wildcard(host), -len(host), host
+
+
+def _collapse(vhosts: dict[str, Any], sources: dict[str, list[int]]) -> list[Any]:
+    """One virtual host for the hosts whose routes are the same lists, named after the most specific
+    host and listing every host's domains (istiod's PILOT_ENABLE_ROUTE_COLLAPSE_OPTIMIZATION, on by
+    default): a VirtualService with many hosts is sent once, not once per host."""
+    primary: dict[tuple[tuple[int, ...], int], Any] = {}
+    for host in sorted(vhosts, key=_specificity):
+        vhost = vhosts[host]
+        key = (tuple(sources[host]), vhost.require_tls)
+        if key in primary:
+            primary[key].domains.extend(vhost.domains)
+        else:
+            primary[key] = vhost
+    return list(primary.values())
