@@ -62,7 +62,9 @@ REFERENCE_BIN := build/reference/bin
 ISTIO_BUILD_VERSION := 1.31-dev
 ISTIO_LDFLAGS := -X istio.io/istio/pkg/version.buildVersion=$(ISTIO_BUILD_VERSION)
 REFERENCE_BINARIES := $(addprefix $(REFERENCE_BIN)/,pilot-discovery pilot-agent istioctl xdsdump kube-apiserver etcd)
-ISTIO_MOD := reference/istio/go.mod reference/istio/go.sum
+# The Makefile too: it holds the version stamp (ISTIO_BUILD_VERSION), which tests/support/golden.py
+# repeats and test_istio_agent.py checks against the built agent.
+ISTIO_MOD := reference/istio/go.mod reference/istio/go.sum Makefile
 
 reference: $(REFERENCE_BINARIES)
 

@@ -71,6 +71,7 @@ from typing import Any
 import pytest
 import yaml
 from support import reference
+from support.golden import AGENT_ISTIO_VERSION
 from support.kube import egress_sidecar, endpoint_slice, namespace, service, workload
 from support.processes import ENVOY_BIN, Envoy, Process, backend_name, free_port, http_get
 from support.wait import eventually
@@ -412,6 +413,8 @@ def _normalized_metadata(run: AgentRun) -> dict[str, Any]:
     assert metadata["ENVOY_PROMETHEUS_PORT"] == run.ports["envoy_prometheus"]
     metadata["ENVOY_PROMETHEUS_PORT"] = "<ENVOY_PROMETHEUS_PORT>"
     assert metadata["ISTIO_VERSION"] == run.agent_version
+    # The golden cases give both servers this version: it must be the reference build's stamp.
+    assert run.agent_version == AGENT_ISTIO_VERSION
     metadata["ISTIO_VERSION"] = "<ISTIO_VERSION>"
     proxy_config = metadata["PROXY_CONFIG"]
     annotation = metadata["ANNOTATIONS"]["proxy.istio.io/config"]
