@@ -1,0 +1,1 @@
+"""The mesh's certificate authority: its signing keys and the workload certificates it issues."""

@@ -1,0 +1,151 @@
+"""Where the CA's signing key comes from: a plugged-in CA's files, or a self-signed root.
+
+The file names are istiod's (``ROOT_CA_DIR``, default ``./etc/cacerts``, and the ``cacerts``
+Secret): ``ca-cert.pem`` and ``ca-key.pem`` sign, ``cert-chain.pem`` is the chain from the signing
+certificate up (without the root), ``root-cert.pem`` holds the roots. A self-signed root is made once
+and kept under the same names (istiod keeps it in the ``istio-ca-secret`` Secret), so a restart
+signs with the same root and the mesh keeps trusting the certificates already issued.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+from meshpilot.config.errors import ConfigError
+
+CA_CERT, CA_KEY, CERT_CHAIN, ROOT_CERT = "ca-cert.pem", "ca-key.pem", "cert-chain.pem", "root-cert.pem"
+#: istiod's SELF_SIGNED_CA_CERT_TTL.
+SELF_SIGNED_ROOT_TTL = datetime.timedelta(days=3650)
+
+SigningPrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
+
+
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    key: SigningPrivateKey
+    certificate: x509.Certificate
+
+    @property
+    def is_root(self) -> bool:
+        return self.certificate.subject == self.certificate.issuer
+
+
+def new_key(algorithm: str) -> SigningPrivateKey:
+    """``rsa`` (2048 bits, istiod's default) or ``ecdsa`` (P-256)."""
+    if algorithm == "rsa":
+        return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    if algorithm == "ecdsa":
+        return ec.generate_private_key(ec.SECP256R1())
+    raise ConfigError(f"unknown CA key algorithm {algorithm!r}: rsa or ecdsa")
+
+
+def self_signed_root(trust_domain: str, key: SigningPrivateKey, now: datetime.datetime) -> x509.Certificate:
+    """istiod's self-signed root: organisation = the trust domain, ten years, a CA that signs leaves."""
+    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, trust_domain)])
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(secrets.randbits(127) | 1)
+        .not_valid_before(now - datetime.timedelta(minutes=2))
+        .not_valid_after(now + SELF_SIGNED_ROOT_TTL)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def load_plugged(
+    directory: Path,
+) -> tuple[SigningKey, tuple[x509.Certificate, ...], tuple[x509.Certificate, ...]]:
+    """A plugged-in CA from ``directory``: (signing key, chain above it without the root, roots).
+
+    Refused with a clear error when a file is missing or unreadable, when the key does not match the
+    certificate, or when the signing certificate is not a CA.
+    """
+    files = {name: directory / name for name in (CA_CERT, CA_KEY, ROOT_CERT)}
+    missing = [name for name, path in files.items() if not path.is_file()]
+    if missing:
+        raise ConfigError(f"{directory}: plugged-in CA is missing {', '.join(missing)}")
+    try:
+        certificate = x509.load_pem_x509_certificate(files[CA_CERT].read_bytes())
+        loaded = serialization.load_pem_private_key(files[CA_KEY].read_bytes(), password=None)
+        roots = tuple(x509.load_pem_x509_certificates(files[ROOT_CERT].read_bytes()))
+        chain_file = directory / CERT_CHAIN
+        chain = (
+            tuple(x509.load_pem_x509_certificates(chain_file.read_bytes())) if chain_file.is_file() else ()
+        )
+    except ValueError as err:
+        raise ConfigError(f"{directory}: plugged-in CA does not parse: {err}") from None
+    if not isinstance(loaded, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"{directory}/{CA_KEY}: RSA or ECDSA key required")
+    if _public_bytes(loaded.public_key()) != _public_bytes(certificate.public_key()):
+        raise ConfigError(f"{directory}: {CA_KEY} is not the key of {CA_CERT}")
+    constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
+    if not constraints.ca:
+        raise ConfigError(f"{directory}/{CA_CERT} is not a CA certificate")
+    # cert-chain.pem starts with the signing certificate itself in istiod's layout; the chain above
+    # it is what follows, up to (not including) a root.
+    above = tuple(c for c in chain if c != certificate and c not in roots)
+    return SigningKey(loaded, certificate), above, roots
+
+
+def load_or_create_self_signed(
+    directory: Path, trust_domain: str, algorithm: str = "rsa", now: datetime.datetime | None = None
+) -> SigningKey:
+    """The self-signed root kept in ``directory``, made (and written) the first time."""
+    if (directory / CA_CERT).is_file() or (directory / CA_KEY).is_file():
+        signing, _, _ = load_plugged(directory)
+        if not signing.is_root:
+            raise ConfigError(f"{directory}: {CA_CERT} is not a self-signed root")
+        return signing
+    key = new_key(algorithm)
+    certificate = self_signed_root(trust_domain, key, now or datetime.datetime.now(datetime.UTC))
+    directory.mkdir(parents=True, exist_ok=True)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    cert_pem = certificate.public_bytes(serialization.Encoding.PEM)
+    _write_private(directory / CA_KEY, key_pem)
+    for name in (CA_CERT, ROOT_CERT):
+        (directory / name).write_bytes(cert_pem)
+    return SigningKey(key, certificate)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Written 0600 from the start, so the key is never readable by others, even for a moment."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def _public_bytes(key: Any) -> bytes:
+    """A public key's SubjectPublicKeyInfo, to compare keys of any type."""
+    info = serialization.PublicFormat.SubjectPublicKeyInfo
+    data: bytes = key.public_bytes(serialization.Encoding.DER, info)
+    return data
