@@ -68,13 +68,30 @@ class CertificateAuthority:
         if not identities:
             raise CsrError("no identity to certify")
         key = _csr_public_key(csr_pem)
-        lifetime = _lifetime(ttl)
+        names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(i) for i in identities]
+        return self._issue(key, names, _lifetime(ttl))
+
+    def serving(
+        self, dns_names: list[str], ttl: datetime.timedelta = DEFAULT_WORKLOAD_TTL
+    ) -> tuple[str, list[str]]:
+        """A serving key and chain for istiod's own names (15012, the webhooks), signed by the mesh CA."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        chain = self._issue(key.public_key(), [x509.DNSName(n) for n in dns_names], ttl)
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return key_pem.decode(), chain
+
+    def _issue(
+        self,
+        key: rsa.RSAPublicKey | ec.EllipticCurvePublicKey,
+        names: list[x509.GeneralName],
+        lifetime: datetime.timedelta,
+    ) -> list[str]:
         now = self.now or datetime.datetime.now(datetime.UTC)
-        not_after = now + lifetime
         signer_expiry = self.signer.certificate.not_valid_after_utc
         if signer_expiry <= now:
             raise SigningError(f"the CA's signing certificate expired at {signer_expiry.isoformat()}")
-        not_after = min(not_after, signer_expiry)
         leaf = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([]))
@@ -82,27 +99,11 @@ class CertificateAuthority:
             .public_key(key)
             .serial_number(secrets.randbits(127) | 1)
             .not_valid_before(now - CLOCK_SKEW)
-            .not_valid_after(not_after)
+            .not_valid_after(min(now + lifetime, signer_expiry))
             # An empty subject makes the SAN the certificate's only name, so it is critical (RFC 5280).
-            .add_extension(
-                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(i) for i in identities]),
-                critical=True,
-            )
+            .add_extension(x509.SubjectAlternativeName(names), critical=True)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_encipherment=True,
-                    content_commitment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_LEAF_KEY_USAGE, critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                 critical=False,
@@ -115,6 +116,19 @@ class CertificateAuthority:
         )
         above = [self.signer.certificate, *self.chain] if not self.signer.is_root else []
         return [_pem(leaf), *(_pem(c) for c in above), _pem(self.roots[0])]
+
+
+_LEAF_KEY_USAGE = x509.KeyUsage(
+    digital_signature=True,
+    key_encipherment=True,
+    content_commitment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    key_cert_sign=False,
+    crl_sign=False,
+    encipher_only=False,
+    decipher_only=False,
+)
 
 
 def _lifetime(ttl: datetime.timedelta | None) -> datetime.timedelta:

@@ -1,0 +1,114 @@
+"""Who is calling the CA: istiod's two authenticators, tried in order.
+
+- A client certificate that the TLS handshake verified against the mesh root: its URI SANs are the
+  caller's identities (a workload renewing with the certificate it has).
+- A Kubernetes service-account token (``authorization: Bearer``), reviewed by the API server for
+  the CA's audience (``istio-ca``): ``system:serviceaccount:<ns>:<sa>`` becomes
+  ``spiffe://<trust domain>/ns/<ns>/sa/<sa>``.
+
+An authenticator that cannot tell returns None; a caller no authenticator accepts is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cryptography import x509
+
+log = logging.getLogger(__name__)
+
+#: istiod's default audience for the tokens it accepts (TOKEN_AUDIENCES).
+CA_AUDIENCE = "istio-ca"
+_SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    identities: tuple[str, ...]
+    #: How the caller was authenticated, for logs and metrics.
+    by: str
+
+
+class Authenticator(Protocol):
+    async def authenticate(
+        self, auth: dict[str, list[bytes]], metadata: Sequence[tuple[str, Any]]
+    ) -> Caller | None:
+        """The caller, from the TLS auth context and the request metadata; None if this cannot tell."""
+        ...
+
+
+class ClientCertificate:
+    """The URI SANs of the verified client certificate."""
+
+    async def authenticate(
+        self, auth: dict[str, list[bytes]], metadata: Sequence[tuple[str, Any]]
+    ) -> Caller | None:
+        pem = (auth.get("x509_pem_cert") or [b""])[0]
+        if not pem:
+            return None
+        san = x509.load_pem_x509_certificate(pem).extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        )
+        uris = tuple(san.value.get_values_for_type(x509.UniformResourceIdentifier))
+        return Caller(uris, "client certificate") if uris else None
+
+
+#: Reviews a token for an audience: (authenticated, username, audiences the API server confirmed).
+TokenReviewer = Callable[[str, str], tuple[bool, str, list[str]]]
+
+
+class KubernetesToken:
+    """A service-account token, reviewed by the API server (TokenReview) for the CA's audience."""
+
+    def __init__(self, review: TokenReviewer, trust_domain: str, audience: str = CA_AUDIENCE) -> None:
+        self._review = review
+        self._trust_domain = trust_domain
+        self._audience = audience
+
+    async def authenticate(
+        self, auth: dict[str, list[bytes]], metadata: Sequence[tuple[str, Any]]
+    ) -> Caller | None:
+        token = _bearer(metadata)
+        if token is None:
+            return None
+        # The review is a blocking HTTP call to the API server: off the event loop.
+        authenticated, username, audiences = await asyncio.to_thread(self._review, token, self._audience)
+        if not authenticated or self._audience not in audiences:
+            log.info("token refused by the API server for audience %s", self._audience)
+            return None
+        if not username.startswith(_SERVICE_ACCOUNT_PREFIX):
+            log.info("token of %r is not a service account's", username)
+            return None
+        namespace, _, account = username.removeprefix(_SERVICE_ACCOUNT_PREFIX).partition(":")
+        if not namespace or not account:
+            return None
+        return Caller((f"spiffe://{self._trust_domain}/ns/{namespace}/sa/{account}",), "kubernetes token")
+
+
+def _bearer(metadata: Sequence[tuple[str, Any]]) -> str | None:
+    for key, value in metadata:
+        if key.lower() == "authorization" and isinstance(value, str):
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def kubernetes_token_reviewer(api_client: Any) -> TokenReviewer:
+    """A TokenReviewer on the official client's AuthenticationV1Api."""
+    from kubernetes.client import AuthenticationV1Api, V1TokenReview, V1TokenReviewSpec
+
+    api = AuthenticationV1Api(api_client)
+
+    def review(token: str, audience: str) -> tuple[bool, str, list[str]]:
+        body = V1TokenReview(spec=V1TokenReviewSpec(token=token, audiences=[audience]))
+        status = api.create_token_review(body).status
+        if status is None or not status.authenticated or status.user is None:
+            return False, "", []
+        return True, status.user.username or "", list(status.audiences or [])
+
+    return review

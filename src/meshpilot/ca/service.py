@@ -1,0 +1,88 @@
+"""``istio.v1.auth.IstioCertificateService/CreateCertificate``: istiod's checks before signing, in order.
+
+Authenticate (UNAUTHENTICATED: "request authenticate failure"), then sign for the authenticated
+identities (a bad CSR or TTL is INVALID_ARGUMENT, a CA that cannot sign INTERNAL). Each outcome is
+counted under istiod's ``citadel_server_*`` names.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Sequence
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter
+
+from meshpilot._proto.istio.security.v1alpha1 import ca_pb2, ca_pb2_grpc
+from meshpilot.ca.authenticate import Authenticator, Caller
+from meshpilot.ca.authority import CertificateAuthority, CsrError, SigningError, TtlError
+
+log = logging.getLogger(__name__)
+
+
+class CaMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.csrs = Counter("citadel_server_csr_count", "The number of CSRs received.", registry=registry)
+        self.auth_failures = Counter(
+            "citadel_server_authentication_failure_count",
+            "The number of authentication failures.",
+            registry=registry,
+        )
+        self.sign_errors = Counter(
+            "citadel_server_csr_sign_err_count",
+            "The number of errors occurred when signing the CSR.",
+            ["error_type"],
+            registry=registry,
+        )
+        self.issued = Counter(
+            "citadel_server_success_cert_issuance_count",
+            "The number of certificates issuances that have succeeded.",
+            registry=registry,
+        )
+
+
+class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
+    def __init__(
+        self, authority: CertificateAuthority, authenticators: Sequence[Authenticator], metrics: CaMetrics
+    ) -> None:
+        self._authority = authority
+        self._authenticators = tuple(authenticators)
+        self._metrics = metrics
+
+    async def _caller(self, context: grpc.aio.ServicerContext) -> Caller | None:
+        auth = context.auth_context()
+        metadata = tuple(context.invocation_metadata() or ())
+        for authenticator in self._authenticators:
+            caller = await authenticator.authenticate(auth, metadata)
+            if caller is not None:
+                return caller
+        return None
+
+    async def CreateCertificate(
+        self,
+        request: ca_pb2.IstioCertificateRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> ca_pb2.IstioCertificateResponse:
+        self._metrics.csrs.inc()
+        caller = await self._caller(context)
+        if caller is None:
+            self._metrics.auth_failures.inc()
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "request authenticate failure")
+        assert caller is not None
+        ttl = datetime.timedelta(seconds=request.validity_duration)
+        try:
+            chain = self._authority.sign(request.csr.encode(), list(caller.identities), ttl)
+        except CsrError as err:
+            self._metrics.sign_errors.labels("CSR_ERROR").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"CSR error: {err}")
+        except TtlError as err:
+            self._metrics.sign_errors.labels("TTL_ERROR").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except SigningError as err:
+            self._metrics.sign_errors.labels("CERT_GEN_ERROR").inc()
+            log.error("cannot sign for %s: %s", caller.identities, err)
+            await context.abort(grpc.StatusCode.INTERNAL, "failed to sign the certificate")
+        self._metrics.issued.inc()
+        log.info("issued a certificate for %s (%s)", ", ".join(caller.identities), caller.by)
+        return ca_pb2.IstioCertificateResponse(cert_chain=chain)
