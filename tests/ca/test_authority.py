@@ -20,6 +20,7 @@ from meshpilot.ca.authority import (
     CsrError,
     SigningError,
     TtlError,
+    requested_ttl,
 )
 from meshpilot.ca.keys import (
     CA_CERT,
@@ -42,11 +43,12 @@ NOW = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.UTC)
 def _csr(
     key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey, uri: str = "spiffe://evil/ns/x/sa/admin"
 ) -> bytes:
-    """A CSR asking for ``uri``: what it asks must not matter."""
+    """A CSR asking for ``uri``, and to be a CA: what it asks must not matter."""
     csr = (
         x509.CertificateSigningRequestBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "asked-for")]))
         .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     return csr.public_bytes(serialization.Encoding.PEM)
@@ -95,6 +97,12 @@ def test_default_and_maximum_lifetimes_are_istiods(tmp_path: Path) -> None:
     assert leaf.not_valid_after_utc - NOW == datetime.timedelta(hours=1)
     with pytest.raises(TtlError, match="greater than the max allowed TTL 90 days"):
         ca.sign(_csr(key), [PRODUCTPAGE], datetime.timedelta(days=365 * 20))
+    ninety_days = int(datetime.timedelta(days=90).total_seconds())
+    assert requested_ttl(ninety_days) == datetime.timedelta(days=90)
+    assert requested_ttl(0) is None and requested_ttl(-5) is None
+    for too_long in (ninety_days + 1, 2**62):  # refused before any arithmetic could overflow
+        with pytest.raises(TtlError):
+            requested_ttl(too_long)
 
 
 def test_no_certificate_outlives_its_signer_and_an_expired_signer_signs_nothing() -> None:
@@ -136,7 +144,7 @@ def test_a_csr_that_does_not_parse_or_is_not_signed_by_its_key_is_refused(
     forged = x509.load_der_x509_csr(bytes(der)).public_bytes(serialization.Encoding.PEM)
     with pytest.raises(CsrError, match="signature"):
         root_ca.sign(forged, [REVIEWS])
-    with pytest.raises(CsrError, match="no identity"):
+    with pytest.raises(SigningError, match="no identity"):
         root_ca.sign(good, [])
 
 
@@ -197,6 +205,13 @@ def test_a_plugged_in_ca_that_does_not_fit_together_is_refused(tmp_path: Path) -
     root = self_signed_root(TRUST, root_key, NOW)
     _write_plugged(tmp_path, SigningKey(ec.generate_private_key(ec.SECP256R1()), root), root)
     with pytest.raises(ConfigError, match=r"is not the key of ca-cert\.pem"):
+        load_plugged(tmp_path)
+    # A right key and certificate, but a root-cert.pem that did not sign them.
+    for name in (CA_CERT, CA_KEY, CERT_CHAIN, ROOT_CERT):
+        (tmp_path / name).unlink()
+    other_key = ec.generate_private_key(ec.SECP256R1())
+    _write_plugged(tmp_path, _intermediate(root_key, root), self_signed_root("other", other_key, NOW))
+    with pytest.raises(ConfigError, match=r"does not chain through cert-chain\.pem to root-cert\.pem"):
         load_plugged(tmp_path)
 
 

@@ -25,6 +25,7 @@ from meshpilot.ca.authenticate import (
     Authenticator,
     ClientCertificate,
     KubernetesToken,
+    TokenReview,
     kubernetes_token_reviewer,
 )
 from meshpilot.ca.authority import CertificateAuthority
@@ -33,6 +34,7 @@ from meshpilot.ca.service import CaMetrics, CertificateService
 
 ISTIOD = "istiod.istio-system.svc"
 PRODUCTPAGE = "spiffe://cluster.local/ns/default/sa/productpage"
+SA_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:shop", "system:authenticated")
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +170,56 @@ async def test_a_client_without_credentials_is_refused(authority: CertificateAut
         assert running.metric("citadel_server_success_cert_issuance_count") == 0
     finally:
         await server.stop(None)
+
+
+async def test_a_client_certificate_without_a_spiffe_id_is_refused(
+    authority: CertificateAuthority, cert_server: Running
+) -> None:
+    """istiod's "cert without SAN" case: a mesh certificate naming only DNS names proves no workload."""
+    key, chain = authority.serving(["somewhere.example"])
+    _, csr = _key_and_csr()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _create(cert_server, csr, client=(key.encode(), "".join(chain[:-1]).encode()))
+    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert cert_server.metric("citadel_server_authentication_failure_count") == 1
+
+
+def _reviewed(review: TokenReview) -> KubernetesToken:
+    return KubernetesToken(lambda token, audience: review, "cluster.local")
+
+
+@pytest.mark.parametrize(
+    ("review", "identity"),
+    [
+        (TokenReview(True, "system:serviceaccount:shop:cart", SA_GROUPS, ("istio-ca",)), "ns/shop/sa/cart"),
+        (TokenReview(False), None),
+        (TokenReview(True, "system:serviceaccount:shop:cart", SA_GROUPS, ("other",)), None),
+        (
+            TokenReview(True, "system:serviceaccount:shop:cart", ("system:authenticated",), ("istio-ca",)),
+            None,
+        ),
+        (TokenReview(True, "system:serviceaccount:shop:cart:extra", SA_GROUPS, ("istio-ca",)), None),
+        (TokenReview(True, "system:serviceaccount:shop:a/sa/b", SA_GROUPS, ("istio-ca",)), None),
+        (TokenReview(True, "alice", SA_GROUPS, ("istio-ca",)), None),
+    ],
+    ids=[
+        "service-account",
+        "unauthenticated",
+        "other-audience",
+        "not-in-group",
+        "five-parts",
+        "slash",
+        "user",
+    ],
+)
+async def test_only_a_service_accounts_token_for_the_ca_names_an_identity(
+    review: TokenReview, identity: str | None
+) -> None:
+    caller = await _reviewed(review).authenticate({}, [("authorization", "Bearer t0ken")])
+    assert (caller.identities if caller else None) == (
+        (f"spiffe://cluster.local/{identity}",) if identity else None
+    )
+    assert await _reviewed(review).authenticate({}, []) is None  # no token, no opinion
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,8 +58,21 @@ class ClientCertificate:
         return Caller(uris, "client certificate") if uris else None
 
 
-#: Reviews a token for an audience: (authenticated, username, audiences the API server confirmed).
-TokenReviewer = Callable[[str, str], tuple[bool, str, list[str]]]
+@dataclass(frozen=True, slots=True)
+class TokenReview:
+    """What the API server said of a token: only an authenticated review has a user."""
+
+    authenticated: bool
+    username: str = ""
+    groups: tuple[str, ...] = ()
+    audiences: tuple[str, ...] = ()
+
+
+#: Reviews a token for an audience.
+TokenReviewer = Callable[[str, str], TokenReview]
+_SERVICE_ACCOUNTS_GROUP = "system:serviceaccounts"
+#: A namespace or service account name: a DNS label or subdomain, as Kubernetes validates them.
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 class KubernetesToken:
@@ -76,15 +90,20 @@ class KubernetesToken:
         if token is None:
             return None
         # The review is a blocking HTTP call to the API server: off the event loop.
-        authenticated, username, audiences = await asyncio.to_thread(self._review, token, self._audience)
-        if not authenticated or self._audience not in audiences:
+        review = await asyncio.to_thread(self._review, token, self._audience)
+        if not review.authenticated or self._audience not in review.audiences:
             log.info("token refused by the API server for audience %s", self._audience)
             return None
-        if not username.startswith(_SERVICE_ACCOUNT_PREFIX):
-            log.info("token of %r is not a service account's", username)
+        # As istiod: a service account's token, by its group and a name of exactly four parts.
+        parts = review.username.split(":")
+        if _SERVICE_ACCOUNTS_GROUP not in review.groups or len(parts) != 4 or review.username.count(":") != 3:
+            log.info("token of %r is not a service account's", review.username)
             return None
-        namespace, _, account = username.removeprefix(_SERVICE_ACCOUNT_PREFIX).partition(":")
-        if not namespace or not account:
+        _, _, namespace, account = parts
+        if f"{parts[0]}:{parts[1]}:" != _SERVICE_ACCOUNT_PREFIX or not (
+            _NAME.fullmatch(namespace) and _NAME.fullmatch(account)
+        ):
+            log.info("token of %r is not a service account's", review.username)
             return None
         return Caller((f"spiffe://{self._trust_domain}/ns/{namespace}/sa/{account}",), "kubernetes token")
 
@@ -104,11 +123,13 @@ def kubernetes_token_reviewer(api_client: Any) -> TokenReviewer:
 
     api = AuthenticationV1Api(api_client)
 
-    def review(token: str, audience: str) -> tuple[bool, str, list[str]]:
+    def review(token: str, audience: str) -> TokenReview:
         body = V1TokenReview(spec=V1TokenReviewSpec(token=token, audiences=[audience]))
-        status = api.create_token_review(body).status
+        # Bounded: a hung API server must not hold the CA's worker threads.
+        status = api.create_token_review(body, _request_timeout=(5, 10)).status
         if status is None or not status.authenticated or status.user is None:
-            return False, "", []
-        return True, status.user.username or "", list(status.audiences or [])
+            return TokenReview(False)
+        user = status.user
+        return TokenReview(True, user.username or "", tuple(user.groups or ()), tuple(status.audiences or ()))
 
     return review

@@ -17,7 +17,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -66,7 +66,7 @@ class CertificateAuthority:
         """A certificate for ``identities`` (SPIFFE URIs) on the CSR's key, as CreateCertificate's
         chain: the leaf, the certificates above it, then the root."""
         if not identities:
-            raise CsrError("no identity to certify")
+            raise SigningError("no identity to certify")
         key = _csr_public_key(csr_pem)
         names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(i) for i in identities]
         return self._issue(key, names, _lifetime(ttl))
@@ -115,7 +115,9 @@ class CertificateAuthority:
             .sign(self.signer.key, hashes.SHA256())
         )
         above = [self.signer.certificate, *self.chain] if not self.signer.is_root else []
-        return [_pem(leaf), *(_pem(c) for c in above), _pem(self.roots[0])]
+        # Ends with every root (istiod sends its whole root-cert.pem): during a root rotation a peer
+        # may be on either.
+        return [_pem(leaf), *(_pem(c) for c in above), self.root_pem]
 
 
 _LEAF_KEY_USAGE = x509.KeyUsage(
@@ -129,6 +131,18 @@ _LEAF_KEY_USAGE = x509.KeyUsage(
     encipher_only=False,
     decipher_only=False,
 )
+
+
+def requested_ttl(seconds: int) -> datetime.timedelta | None:
+    """A request's ``validity_duration`` as a TTL (None: the default), refused past the maximum before
+    any arithmetic, so a huge value is a TTL error, not an overflow."""
+    if seconds <= 0:
+        return None
+    if seconds > MAX_WORKLOAD_TTL.total_seconds():
+        raise TtlError(
+            f"requested TTL {seconds}s is greater than the max allowed TTL {MAX_WORKLOAD_TTL.days} days"
+        )
+    return datetime.timedelta(seconds=seconds)
 
 
 def _lifetime(ttl: datetime.timedelta | None) -> datetime.timedelta:
@@ -148,7 +162,7 @@ def _csr_public_key(csr_pem: bytes) -> rsa.RSAPublicKey | ec.EllipticCurvePublic
         raise CsrError(f"CSR does not parse: {err}") from None
     try:
         signed = csr.is_signature_valid
-    except (InvalidSignature, ValueError):
+    except (InvalidSignature, UnsupportedAlgorithm, ValueError):
         signed = False
     if not signed:
         raise CsrError("CSR signature does not match its key")

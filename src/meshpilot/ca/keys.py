@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
@@ -95,6 +96,11 @@ def load_plugged(
     try:
         certificate = x509.load_pem_x509_certificate(files[CA_CERT].read_bytes())
         loaded = serialization.load_pem_private_key(files[CA_KEY].read_bytes(), password=None)
+    except TypeError:
+        raise ConfigError(f"{directory}/{CA_KEY} is encrypted; the CA needs it unencrypted") from None
+    except ValueError as err:
+        raise ConfigError(f"{directory}: plugged-in CA does not parse: {err}") from None
+    try:
         roots = tuple(x509.load_pem_x509_certificates(files[ROOT_CERT].read_bytes()))
         chain_file = directory / CERT_CHAIN
         chain = (
@@ -106,12 +112,17 @@ def load_plugged(
         raise ConfigError(f"{directory}/{CA_KEY}: RSA or ECDSA key required")
     if _public_bytes(loaded.public_key()) != _public_bytes(certificate.public_key()):
         raise ConfigError(f"{directory}: {CA_KEY} is not the key of {CA_CERT}")
-    constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value
-    if not constraints.ca:
+    try:
+        is_ca = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
         raise ConfigError(f"{directory}/{CA_CERT} is not a CA certificate")
     # cert-chain.pem starts with the signing certificate itself in istiod's layout; the chain above
     # it is what follows, up to (not including) a root.
     above = tuple(c for c in chain if c != certificate and c not in roots)
+    if not _chains_to(certificate, above, roots):
+        raise ConfigError(f"{directory}: {CA_CERT} does not chain through {CERT_CHAIN} to {ROOT_CERT}")
     return SigningKey(loaded, certificate), above, roots
 
 
@@ -131,15 +142,41 @@ def load_or_create_self_signed(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     cert_pem = certificate.public_bytes(serialization.Encoding.PEM)
-    _write_private(directory / CA_KEY, key_pem)
-    for name in (CA_CERT, ROOT_CERT):
+    for name in (ROOT_CERT, CA_CERT):
         (directory / name).write_bytes(cert_pem)
+    # The key last: a start interrupted before it leaves a clear "missing ca-key.pem", not a key
+    # without its certificate.
+    _write_private(directory / CA_KEY, key_pem)
     return SigningKey(key, certificate)
 
 
+def _chains_to(
+    certificate: x509.Certificate, above: tuple[x509.Certificate, ...], roots: tuple[x509.Certificate, ...]
+) -> bool:
+    """Each certificate signed by the next, the last by one of the roots (or a root itself): a CA
+    whose certificates nobody in the mesh would trust is refused at start, not discovered later."""
+    current = certificate
+    try:
+        for parent in above:
+            current.verify_directly_issued_by(parent)
+            current = parent
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    if current in roots:
+        return True
+    for root in roots:
+        try:
+            current.verify_directly_issued_by(root)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return True
+    return False
+
+
 def _write_private(path: Path, data: bytes) -> None:
-    """Written 0600 from the start, so the key is never readable by others, even for a moment."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Created 0600, so the key is never readable by others even for a moment; never through a link
+    and never over an existing file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
 

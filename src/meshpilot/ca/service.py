@@ -7,7 +7,6 @@ counted under istiod's ``citadel_server_*`` names.
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Sequence
 
@@ -16,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from meshpilot._proto.istio.security.v1alpha1 import ca_pb2, ca_pb2_grpc
 from meshpilot.ca.authenticate import Authenticator, Caller
-from meshpilot.ca.authority import CertificateAuthority, CsrError, SigningError, TtlError
+from meshpilot.ca.authority import CertificateAuthority, CsrError, SigningError, TtlError, requested_ttl
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,11 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
         auth = context.auth_context()
         metadata = tuple(context.invocation_metadata() or ())
         for authenticator in self._authenticators:
-            caller = await authenticator.authenticate(auth, metadata)
+            try:
+                caller = await authenticator.authenticate(auth, metadata)
+            except Exception:  # an authenticator that fails (API server down, bad input) proves nothing
+                log.exception("%s failed; trying the next", type(authenticator).__name__)
+                continue
             if caller is not None:
                 return caller
         return None
@@ -70,8 +73,8 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             self._metrics.auth_failures.inc()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "request authenticate failure")
         assert caller is not None
-        ttl = datetime.timedelta(seconds=request.validity_duration)
         try:
+            ttl = requested_ttl(request.validity_duration)
             chain = self._authority.sign(request.csr.encode(), list(caller.identities), ttl)
         except CsrError as err:
             self._metrics.sign_errors.labels("CSR_ERROR").inc()
