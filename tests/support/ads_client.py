@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -94,3 +95,27 @@ class AdsClient:
         self.call.cancel()
         self._reader.cancel()
         await self.channel.close()
+
+
+def lost_status(err: grpc.aio.AioRpcError) -> bool:
+    """grpc/grpc#36066: when the server ends a call while the client's write of a request is still
+    completing, grpc.aio reports INTERNAL "Internal error from Core" instead of the server's status."""
+    return err.code() is grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
+
+
+async def refusal(target: str, send: Callable[[AdsClient], None], attempts: int = 5) -> grpc.aio.AioRpcError:
+    """The status a server ends a stream with after ``send``'s requests, asking again (on a new stream)
+    while grpc.aio loses it to the race above; a served stream fails the caller's test."""
+    for _ in range(attempts):
+        client = AdsClient(target)
+        send(client)
+        try:
+            await client.recv()
+        except grpc.aio.AioRpcError as err:
+            if not lost_status(err):
+                return err
+        else:
+            raise AssertionError("the stream was served, not refused")
+        finally:
+            await client.close()
+    raise AssertionError(f"grpc.aio lost the server's status on all {attempts} streams")

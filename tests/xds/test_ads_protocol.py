@@ -13,7 +13,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
-from support.ads_client import ADS_METHOD, AdsClient, node
+from support.ads_client import ADS_METHOD, AdsClient, node, refusal
 from support.kube import istio, workload, write
 from support.processes import free_port
 
@@ -279,23 +279,15 @@ async def test_after_a_cluster_push_the_same_eds_request_is_answered(server: Ser
     ],
 )
 async def test_malformed_node_id_is_invalid_argument(server: Server, node_id: str, message: str) -> None:
-    client = server.client()
-    client.send(CDS, node_id=node_id)
-    with pytest.raises(grpc.aio.AioRpcError) as failure:
-        await client.recv()
-    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert message in (failure.value.details() or "")
-    await client.close()
+    failure = await refusal(server.target, lambda client: client.send(CDS, node_id=node_id))
+    assert failure.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (failure.details() or "")
 
 
 async def test_first_request_without_node_is_invalid_argument(server: Server) -> None:
-    client = server.client()
-    client.send(CDS)
-    with pytest.raises(grpc.aio.AioRpcError) as failure:
-        await client.recv()
-    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert failure.value.details() == "missing node information"
-    await client.close()
+    failure = await refusal(server.target, lambda client: client.send(CDS))
+    assert failure.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert failure.details() == "missing node information"
 
 
 async def test_streams_are_refused_until_ready(tmp_path: Path) -> None:
@@ -306,13 +298,9 @@ async def test_streams_are_refused_until_ready(tmp_path: Path) -> None:
     server.add_insecure_port(str(settings.grpc_addr))
     await server.start()
     try:
-        client = AdsClient(str(settings.grpc_addr))
-        client.send(CDS, node_id=NODE)
-        with pytest.raises(grpc.aio.AioRpcError) as failure:
-            await client.recv()
-        assert failure.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert failure.value.details() == "server is not ready to serve discovery information"
-        await client.close()
+        failure = await refusal(str(settings.grpc_addr), lambda client: client.send(CDS, node_id=NODE))
+        assert failure.code() == grpc.StatusCode.UNAVAILABLE
+        assert failure.details() == "server is not ready to serve discovery information"
     finally:
         await server.stop(0)
 
