@@ -4,42 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from bench.report_peer import peer_section
+from bench.tables import fmt, get, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 IMAGES = ROOT / "docs" / "img" / "benchmarks"
 #: The hand-written analysis, appended as it is.
 NOTES = ROOT / "bench" / "notes.md"
-
-
-def _fmt(value: Any, digits: int = 2) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if value >= 100:
-            return f"{value:,.0f}"
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
-    return [*out, ""]
-
-
-def _get(data: dict[str, Any], *path: str) -> Any:
-    for key in path:
-        if not isinstance(data, dict) or key not in data:
-            return None
-        data = data[key]
-    return data
-
-
-# -- goals -----------------------------------------------------------------------------
 
 
 def _fleet(results: dict[str, Any], scenario: str, variant: str = "compiled") -> dict[str, Any] | None:
@@ -52,7 +27,7 @@ def _fleet(results: dict[str, Any], scenario: str, variant: str = "compiled") ->
 
 def goals(results: dict[str, Any]) -> list[list[Any]]:
     """(goal, target, measured, verdict) rows for the issue's goals."""
-    micro = _get(results, "micro", "compiled") or {}
+    micro = get(results, "micro", "compiled") or {}
     rows: list[list[Any]] = []
 
     def row(
@@ -64,7 +39,7 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
         met = measured >= target if higher_is_better else measured <= target
         margin = measured / target if target else 0.0
         verdict = "met" if met else f"missed ({margin:.2f}x the target)"
-        rows.append([goal, f"{target:g} {unit}", f"{_fmt(measured)} {unit}", verdict])
+        rows.append([goal, f"{target:g} {unit}", f"{fmt(measured)} {unit}", verdict])
 
     eds = micro.get("eds_encoding") or []
     for entry in eds:
@@ -73,11 +48,9 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
     row(
         "EDS encoding, compiled vs pure-Python twin (worst case)", 20, worst_ratio, "x", higher_is_better=True
     )
-    row(
-        "CDS uncached generation", 5.0, _get(micro, "generators", "cds_uncached_us_per_cluster"), "µs/cluster"
-    )
-    row("RDS uncached generation", 3.0, _get(micro, "generators", "rds_uncached_us_per_vhost"), "µs/vhost")
-    row("Sending a cached ClusterLoadAssignment", 5.0, _get(micro, "cached_cla_send", "compiled_us"), "µs")
+    row("CDS uncached generation", 5.0, get(micro, "generators", "cds_uncached_us_per_cluster"), "µs/cluster")
+    row("RDS uncached generation", 3.0, get(micro, "generators", "rds_uncached_us_per_vhost"), "µs/vhost")
+    row("Sending a cached ClusterLoadAssignment", 5.0, get(micro, "cached_cla_send", "compiled_us"), "µs")
     http = _fleet(results, "http")
     if http is not None:
         scale = f"{http['scenario_spec']['proxies']} sidecars, {http['scenario_spec']['services']} services"
@@ -85,23 +58,23 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
         row(f"Steady-state RSS ({scale})", 1024, http.get("steady_rss_mib"), "MiB")
         row(f"Peak RSS, including the initial sync ({scale})", 1024, http.get("peak_rss_mib"), "MiB")
         eds_change = http.get("endpoint_added") or {}
-        p99 = _get(eds_change, "from_write_seconds", "p99")
+        p99 = get(eds_change, "from_write_seconds", "p99")
         after_debounce = p99 - 0.1 if p99 is not None else None
         row(f"Endpoint added: p99 after the debounce ({scale})", 0.3, after_debounce, "s")
-        row(f"Endpoint added: p99 fan-out ({scale})", 0.3, _get(eds_change, "fan_out_seconds", "p99"), "s")
+        row(f"Endpoint added: p99 fan-out ({scale})", 0.3, get(eds_change, "fan_out_seconds", "p99"), "s")
         vs_change = http.get("virtual_service_changed") or {}
         row(
             f"VirtualService changed: p99 from the write ({scale})",
             1.0,
-            _get(vs_change, "from_write_seconds", "p99"),
+            get(vs_change, "from_write_seconds", "p99"),
             "s",
         )
     for storm in results.get("storm", []):
         for phase in ("streams_dropped", "server_restarted"):
             data = storm.get(phase) or {}
             label = f"{storm['proxies']} streams reconnecting ({phase.replace('_', ' ')})"
-            row(f"{label}: /ready p99 latency", 0.1, _get(data, "ready_latency_seconds", "p99"), "s")
-            row(f"{label}: /ready max latency", 0.1, _get(data, "ready_latency_seconds", "max"), "s")
+            row(f"{label}: /ready p99 latency", 0.1, get(data, "ready_latency_seconds", "p99"), "s")
+            row(f"{label}: /ready max latency", 0.1, get(data, "ready_latency_seconds", "max"), "s")
             row(f"{label}: proxies served empty config", 0, data.get("empty_configs"), "")
     return rows
 
@@ -133,13 +106,13 @@ def micro_section(results: dict[str, Any]) -> list[str]:
         for e in compiled.get("eds_encoding", [])
     ]
     out += ["**EDS: one ClusterLoadAssignment, µs per endpoint**", ""]
-    out += _table(
+    out += table(
         ["endpoints", "protobuf", "pure-Python twin", "compiled", "compiled vs twin", "compiled vs protobuf"],
         rows,
     )
     gen_c, gen_p = compiled.get("generators") or {}, pure.get("generators") or {}
     out += ["**Generation without the cache**", ""]
-    out += _table(
+    out += table(
         ["what", "protobuf objects", "pure-Python build", "compiled build"],
         [
             [
@@ -168,7 +141,7 @@ def micro_section(results: dict[str, Any]) -> list[str]:
         compiled.get("endpoint_index_update") or {},
     )
     out += ["**Other hot paths, µs per call**", ""]
-    out += _table(
+    out += table(
         ["what", "pure-Python twin", "compiled"],
         [
             [
@@ -227,18 +200,18 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
                 run.get("steady_vcpu"),
                 run.get("steady_rss_mib"),
                 run.get("peak_rss_mib"),
-                _get(eds, "from_write_seconds", "p50"),
-                _get(eds, "from_write_seconds", "p99"),
-                _get(eds, "fan_out_seconds", "p99"),
+                get(eds, "from_write_seconds", "p50"),
+                get(eds, "from_write_seconds", "p99"),
+                get(eds, "fan_out_seconds", "p99"),
                 eds.get("server_cpu_seconds"),
                 eds.get("fleet_cpu_seconds"),
-                _get(vs, "from_write_seconds", "p50"),
-                _get(vs, "from_write_seconds", "p99"),
+                get(vs, "from_write_seconds", "p50"),
+                get(vs, "from_write_seconds", "p99"),
                 vs.get("server_cpu_seconds"),
                 vs.get("fleet_cpu_seconds"),
             ]
         )
-    out += _table(
+    out += table(
         [
             "scenario",
             "services/endpoints/proxies",
@@ -263,7 +236,7 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
     skipped = []
     for run in runs:
         for change in ("endpoint_added", "virtual_service_changed"):
-            server = _get(run, change, "server") or {}
+            server = get(run, change, "server") or {}
             if server:
                 skipped.append(
                     [
@@ -284,139 +257,13 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
             "**What each change sent** (responses by type; responses not sent because the proxy held them)",
             "",
         ]
-        out += _table(
+        out += table(
             ["scenario", "server", "change", "sent", "unchanged, not sent", "mean push ms", "mean send ms"],
             skipped,
         )
     for image in images:
         out += [f"![{Path(image).stem}]({image})", ""]
     return out
-
-
-def _ratio(ours: Any, theirs: Any) -> str:
-    """meshpilot's figure over istiod's, as '0.42x'; '-' where either is missing or istiod's is 0."""
-    if not isinstance(ours, int | float) or not isinstance(theirs, int | float) or not theirs:
-        return "-"
-    return f"{ours / theirs:.2f}x"
-
-
-def _peer_rows(ours: dict[str, Any], theirs: dict[str, Any]) -> list[list[Any]]:
-    """(measure, istiod, meshpilot, meshpilot/istiod) for one scenario's two runs."""
-    rows: list[list[Any]] = []
-
-    def row(label: str, *path: str) -> None:
-        a, b = _get(theirs, *path), _get(ours, *path)
-        rows.append([label, a, b, _ratio(b, a)])
-
-    def text(label: str, render: Any, *path: str) -> None:
-        rows.append([label, render(_get(theirs, *path)), render(_get(ours, *path)), "-"])
-
-    row("ready after start, s", "ready_seconds")
-    row("initial sync of every sidecar, s", "sync_seconds")
-    row("server CPU during the sync, s", "sync_server_cpu_seconds")
-    row("bytes per sidecar at sync", "sync_bytes_per_proxy")
-    text("resources of one sidecar", lambda v: _plain(v) if v else "-", "resources_per_proxy")
-    same = ours.get("resource_names_digest") == theirs.get("resource_names_digest")
-    rows.append(["same resource names as istiod's", "-", "yes" if same else "**no**", "-"])
-    row("steady CPU, vCPU", "steady_vcpu")
-    row("steady RSS, MiB", "steady_rss_mib")
-    row("peak RSS, MiB", "peak_rss_mib")
-    row("unchanged file rewritten: server CPU over 2 s, s", "unchanged_rewrite", "server_cpu_seconds")
-    changes = (("endpoint_added", "endpoint added"), ("virtual_service_changed", "VirtualService changed"))
-    for change, label in changes:
-        if change not in ours and change not in theirs:
-            continue
-        text(
-            f"{label}: proxies converged",
-            lambda v: "-" if not v else f"{v['converged']}/{v['proxies']}",
-            change,
-        )
-        row(f"{label}: from write p50, s", change, "from_write_seconds", "p50")
-        row(f"{label}: from write p99, s", change, "from_write_seconds", "p99")
-        row(f"{label}: fan-out p50, s", change, "fan_out_seconds", "p50")
-        row(f"{label}: fan-out p99, s", change, "fan_out_seconds", "p99")
-        row(f"{label}: server CPU, s", change, "server_cpu_seconds")
-        # Less what reading the files cost (the unchanged rewrite): the push's share, roughly. A
-        # difference of two readings in 10 ms ticks, so no ratio: at a few ticks it would be noise.
-        a, b = (_less_rewrite(run, change) for run in (theirs, ours))
-        rows.append([f"{label}: server CPU less the unchanged rewrite's (estimate), s", a, b, "-"])
-        row(f"{label}: simulator CPU, s", change, "fleet_cpu_seconds")
-        text(f"{label}: responses sent", _counts, change, "server", "pushes")
-    return rows
-
-
-def _less_rewrite(run: dict[str, Any], change: str) -> float | None:
-    cpu, rewrite = (
-        _get(run, change, "server_cpu_seconds"),
-        _get(run, "unchanged_rewrite", "server_cpu_seconds"),
-    )
-    if cpu is None or rewrite is None:
-        return None
-    return round(max(0.0, float(cpu) - float(rewrite)), 3)
-
-
-def _plain(values: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in values.items())
-
-
-def peer_section(results: dict[str, Any]) -> list[str]:
-    """meshpilot beside istiod (``python -m bench.run --peer istiod``): two columns per scenario."""
-    peer = results.get("peer") or {}
-    runs = peer.get("runs") or []
-    if not runs:
-        return []
-    out = ["### Beside istiod", ""]
-    out.append(
-        f"`python -m bench.run --peer istiod`: istiod {peer.get('version', '?')} "
-        f"(`{peer.get('binary', '?')}`, "
-        "built by `make reference`) and meshpilot, one after the other in this run (meshpilot first), on the "
-        "same machine, "
-        "simulator and config directory: istiod is the anchor the other figures on this page are read "
-        "against. istiod reads only Istio kinds from files, so both servers read the scenario's "
-        "**ServiceEntry form**: each service is a ServiceEntry (resolution STATIC, location MESH_INTERNAL) "
-        "with the Kubernetes Service's host, VIP and ports, and its pods' addresses, labels and service "
-        "account as inline endpoints. The sidecars are clients on addresses of their own, so neither server "
-        "gives them inbound services (istiod finds a sidecar's services among ServiceEntry endpoints by its "
-        "address; meshpilot looks only among Kubernetes Pods), and the simulator checks that both gave the "
-        "first sidecar resources of the same names. Both servers have the same debounce "
-        f"({peer.get('debounce', '100ms')}: `PILOT_DEBOUNCE_AFTER`) and new-stream rate "
-        "(`PILOT_MAX_REQUESTS_PER_SECOND`); istiod keeps its other defaults (XdsCache on), runs without "
-        "a CA (`ENABLE_CA_SERVER=false`) and, as it does not start without a Kubernetes client, has one "
-        "on an empty API server (`bench/kube_stub.py`, its own process, counted in neither). "
-        "The servers read files differently: istiod's file source waits 250 ms after a change, then reads "
-        "and parses every file of the directory again; meshpilot reads the changed file about 50 ms after "
-        "it. 'From write' includes that, 'fan-out' (from the first proxy's copy) does not, and the "
-        "unchanged rewrite shows what reading files alone costs each. The last column is meshpilot's "
-        "figure over istiod's: below 1 is less time, CPU or memory than istiod's. The initial sync's "
-        "wall time is mostly the stream rate (sidecars over new streams/s); its CPU is the comparison. "
-        "Where meshpilot is ahead, read why: on a VirtualService change it sends only the route "
-        "configuration (its digest skips types whose content did not change), while istiod sends CDS, "
-        "LDS and RDS again ('responses sent'); and this is one small scenario of the quick suite, on "
-        "files, with no TLS or security policy in play, run once each."
-    )
-    out.append("")
-    by_scenario: dict[str, dict[str, dict[str, Any]]] = {}
-    for run in runs:
-        by_scenario.setdefault(run["scenario"], {})[run.get("server", "meshpilot")] = run
-    for name, pair in by_scenario.items():
-        ours, theirs = pair.get("meshpilot"), pair.get("istiod")
-        if ours is None or theirs is None:
-            continue
-        spec = ours["scenario_spec"]
-        out += [
-            f"**{name}**: {spec['services']} services x {spec['endpoints_per_service']} endpoints, "
-            f"{spec['proxies']} sidecars, {spec['virtual_services']} VirtualService(s), "
-            f"{ours.get('connect_rate') or 'default'} new streams/s",
-            "",
-        ]
-        out += _table(["measure", "istiod", "meshpilot", "meshpilot / istiod"], _peer_rows(ours, theirs))
-    return out
-
-
-def _counts(values: dict[str, float] | None) -> str:
-    """'cds 400, lds 400' from {'type="cds"': 400, ...}."""
-    items = sorted((k.split('"')[1] if '"' in k else k, int(v)) for k, v in (values or {}).items())
-    return ", ".join(f"{k} {v}" for k, v in items) or "none"
 
 
 def storm_section(results: dict[str, Any]) -> list[str]:
@@ -450,14 +297,14 @@ def storm_section(results: dict[str, Any]) -> list[str]:
                     data.get("rate_limited"),
                     ", ".join(f"{k} {v}" for k, v in sorted((data.get("streams_ended") or {}).items())),
                     data.get("empty_configs"),
-                    _get(data, "ready_latency_seconds", "p50"),
-                    _get(data, "ready_latency_seconds", "p99"),
-                    _get(data, "ready_latency_seconds", "max"),
+                    get(data, "ready_latency_seconds", "p50"),
+                    get(data, "ready_latency_seconds", "p99"),
+                    get(data, "ready_latency_seconds", "max"),
                     data.get("ready_over_100ms"),
                     data.get("ready_failures"),
                 ]
             )
-    out += _table(
+    out += table(
         [
             "streams",
             "event",
@@ -500,7 +347,7 @@ def plots(results: dict[str, Any], suite: str) -> list[str]:
         return []
     IMAGES.mkdir(parents=True, exist_ok=True)
     made = []
-    eds = _get(results, "micro", "compiled", "eds_encoding") or []
+    eds = get(results, "micro", "compiled", "eds_encoding") or []
     if eds:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         labels = [str(e["endpoints"]) for e in eds]
@@ -528,11 +375,11 @@ def plots(results: dict[str, Any], suite: str) -> list[str]:
         ("endpoint_added", "One endpoint added"),
         ("virtual_service_changed", "One VirtualService changed"),
     ):
-        runs = [*results.get("fleet", []), *(_get(results, "peer", "runs") or [])]
+        runs = [*results.get("fleet", []), *(get(results, "peer", "runs") or [])]
         curves = [
-            (f"{r['scenario']} · {r['variant']}", _get(r, change, "latencies_ms"))
+            (f"{r['scenario']} · {r['variant']}", get(r, change, "latencies_ms"))
             for r in runs
-            if _get(r, change, "latencies_ms")
+            if get(r, change, "latencies_ms")
         ]
         if not curves:
             continue
@@ -579,7 +426,7 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         )
         out.append("")
         out += ["### Goals", ""]
-        out += _table(["goal", "target", "measured", "verdict"], goals(results))
+        out += table(["goal", "target", "measured", "verdict"], goals(results))
         out += micro_section(results)
         out += fleet_section(results, plots(results, suite))
         out += peer_section(results)
@@ -627,7 +474,7 @@ def floor_section(results: dict[str, Any]) -> list[str]:
         for floor in floors
         for i, r in enumerate(floor["rounds"])
     ]
-    out += _table(
+    out += table(
         [
             "stands for",
             "message bytes",
@@ -660,21 +507,21 @@ def kube_section(kube: dict[str, Any]) -> list[str]:
         "",
     ]
     rows = [
-        ["raw list of the pods (HTTP + JSON)", f"{_fmt(kube.get('raw_pod_list_seconds'))} s"],
-        ["every informer synced", f"{_fmt(kube.get('synced_seconds'))} s"],
-        ["ready (first snapshot built)", f"{_fmt(kube.get('ready_seconds'))} s"],
+        ["raw list of the pods (HTTP + JSON)", f"{fmt(kube.get('raw_pod_list_seconds'))} s"],
+        ["every informer synced", f"{fmt(kube.get('synced_seconds'))} s"],
+        ["ready (first snapshot built)", f"{fmt(kube.get('ready_seconds'))} s"],
         [
             "services / endpoints indexed",
             f"{kube.get('services', '?')} / {kube.get('endpoints_indexed', '?')}",
         ],
         [
             "RSS before → after",
-            f"{_fmt(kube.get('rss_before_mib'), 1)} → {_fmt(kube.get('rss_after_mib'), 1)} MiB",
+            f"{fmt(kube.get('rss_before_mib'), 1)} → {fmt(kube.get('rss_after_mib'), 1)} MiB",
         ],
-        ["RSS growth (the cluster held)", f"{_fmt(kube.get('rss_growth_mib'), 1)} MiB"],
-        ["peak RSS", f"{_fmt(kube.get('peak_rss_mib'), 1)} MiB"],
+        ["RSS growth (the cluster held)", f"{fmt(kube.get('rss_growth_mib'), 1)} MiB"],
+        ["peak RSS", f"{fmt(kube.get('peak_rss_mib'), 1)} MiB"],
     ]
-    out += _table(["measure", "value"], rows)
+    out += table(["measure", "value"], rows)
     return out
 
 

@@ -23,7 +23,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -32,16 +31,16 @@ from typing import Any
 
 from bench import grpc_floor
 from bench import istiod as peer_istiod
-from bench.fleet import EDS, RDS, TYPES, Fleet, ProxySpec, ack_bytes
+from bench.fleet import EDS, RDS, TYPES, Fleet, ack_bytes
 from bench.kube_stub import KubeStub
+from bench.measure import DEBOUNCE, fleet_specs, log, summary
 from bench.scenario import Scenario, write_yaml
 from bench.server import ServerProcess
+from bench.storm import StormJob, run_storm
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "bench" / "scenarios"
 RESULTS = ROOT / "bench" / "results"
-DEBOUNCE = "100ms"
-DEBOUNCE_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -74,14 +73,6 @@ class FleetJob:
     changes: bool = True
     #: Wait after the initial sync before the steady state is measured.
     settle_seconds: float = 2.0
-
-
-@dataclass(frozen=True)
-class StormJob:
-    scenario: Scenario
-    #: Sample /ready this often while the fleet reconnects.
-    ready_interval: float = 0.05
-    timeout: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -167,43 +158,6 @@ def suites() -> dict[str, Suite]:
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), int(q * len(ordered) + 0.999999)))
-    return ordered[rank - 1]
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    return {
-        "p50": percentile(values, 0.5),
-        "p90": percentile(values, 0.9),
-        "p99": percentile(values, 0.99),
-        "max": max(values),
-    }
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def _specs(scenario: Scenario) -> list[ProxySpec]:
-    out = []
-    for i in range(scenario.proxies):
-        node_id, ip, namespace, labels = scenario.proxy(i)
-        metadata = {
-            "NAMESPACE": namespace,
-            "LABELS": labels,
-            "ISTIO_VERSION": "1.28.0",
-            "CLUSTER_ID": "Kubernetes",
-            "INSTANCE_IPS": ip,
-        }
-        out.append(ProxySpec(node_id, metadata))
-    return out
 
 
 def _histogram(metrics: dict[str, float], name: str) -> dict[str, float]:
@@ -344,7 +298,7 @@ def run_fleet(job: FleetJob, variant: Variant, workdir: Path, kube: KubeStub | N
         result["ready_seconds"] = round(server.start(), 3)
         result["rss_after_load_mib"] = round(server.memory()["rss_mib"], 1)
         cpu = server.cpu_seconds()
-        fleet = Fleet(server.target, _specs(scenario), scenario.route_names(), own_connections=True)
+        fleet = Fleet(server.target, fleet_specs(scenario), scenario.route_names(), own_connections=True)
         fleet.start()
         result["sync_seconds"] = round(fleet.wait_synced(1200), 3)
         result["sync_server_cpu_seconds"] = round(server.cpu_seconds() - cpu, 3)
@@ -399,109 +353,6 @@ def run_fleet(job: FleetJob, variant: Variant, workdir: Path, kube: KubeStub | N
             fleet.stop()
         result["exit_code"] = server.stop()
     return result
-
-
-# -- reconnect storm -------------------------------------------------------------------
-
-
-class ReadyProbe(threading.Thread):
-    """Polls /ready and records how long each answer took (None: no answer within 5 s)."""
-
-    def __init__(self, server: ServerProcess, interval: float) -> None:
-        super().__init__(daemon=True)
-        self.server = server
-        self.interval = interval
-        self.samples: list[tuple[float, float | None, int]] = []
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopping.is_set():
-            started = time.perf_counter()
-            try:
-                status, _ = self.server.get("/ready", timeout=5)
-                self.samples.append((time.time(), time.perf_counter() - started, status))
-            except OSError:
-                self.samples.append((time.time(), None, 0))
-            self.stopping.wait(self.interval)
-
-
-def _reconnect(
-    server: ServerProcess, fleet: Fleet, job: StormJob, reconnect: Callable[[], None]
-) -> dict[str, Any]:
-    """Make every stream reconnect; time until all are synced again on new streams, probing /ready."""
-    before = fleet.status()
-    metrics_before = server.metrics()
-    pid = server.proc.pid if server.proc is not None else None
-    started = time.time()
-    reconnect()
-    if server.proc is None or server.proc.pid != pid:
-        metrics_before = {}  # a new process counts from zero
-    probe = ReadyProbe(server, job.ready_interval)
-    probe.start()
-    cpu = server.cpu_seconds()
-    try:
-        resync = fleet.wait_synced(job.timeout, since=started)
-    finally:
-        probe.stopping.set()
-        probe.join(10)
-    after = fleet.status()
-    latencies = [s[1] for s in probe.samples if s[1] is not None and s[2] == 200]
-    limited = "meshpilot_xds_rate_limited"
-    metrics = server.metrics()
-    return {
-        "resync_seconds": round(resync, 3),
-        "server_cpu_seconds": round(server.cpu_seconds() - cpu, 3),
-        "stream_attempts": after["connects"] - before["connects"],
-        "streams_ended": {
-            code: n - before.get("ended", {}).get(code, 0) for code, n in after.get("ended", {}).items()
-        },
-        "rate_limited": metrics.get(limited, 0.0) - metrics_before.get(limited, 0.0),
-        "empty_configs": after["empty_configs"] - before["empty_configs"],
-        "stream_end_samples": after["samples"],
-        "ready_probes": len(probe.samples),
-        "ready_failures": sum(1 for s in probe.samples if s[1] is None or s[2] != 200),
-        "ready_latency_seconds": summary(latencies),
-        "ready_over_100ms": sum(1 for v in latencies if v > 0.1),
-        # When the slowest answers came (seconds after the reconnect began), to set beside the logs.
-        "ready_slowest": [
-            [round(at - started, 2), None if took is None else round(took, 4)]
-            for at, took, _ in sorted(probe.samples, key=lambda s: -(s[1] or 5.0))[:5]
-        ],
-    }
-
-
-def run_storm(job: StormJob, workdir: Path) -> dict[str, Any]:
-    """Every stream reconnects at once, at istiod's default stream rate: streams dropped, then a restart."""
-    scenario = job.scenario
-    config = workdir / "config"
-    scenario.write(config)
-    server = ServerProcess(config, workdir, extra=["--debounce-after", DEBOUNCE])
-    result: dict[str, Any] = {"scenario": scenario.name, "proxies": scenario.proxies}
-    fleet: Fleet | None = None
-    try:
-        server.start()
-        fleet = Fleet(
-            server.target, _specs(scenario), scenario.route_names(), workers=2, own_connections=True
-        )
-        fleet.start()
-        result["initial_sync_seconds"] = round(fleet.wait_synced(job.timeout), 3)
-        # The streams drop at once (a load balancer reset) and come back to a running server.
-        result["streams_dropped"] = _reconnect(server, fleet, job, fleet.restart)
-
-        # The server restarts (a rollout); proxies retry while it loads and must get no empty config.
-        def restart() -> None:
-            server.restart()
-
-        result["server_restarted"] = _reconnect(server, fleet, job, restart)
-        result["peak_rss_mib"] = round(server.memory()["peak_rss_mib"], 1)
-    finally:
-        if fleet is not None:
-            fleet.stop()
-        server.stop()
-    return result
-
-
-# -- micro benchmarks ------------------------------------------------------------------
 
 
 def run_micro(pure: bool, min_time: float) -> dict[str, Any]:

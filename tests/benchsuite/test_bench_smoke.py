@@ -12,9 +12,11 @@ import pytest
 
 from bench import report
 from bench.fleet import EDS, Fleet, ProxySpec, SimProxy, _names_field
-from bench.run import COMPILED, FleetJob, StormJob, _specs, run_fleet, run_storm
+from bench.measure import fleet_specs
+from bench.run import COMPILED, FleetJob, run_fleet
 from bench.scenario import Scenario
 from bench.server import ServerProcess
+from bench.storm import StormJob, run_storm
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +96,7 @@ def test_fleet_connections_are_shared_or_one_per_proxy(tmp_path: Path, own_conne
     try:
         server.start()
         fleet = Fleet(
-            server.target, _specs(TINY), TINY.route_names(), workers=1, own_connections=own_connections
+            server.target, fleet_specs(TINY), TINY.route_names(), workers=1, own_connections=own_connections
         )
         fleet.start()
         fleet.wait_synced(60)

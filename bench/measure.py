@@ -1,0 +1,49 @@
+"""What every benchmark run shares: percentiles, the run log, and the simulated fleet's proxies."""
+
+from __future__ import annotations
+
+import time
+
+from bench.fleet import ProxySpec
+from bench.scenario import Scenario
+
+#: Every server in the bench, meshpilot or istiod, debounces changes this long.
+DEBOUNCE = "100ms"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..1) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), int(q * len(ordered) + 0.999999)))
+    return ordered[rank - 1]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {
+        "p50": percentile(values, 0.5),
+        "p90": percentile(values, 0.9),
+        "p99": percentile(values, 0.99),
+        "max": max(values),
+    }
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def fleet_specs(scenario: Scenario) -> list[ProxySpec]:
+    """The simulated sidecars of a scenario, with the node metadata they send."""
+    out = []
+    for i in range(scenario.proxies):
+        node_id, ip, namespace, labels = scenario.proxy(i)
+        metadata = {
+            "NAMESPACE": namespace,
+            "LABELS": labels,
+            "ISTIO_VERSION": "1.28.0",
+            "CLUSTER_ID": "Kubernetes",
+            "INSTANCE_IPS": ip,
+        }
+        out.append(ProxySpec(node_id, metadata))
+    return out
