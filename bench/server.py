@@ -82,6 +82,9 @@ class ServerProcess:
             # The webhooks are not benchmarked; off, so :15017 is never bound on every interface.
             "--webhook-addr",
             "off",
+            # The secure port's TLS is measured by the CA benchmark, not by the push benchmarks.
+            "--secure-grpc-addr",
+            "off",
             "--log-level",
             "warn",
             *(extra or []),

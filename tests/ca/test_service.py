@@ -75,14 +75,14 @@ async def _serve(
     return server, Running(port, registry, root)
 
 
-def _key_and_csr(asked: str = "spiffe://cluster.local/ns/kube-system/sa/admin") -> tuple[bytes, str]:
+def _key_and_csr(asked: str | None = None) -> tuple[bytes, str]:
     key = ec.generate_private_key(ec.SECP256R1())
-    csr = (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([]))
-        .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(asked)]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+    builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([]))
+    if asked is not None:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(asked)]), critical=False
+        )
+    csr = builder.sign(key, hashes.SHA256())
     pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -129,13 +129,21 @@ def _client_credentials(authority: CertificateAuthority, identity: str) -> tuple
     return key, "".join(chain[:-1]).encode()
 
 
-async def test_a_client_certificate_renews_for_its_own_identity_whatever_the_csr_asks(
+async def test_a_client_certificate_renews_for_its_own_identity_and_no_other(
     authority: CertificateAuthority, cert_server: Running
 ) -> None:
-    _, csr = _key_and_csr(asked="spiffe://cluster.local/ns/kube-system/sa/admin")
-    response = await _create(cert_server, csr, client=_client_credentials(authority, PRODUCTPAGE))
+    client = _client_credentials(authority, PRODUCTPAGE)
+    _, csr = _key_and_csr(asked=PRODUCTPAGE)
+    response = await _create(cert_server, csr, client=client)
     assert _leaf_uris(response) == [PRODUCTPAGE]
     assert response.cert_chain[-1] == authority.root_pem
+    assert cert_server.metric("citadel_server_success_cert_issuance_count") == 1
+    _, foreign = _key_and_csr(asked="spiffe://cluster.local/ns/kube-system/sa/admin")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _create(cert_server, foreign, client=client)
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert "ns/kube-system/sa/admin" in str(refused.value.details())
+    assert cert_server.metric("citadel_server_csr_sign_err_count", error_type="IDENTITY_ERROR") == 1
     assert cert_server.metric("citadel_server_success_cert_issuance_count") == 1
 
 

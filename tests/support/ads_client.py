@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -21,15 +22,35 @@ def node(node_id: str, metadata: dict[str, Any] | None = None) -> base_pb2.Node:
     return base_pb2.Node(id=node_id, cluster="test", metadata=meta)
 
 
+@dataclass(frozen=True)
+class Secure:
+    """How to reach the secure port: the mesh root, istiod's name, and the caller's credential."""
+
+    root_pem: bytes
+    token: str | None = None
+    client_key_pem: bytes | None = None
+    client_chain_pem: bytes | None = None
+    server_name: str = "istiod.istio-system.svc"
+
+    def channel(self, target: str) -> grpc.aio.Channel:
+        credentials = grpc.ssl_channel_credentials(self.root_pem, self.client_key_pem, self.client_chain_pem)
+        return grpc.aio.secure_channel(
+            target, credentials, options=[("grpc.ssl_target_name_override", self.server_name)]
+        )
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),) if self.token else ()
+
+
 class AdsClient:
-    def __init__(self, target: str) -> None:
-        self.channel = grpc.aio.insecure_channel(target)
+    def __init__(self, target: str, *, secure: Secure | None = None) -> None:
+        self.channel = secure.channel(target) if secure else grpc.aio.insecure_channel(target)
         self._out: asyncio.Queue[discovery_pb2.DiscoveryRequest | None] = asyncio.Queue()
         self.call = self.channel.stream_stream(
             ADS_METHOD,
             request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
             response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
-        )(self._requests())
+        )(self._requests(), metadata=secure.metadata() if secure else None)
         self._in: asyncio.Queue[discovery_pb2.DiscoveryResponse | BaseException] = asyncio.Queue()
         # Cancelling a pending read cancels the whole call, so one task reads everything.
         self._reader = asyncio.get_running_loop().create_task(self._read())
@@ -103,11 +124,13 @@ def lost_status(err: grpc.aio.AioRpcError) -> bool:
     return err.code() is grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
 
 
-async def refusal(target: str, send: Callable[[AdsClient], None], attempts: int = 5) -> grpc.aio.AioRpcError:
+async def refusal(
+    target: str, send: Callable[[AdsClient], None], attempts: int = 5, *, secure: Secure | None = None
+) -> grpc.aio.AioRpcError:
     """The status a server ends a stream with after ``send``'s requests, asking again (on a new stream)
     while grpc.aio loses it to the race above; a served stream fails the caller's test."""
     for _ in range(attempts):
-        client = AdsClient(target)
+        client = AdsClient(target, secure=secure)
         send(client)
         try:
             await client.recv()

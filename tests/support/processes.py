@@ -116,6 +116,9 @@ class Meshpilot(Process):
         self.http_port = free_port()
         self.monitoring_port = free_port()
         self.webhook_port = free_port()
+        self.secure_grpc_port = free_port()
+        #: The mesh CA's self-signed root, kept here (``root-cert.pem``) for clients to trust.
+        self.ca_dir = workdir / "meshpilot-ca"
         argv = [
             sys.executable,
             "-m",
@@ -132,6 +135,10 @@ class Meshpilot(Process):
             # Each process its own port: the default :15017 would clash between tests.
             "--webhook-addr",
             f"127.0.0.1:{self.webhook_port}",
+            "--secure-grpc-addr",
+            f"127.0.0.1:{self.secure_grpc_port}",
+            "--self-signed-ca-dir",
+            str(self.ca_dir),
             "--debounce-after",
             debounce,
             "--log-level",

@@ -13,7 +13,9 @@ bits and curves other than P-256 and P-384 are refused.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cryptography import x509
@@ -30,6 +32,7 @@ MAX_WORKLOAD_TTL = datetime.timedelta(days=90)
 #: Leaves start this far in the past, so a peer whose clock is behind accepts them (istiod's skew).
 CLOCK_SKEW = datetime.timedelta(minutes=2)
 _MIN_RSA_BITS = 2048
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _CURVES = (ec.SECP256R1, ec.SECP384R1)
 
 
@@ -72,11 +75,17 @@ class CertificateAuthority:
         return self._issue(key, names, _lifetime(ttl))
 
     def serving(
-        self, dns_names: list[str], ttl: datetime.timedelta = DEFAULT_WORKLOAD_TTL
+        self,
+        dns_names: list[str],
+        ttl: datetime.timedelta = DEFAULT_WORKLOAD_TTL,
+        ip_addresses: Sequence[IPAddress] = (),
     ) -> tuple[str, list[str]]:
-        """A serving key and chain for istiod's own names (15012, the webhooks), signed by the mesh CA."""
+        """A serving key and chain for istiod's own names (15012, the webhooks), signed by the mesh CA;
+        ``ip_addresses`` for clients that dial an address and check it."""
         key = ec.generate_private_key(ec.SECP256R1())
-        chain = self._issue(key.public_key(), [x509.DNSName(n) for n in dns_names], ttl)
+        names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+        names += [x509.IPAddress(ip) for ip in ip_addresses]
+        chain = self._issue(key.public_key(), names, ttl)
         key_pem = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
@@ -153,6 +162,16 @@ def _lifetime(ttl: datetime.timedelta | None) -> datetime.timedelta:
             f"requested TTL {ttl} is greater than the max allowed TTL {MAX_WORKLOAD_TTL.days} days"
         )
     return ttl
+
+
+def csr_identities(csr_pem: bytes) -> list[str]:
+    """The URI SANs a CSR asks for (none if it parses badly: signing reports that)."""
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except (ValueError, x509.ExtensionNotFound):
+        return []
+    return list(san.value.get_values_for_type(x509.UniformResourceIdentifier))
 
 
 def _csr_public_key(csr_pem: bytes) -> rsa.RSAPublicKey | ec.EllipticCurvePublicKey:

@@ -1,7 +1,8 @@
 """``istio.v1.auth.IstioCertificateService/CreateCertificate``: istiod's checks before signing, in order.
 
-Authenticate (UNAUTHENTICATED: "request authenticate failure"), then sign for the authenticated
-identities (a bad CSR or TTL is INVALID_ARGUMENT, a CA that cannot sign INTERNAL). Each outcome is
+Authenticate (UNAUTHENTICATED: "request authenticate failure"), refuse a CSR that asks for an identity
+the caller does not have (PERMISSION_DENIED; istiod's built-in CA ignores the CSR's names), then sign
+for the authenticated identities (a bad CSR or TTL is INVALID_ARGUMENT, a CA that cannot sign INTERNAL). Each outcome is
 counted under istiod's ``citadel_server_*`` names.
 """
 
@@ -15,7 +16,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from meshpilot._proto.istio.security.v1alpha1 import ca_pb2, ca_pb2_grpc
 from meshpilot.ca.authenticate import Authenticator, Caller
-from meshpilot.ca.authority import CertificateAuthority, CsrError, SigningError, TtlError, requested_ttl
+from meshpilot.ca.authority import (
+    CertificateAuthority,
+    CsrError,
+    SigningError,
+    TtlError,
+    csr_identities,
+    requested_ttl,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,16 @@ class CertificateService(ca_pb2_grpc.IstioCertificateServiceServicer):
             self._metrics.auth_failures.inc()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "request authenticate failure")
         assert caller is not None
+        # The certificate names only the caller's identities anyway; a CSR that asks for another
+        # is refused outright (as istiod's RA mode does), so the mistake or attempt is seen.
+        foreign = [uri for uri in csr_identities(request.csr.encode()) if uri not in caller.identities]
+        if foreign:
+            self._metrics.sign_errors.labels("IDENTITY_ERROR").inc()
+            log.warning("refused a CSR of %s asking for %s", ", ".join(caller.identities), ", ".join(foreign))
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the CSR asks for identities the caller does not have: {', '.join(foreign)}",
+            )
         try:
             ttl = requested_ttl(request.validity_duration)
             chain = self._authority.sign(request.csr.encode(), list(caller.identities), ttl)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from meshpilot import __version__
+from meshpilot.ca.mesh_ca import CaSettings
 from meshpilot.cli import validate
 from meshpilot.config.errors import ConfigError
 from meshpilot.server import logs
@@ -55,6 +57,32 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         type=_address,
         default=Address("", 15010),
         help="plaintext xDS address (default :15010)",
+    )
+    p.add_argument(
+        "--secure-grpc-addr",
+        "--secureGRPCAddr",
+        type=_optional_address,
+        default=Address("", 15012),
+        help="TLS address of xDS and the CA, for agents with a token; 'off' disables (default :15012)",
+    )
+    p.add_argument(
+        "--secure-grpc-client-cert-addr",
+        type=_optional_address,
+        default=None,
+        help="TLS address of xDS and the CA that requires a client certificate of the mesh (default off)",
+    )
+    p.add_argument(
+        "--self-signed-ca-dir",
+        type=Path,
+        default=os.environ.get("MESHPILOT_SELF_SIGNED_CA_DIR") or None,
+        help="off Kubernetes, where the self-signed root is kept across restarts "
+        "(default $MESHPILOT_SELF_SIGNED_CA_DIR; unset: a root for this run only)",
+    )
+    p.add_argument(
+        "--ca-key-algorithm",
+        choices=("rsa", "ecdsa"),
+        default="rsa",
+        help="key of a self-signed root: rsa (2048 bits, istiod's default) or ecdsa (P-256)",
     )
     p.add_argument(
         "--http-addr",
@@ -181,6 +209,13 @@ def _run_discovery(args: argparse.Namespace) -> int:
         config_dir=args.config_dir,
         mesh_config=args.mesh_config,
         grpc_addr=args.grpc_addr,
+        secure_grpc_addr=args.secure_grpc_addr,
+        secure_grpc_client_cert_addr=args.secure_grpc_client_cert_addr,
+        ca=CaSettings(
+            root_ca_dir=Path(env_default("ROOT_CA_DIR", "./etc/cacerts")),
+            self_signed_dir=args.self_signed_ca_dir,
+            algorithm=args.ca_key_algorithm,
+        ),
         http_addr=args.http_addr,
         monitoring_addr=args.monitoring_addr,
         webhook_addr=args.webhook_addr,

@@ -40,6 +40,7 @@ from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
 from meshpilot.server import gc_tuning
 from meshpilot.server.debug import DebugHandlers, DebugSources
 from meshpilot.server.http import ThreadedSite, http_app, monitoring_app, on_loop, start_site
+from meshpilot.server.identity import IdentityPlane
 from meshpilot.server.metrics import Metrics
 from meshpilot.server.settings import DiscoverySettings
 from meshpilot.webhooks.inject.config import InjectionError
@@ -49,6 +50,16 @@ from meshpilot.webhooks.server import WebhookServer
 from meshpilot.xds.server import DiscoveryOptions, DiscoveryServer
 
 log = logging.getLogger(__name__)
+
+#: istiod's gRPC server settings (pilot/pkg/grpc): 4 MiB requests, keepalive, 30-minute connections.
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_connection_age_ms", 30 * 60 * 1000),
+]
 
 #: Kinds whose changes reach proxies through a registry rather than as config pushes.
 _REGISTRY_KINDS = frozenset({Kind.SERVICE_ENTRY, Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP})
@@ -140,8 +151,17 @@ class DiscoveryApp:
         if settings.config_dir is not None:
             self.sources.append(FileSource(settings.config_dir, ObjectRouter(self.store, self.kube)))
         self.kube_controller: KubeController | None = None
+        kube_api: Any | None = None
         if settings.use_kube:
-            self.kube_controller = self._kube_controller(settings)
+            try:
+                kube_api = client_from_kubeconfig(settings.kubeconfig)
+            except KubeError as err:
+                raise ConfigError(str(err)) from None
+            self.kube_controller = self._kube_controller(settings, kube_api)
+        self.identity: IdentityPlane | None = None
+        if settings.secure_grpc_addr is not None or settings.secure_grpc_client_cert_addr is not None:
+            self.identity = IdentityPlane(settings, trust_domain, self.metrics.registry, kube_api)
+            self.server.authenticators = self.identity.authenticators
         # Read at every scrape: files and the API both reject objects, at any time.
         self.metrics.config_rejections.set_function(self._rejection_count)
         debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
@@ -157,6 +177,7 @@ class DiscoveryApp:
                 lambda: self.server.ready,
                 cert_file=settings.tls_cert_file,
                 key_file=settings.tls_key_file,
+                serving=self.identity.serving if self.identity is not None else None,
             )
             # A bad injector directory stops the start with a clear message, as bad TLS flags do.
             try:
@@ -176,12 +197,7 @@ class DiscoveryApp:
             trust_domain=self.env.mesh.trust_domain,
         )
 
-    def _kube_controller(self, settings: DiscoverySettings) -> KubeController:
-        try:
-            api = client_from_kubeconfig(settings.kubeconfig)
-        except KubeError as err:
-            raise ConfigError(str(err)) from None
-
+    def _kube_controller(self, settings: DiscoverySettings, api: Any) -> KubeController:
         return KubeController(
             api,
             ObjectRouter(self.store, self.kube),
@@ -248,21 +264,19 @@ class DiscoveryApp:
 
     async def run(self) -> None:
         settings = self.settings
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 4 * 1024 * 1024),
-                ("grpc.max_send_message_length", 2**31 - 1),
-                ("grpc.keepalive_time_ms", 30_000),
-                ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.max_connection_age_ms", 30 * 60 * 1000),
-            ]
-        )
+        server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers([self.server.grpc_handler()])
         bound = server.add_insecure_port(settings.grpc_addr.grpc_target)
         if bound == 0:
             raise OSError(f"cannot listen on {settings.grpc_addr} for xDS")
         self.grpc_server = server
+        # The secure ports have a server of their own: the CA must not answer on the plaintext port.
+        secure: grpc.aio.Server | None = None
+        secure_bound: list[str] = []
+        if self.identity is not None:
+            secure = grpc.aio.server(options=GRPC_OPTIONS)
+            secure.add_generic_rpc_handlers([self.server.grpc_handler()])
+            secure_bound = self.identity.add_ports(secure)
         runners = []
         tasks: list[asyncio.Task[Any]] = []
         # The HTTP port (/ready, debug) on its own thread: probes must not queue behind pushes.
@@ -281,10 +295,14 @@ class DiscoveryApp:
             if self.webhooks is not None:
                 await self.webhooks.start()
             await server.start()
+            if secure is not None:
+                await secure.start()
             log.info(
-                "meshpilot %s serving: xDS on %s, HTTP on %s, monitoring on %s, webhooks on %s",
+                "meshpilot %s serving: xDS on %s, secure xDS and CA on %s, HTTP on %s, monitoring on %s, "
+                "webhooks on %s",
                 __version__,
                 settings.grpc_addr,
+                ", ".join(secure_bound) or "(off)",
                 settings.http_addr,
                 settings.monitoring_addr,
                 settings.webhook_addr or "(off)",
@@ -293,6 +311,8 @@ class DiscoveryApp:
             if not await self._load_unless_stopped():
                 return
             tasks.append(asyncio.create_task(self.server.run(), name="push"))
+            if self.identity is not None:
+                tasks.append(asyncio.create_task(self.identity.run(self._stop), name="serving certificate"))
             if self.inject_source is not None:
                 tasks.append(asyncio.create_task(self.inject_source.run(self._stop), name="inject config"))
             for source in self.sources:
@@ -300,6 +320,8 @@ class DiscoveryApp:
             await self._stop.wait()
             log.info("shutting down")
         finally:
+            if secure is not None:
+                await secure.stop(settings.shutdown_grace)
             await server.stop(settings.shutdown_grace)
             await http.stop()
             for runner in runners:

@@ -147,6 +147,14 @@ class Metrics:
             "New xDS streams refused by the request rate limit (meshpilot only).",
             registry=r,
         )
+        self.xds_auth_failures = Counter(
+            "meshpilot_xds_auth_failures",
+            "xDS streams refused on the secure port: no credential proved an identity "
+            "(authentication) or none matched the proxy's namespace and service account "
+            "(authorization) (meshpilot only).",
+            ["reason"],
+            registry=r,
+        )
         self.config_rejections = Gauge(
             "meshpilot_config_rejected_objects",
             "Config objects currently rejected by the config directory loader (meshpilot only).",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from meshpilot.ca.mesh_ca import CaSettings
 from meshpilot.config.protojson import parse_go_duration
 
 
@@ -51,6 +52,12 @@ class DiscoverySettings:
     #: MeshConfig YAML; istiod's defaults when None.
     mesh_config: Path | None = None
     grpc_addr: Address = Address("", 15010)
+    #: TLS port of ADS and the CA (istiod's 15012); None turns it off.
+    secure_grpc_addr: Address | None = Address("", 15012)
+    #: A second TLS port of ADS and the CA that requires a client certificate of the mesh; None: off.
+    secure_grpc_client_cert_addr: Address | None = None
+    #: Where the CA's key comes from.
+    ca: CaSettings = field(default_factory=CaSettings)
     http_addr: Address = Address("", 8080)
     monitoring_addr: Address = Address("", 15014)
     #: HTTPS address of the admission webhooks; None turns them off.

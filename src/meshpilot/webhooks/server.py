@@ -16,10 +16,11 @@ from pathlib import Path
 
 from aiohttp import web
 
+from meshpilot.ca.serving import ServingCertificate
 from meshpilot.server.metrics import Metrics
 from meshpilot.server.settings import Address
 from meshpilot.webhooks.admission import ReviewHandler, answer
-from meshpilot.webhooks.tls import server_context
+from meshpilot.webhooks.tls import server_context, serving_context
 from meshpilot.webhooks.validate import ValidationHandler
 
 log = logging.getLogger(__name__)
@@ -39,12 +40,15 @@ class WebhookServer:
         *,
         cert_file: Path | None = None,
         key_file: Path | None = None,
+        serving: ServingCertificate | None = None,
     ) -> None:
         self.address = address
         self.metrics = metrics
         self._ready = ready
         self._cert_file = cert_file
         self._key_file = key_file
+        #: istiod's certificate from the mesh CA, used when no files are given; followed on renewal.
+        self._serving = serving
         self._handlers: dict[str, tuple[ReviewHandler, Callable[[int], None] | None]] = {}
         self._runner: web.AppRunner | None = None
         #: PEM of the certificate served, once started (what a caBundle would hold).
@@ -82,7 +86,10 @@ class WebhookServer:
 
     async def start(self) -> None:
         context: ssl.SSLContext
-        context, self.cert_pem = server_context(self._cert_file, self._key_file, self.address.host)
+        if self._serving is not None and self._cert_file is None and self._key_file is None:
+            context, self.cert_pem = serving_context(self._serving)
+        else:
+            context, self.cert_pem = server_context(self._cert_file, self._key_file, self.address.host)
         runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(

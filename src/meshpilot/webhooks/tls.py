@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from meshpilot.ca.serving import ServingCertificate, ServingPair
 from meshpilot.config.errors import ConfigError
 
 #: The names istiod's own certificate carries for the webhook Service.
@@ -94,3 +95,23 @@ def server_context(cert_file: Path | None, key_file: Path | None, host: str) -> 
         key_path.write_bytes(generated.key_pem)
         context.load_cert_chain(cert_path, key_path)
     return context, generated.cert_pem
+
+
+def serving_context(serving: ServingCertificate) -> tuple[ssl.SSLContext, bytes]:
+    """A context serving istiod's certificate from the mesh CA, reloaded at each renewal (new
+    handshakes get the new pair), and the mesh root: what a caBundle holds."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+
+    def load(pair: ServingPair) -> None:
+        # ssl loads certificates only from files; they live only as long as loading takes.
+        with tempfile.TemporaryDirectory(prefix="meshpilot-webhook-") as tmp:
+            cert_path, key_path = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
+            cert_path.write_bytes(pair.chain_pem)
+            key_path.touch(mode=0o600)
+            key_path.write_bytes(pair.key_pem)
+            context.load_cert_chain(cert_path, key_path)
+
+    load(serving.current)
+    serving.subscribe(load)
+    return context, serving.authority.root_pem.encode()

@@ -59,6 +59,8 @@ class Connection:
 
     proxy: Proxy
     peer: str
+    #: The SPIFFE identity that authorized the stream (the secure port); "" when anonymous.
+    identity: str = ""
     id: str = ""
     connected_at: float = field(default_factory=time.time)
     watched: dict[str, WatchedResource] = field(default_factory=dict)

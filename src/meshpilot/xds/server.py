@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
+from meshpilot.ca.authenticate import Authenticator
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex, PushType, ShardKey
@@ -32,6 +33,7 @@ from meshpilot.push.debounce import DebounceOptions, debounce
 from meshpilot.push.environment import push_version
 from meshpilot.push.queue import PushQueue
 from meshpilot.server.metrics import Metrics
+from meshpilot.xds.auth import authenticate, is_tls
 from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, new_token
 from meshpilot.xds.connection import Connection
 from meshpilot.xds.generators import Generator, generators_by_metadata, sidecar_generators
@@ -100,6 +102,8 @@ class DiscoveryServer:
         self._versions = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[Callable[[PushRequest], None]] = []
+        #: Who may connect over TLS (the secure port); plaintext streams are anonymous.
+        self.authenticators: Sequence[Authenticator] = ()
 
     def generators_for(self, proxy: Proxy) -> Mapping[TypeUrl, Generator]:
         """The generators serving ``proxy``: its GENERATOR's first, then the defaults (istiod's order)."""
@@ -285,7 +289,16 @@ class DiscoveryServer:
         if not await self._stream_limit.acquire(self.options.request_wait):
             self.metrics.rate_limited.inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request rate limit exceeded")
-        await AdsStream(self, context).run(requests)
+        identities: tuple[str, ...] | None = None
+        if is_tls(context):
+            caller = await authenticate(self.authenticators, context)
+            if caller is None:
+                self.metrics.xds_auth_failures.labels("authentication").inc()
+                log.info("ADS: refused %s: no credential proved an identity", context.peer())
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "authentication failure")
+                return
+            identities = caller.identities
+        await AdsStream(self, context, identities).run(requests)
 
     async def delta_aggregated_resources(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(

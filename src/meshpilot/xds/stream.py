@@ -21,6 +21,7 @@ from meshpilot.model.proxy import InvalidNode, NodeMetadata, locality_label, par
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.networking import wire
 from meshpilot.xds import protocol, request_head
+from meshpilot.xds.auth import AuthorizationError, authorize
 from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.dependencies import proxy_needs_push
 from meshpilot.xds.generators.base import GenerationContext, Generator, digest_of, names_of
@@ -59,9 +60,16 @@ def _scan(raw: bytes) -> _Incoming:
 class AdsStream:
     """Serves one SotW ADS stream for one proxy."""
 
-    def __init__(self, server: DiscoveryServer, context: grpc.aio.ServicerContext) -> None:
+    def __init__(
+        self,
+        server: DiscoveryServer,
+        context: grpc.aio.ServicerContext,
+        identities: tuple[str, ...] | None = None,
+    ) -> None:
         self.server = server
         self.context = context
+        #: What the secure port's credential proved; None on the plaintext port (not checked).
+        self.identities = identities
         self.events: asyncio.PriorityQueue[tuple[int, int, Any]] = asyncio.PriorityQueue()
         self.conn: Connection | None = None
         #: Chosen once the node is known (its metadata may select other generators).
@@ -109,10 +117,19 @@ class AdsStream:
         except InvalidNode as err:
             await self.context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             raise  # abort raises; this keeps type checkers informed
+        verified = ""
+        if self.identities is not None:
+            try:
+                verified = authorize(proxy, self.identities)
+            except AuthorizationError as err:
+                self.server.metrics.xds_auth_failures.labels("authorization").inc()
+                log.info("ADS: refused %s: %s", node.id, err)
+                await self.context.abort(grpc.StatusCode.PERMISSION_DENIED, f"authorization failed: {err}")
+                raise
         push = self.server.push_context
         assert push is not None, "streams are accepted only once ready"
         self.server.env.refresh_proxy(proxy, push)
-        return Connection(proxy=proxy, peer=self.context.peer())
+        return Connection(proxy=proxy, peer=self.context.peer(), identity=verified)
 
     async def _parse(self, raw: bytes) -> discovery_pb2.DiscoveryRequest:
         try:
