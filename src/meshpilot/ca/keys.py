@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,49 +82,83 @@ def self_signed_root(trust_domain: str, key: SigningPrivateKey, now: datetime.da
     )
 
 
-def load_plugged(
-    directory: Path,
-) -> tuple[SigningKey, tuple[x509.Certificate, ...], tuple[x509.Certificate, ...]]:
+#: A plugged-in CA as loaded: (signing key, chain above it without the root, roots).
+PluggedCa = tuple[SigningKey, tuple[x509.Certificate, ...], tuple[x509.Certificate, ...]]
+
+
+def load_plugged(directory: Path) -> PluggedCa:
     """A plugged-in CA from ``directory``: (signing key, chain above it without the root, roots).
 
     Refused with a clear error when a file is missing or unreadable, when the key does not match the
     certificate, or when the signing certificate is not a CA.
     """
-    files = {name: directory / name for name in (CA_CERT, CA_KEY, ROOT_CERT)}
-    missing = [name for name, path in files.items() if not path.is_file()]
+    names = (CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN)
+    files = {name: (directory / name).read_bytes() for name in names if (directory / name).is_file()}
+    return load_plugged_files(files, str(directory))
+
+
+def load_plugged_files(files: Mapping[str, bytes], where: str) -> PluggedCa:
+    """``load_plugged`` over file contents by name (a Secret's data), ``where`` naming them in errors.
+
+    An empty file counts as missing (istiod's ``istio-ca-secret`` holds empty ``cert-chain.pem`` and
+    ``key.pem``).
+    """
+    missing = [name for name in (CA_CERT, CA_KEY, ROOT_CERT) if not files.get(name)]
     if missing:
-        raise ConfigError(f"{directory}: plugged-in CA is missing {', '.join(missing)}")
+        raise ConfigError(f"{where}: plugged-in CA is missing {', '.join(missing)}")
     try:
-        certificate = x509.load_pem_x509_certificate(files[CA_CERT].read_bytes())
-        loaded = serialization.load_pem_private_key(files[CA_KEY].read_bytes(), password=None)
+        certificate = x509.load_pem_x509_certificate(files[CA_CERT])
+        loaded = serialization.load_pem_private_key(files[CA_KEY], password=None)
     except TypeError:
-        raise ConfigError(f"{directory}/{CA_KEY} is encrypted; the CA needs it unencrypted") from None
+        raise ConfigError(f"{where}: {CA_KEY} is encrypted; the CA needs it unencrypted") from None
     except ValueError as err:
-        raise ConfigError(f"{directory}: plugged-in CA does not parse: {err}") from None
+        raise ConfigError(f"{where}: plugged-in CA does not parse: {err}") from None
     try:
-        roots = tuple(x509.load_pem_x509_certificates(files[ROOT_CERT].read_bytes()))
-        chain_file = directory / CERT_CHAIN
-        chain = (
-            tuple(x509.load_pem_x509_certificates(chain_file.read_bytes())) if chain_file.is_file() else ()
-        )
+        roots = tuple(x509.load_pem_x509_certificates(files[ROOT_CERT]))
+        chain_pem = files.get(CERT_CHAIN)
+        chain = tuple(x509.load_pem_x509_certificates(chain_pem)) if chain_pem else ()
     except ValueError as err:
-        raise ConfigError(f"{directory}: plugged-in CA does not parse: {err}") from None
+        raise ConfigError(f"{where}: plugged-in CA does not parse: {err}") from None
     if not isinstance(loaded, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
-        raise ConfigError(f"{directory}/{CA_KEY}: RSA or ECDSA key required")
+        raise ConfigError(f"{where}: {CA_KEY}: RSA or ECDSA key required")
     if _public_bytes(loaded.public_key()) != _public_bytes(certificate.public_key()):
-        raise ConfigError(f"{directory}: {CA_KEY} is not the key of {CA_CERT}")
+        raise ConfigError(f"{where}: {CA_KEY} is not the key of {CA_CERT}")
     try:
         is_ca = certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     except x509.ExtensionNotFound:
         is_ca = False
     if not is_ca:
-        raise ConfigError(f"{directory}/{CA_CERT} is not a CA certificate")
+        raise ConfigError(f"{where}: {CA_CERT} is not a CA certificate")
     # cert-chain.pem starts with the signing certificate itself in istiod's layout; the chain above
     # it is what follows, up to (not including) a root.
     above = tuple(c for c in chain if c != certificate and c not in roots)
     if not _chains_to(certificate, above, roots):
-        raise ConfigError(f"{directory}: {CA_CERT} does not chain through {CERT_CHAIN} to {ROOT_CERT}")
+        raise ConfigError(f"{where}: {CA_CERT} does not chain through {CERT_CHAIN} to {ROOT_CERT}")
     return SigningKey(loaded, certificate), above, roots
+
+
+def load_self_signed_files(files: Mapping[str, bytes], where: str) -> SigningKey:
+    """A kept self-signed root from its ``ca-cert.pem`` and ``ca-key.pem`` (the rest is ignored, as
+    istiod ignores it: the root is ``ca-cert.pem`` itself)."""
+    kept = {name: files.get(name, b"") for name in (CA_CERT, CA_KEY)}
+    signing, _, _ = load_plugged_files({**kept, ROOT_CERT: kept[CA_CERT]}, where)
+    if not signing.is_root:
+        raise ConfigError(f"{where}: {CA_CERT} is not a self-signed root")
+    return signing
+
+
+def new_self_signed(
+    trust_domain: str, algorithm: str = "rsa", now: datetime.datetime | None = None
+) -> tuple[SigningKey, dict[str, bytes]]:
+    """A new self-signed root and the files that keep it: ``ca-cert.pem``, ``root-cert.pem`` (the
+    certificate) and ``ca-key.pem`` (the PKCS#8 key, unencrypted)."""
+    key = new_key(algorithm)
+    certificate = self_signed_root(trust_domain, key, now or datetime.datetime.now(datetime.UTC))
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    cert_pem = certificate.public_bytes(serialization.Encoding.PEM)
+    return SigningKey(key, certificate), {ROOT_CERT: cert_pem, CA_CERT: cert_pem, CA_KEY: key_pem}
 
 
 def load_or_create_self_signed(
@@ -135,19 +170,14 @@ def load_or_create_self_signed(
         if not signing.is_root:
             raise ConfigError(f"{directory}: {CA_CERT} is not a self-signed root")
         return signing
-    key = new_key(algorithm)
-    certificate = self_signed_root(trust_domain, key, now or datetime.datetime.now(datetime.UTC))
+    signing, files = new_self_signed(trust_domain, algorithm, now)
     directory.mkdir(parents=True, exist_ok=True)
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    cert_pem = certificate.public_bytes(serialization.Encoding.PEM)
     for name in (ROOT_CERT, CA_CERT):
-        (directory / name).write_bytes(cert_pem)
+        (directory / name).write_bytes(files[name])
     # The key last: a start interrupted before it leaves a clear "missing ca-key.pem", not a key
     # without its certificate.
-    _write_private(directory / CA_KEY, key_pem)
-    return SigningKey(key, certificate)
+    _write_private(directory / CA_KEY, files[CA_KEY])
+    return signing
 
 
 def _chains_to(

@@ -2,8 +2,8 @@
 
 Authenticate (UNAUTHENTICATED: "request authenticate failure"), refuse a CSR that asks for an identity
 the caller does not have (PERMISSION_DENIED; istiod's built-in CA ignores the CSR's names), then sign
-for the authenticated identities (a bad CSR or TTL is INVALID_ARGUMENT, a CA that cannot sign INTERNAL). Each outcome is
-counted under istiod's ``citadel_server_*`` names.
+for the authenticated identities (a bad CSR or TTL is INVALID_ARGUMENT, a CA that cannot sign
+INTERNAL). Each outcome is counted under istiod's ``citadel_server_*`` names.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ from meshpilot.kube.client import KubeError, client_from_kubeconfig
 from meshpilot.kube.controller import KubeController, KubeOptions
 from meshpilot.kube.leader import LeaseTimings
 from meshpilot.kube.metrics import KubeMetrics
+from meshpilot.kube.namespaces import selectors_of
+from meshpilot.kube.root_cert import RootCertPublisher
+from meshpilot.kube.webhook_ca import WebhookCaPatcher
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
@@ -162,6 +165,9 @@ class DiscoveryApp:
         if settings.secure_grpc_addr is not None or settings.secure_grpc_client_cert_addr is not None:
             self.identity = IdentityPlane(settings, trust_domain, self.metrics.registry, kube_api)
             self.server.authenticators = self.identity.authenticators
+        self._kube_api = kube_api
+        self.root_certs: RootCertPublisher | None = None
+        self.webhook_ca: WebhookCaPatcher | None = None
         # Read at every scrape: files and the API both reject objects, at any time.
         self.metrics.config_rejections.set_function(self._rejection_count)
         debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
@@ -226,6 +232,8 @@ class DiscoveryApp:
     def _on_mesh(self, mesh: Any) -> None:
         """A new MeshConfig (from the ConfigMap): everything may change, so every proxy gets a full push."""
         self.env.mesh = mesh
+        if self.root_certs is not None:
+            self.root_certs.set_discovery_selectors(selectors_of(mesh))
         if self.server.ready:
             log.info("MeshConfig changed: pushing to all proxies")
             self.server.config_update(PushRequest(full=True, reasons=Counter({TriggerReason.GLOBAL: 1})))
@@ -311,6 +319,7 @@ class DiscoveryApp:
             if not await self._load_unless_stopped():
                 return
             tasks.append(asyncio.create_task(self.server.run(), name="push"))
+            self._start_publishing_root()
             if self.identity is not None:
                 tasks.append(asyncio.create_task(self.identity.run(self._stop), name="serving certificate"))
             if self.inject_source is not None:
@@ -328,6 +337,9 @@ class DiscoveryApp:
                 await runner.cleanup()
             if self.webhooks is not None:
                 await self.webhooks.stop()
+            for component in (self.webhook_ca, self.root_certs):
+                if component is not None:
+                    await component.stop()
             if self.kube_controller is not None:
                 await self.kube_controller.stop()
             for task in tasks:
@@ -335,6 +347,20 @@ class DiscoveryApp:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    def _start_publishing_root(self) -> None:
+        """On Kubernetes: the root as the ``istio-ca-root-cert`` ConfigMap of every watched namespace,
+        and as the caBundle of istiod's webhooks when they serve the CA's certificate."""
+        if self.identity is None or self._kube_api is None:
+            return
+        root = self.identity.authority.root_pem
+        self.root_certs = RootCertPublisher(
+            self._kube_api, root, selectors=selectors_of(self.env.mesh), registry=self.metrics.registry
+        )
+        self.root_certs.start()
+        if self.webhooks is not None and self.settings.tls_cert_file is None:
+            self.webhook_ca = WebhookCaPatcher(self._kube_api, root)
+            self.webhook_ca.start()
 
     async def _load_unless_stopped(self) -> bool:
         """Load, unless a stop comes first (an API server that never answers must not block shutdown)."""
