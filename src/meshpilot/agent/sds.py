@@ -4,9 +4,10 @@ In a pod pilot-agent serves two secrets on a Unix socket that the bootstrap's
 ``sds-grpc`` cluster points at: ``default`` (the workload's certificate chain
 and key) and ``ROOTCA`` (the roots to verify peers with), and the files a
 DestinationRule names for TLS origination (``file-cert:``, ``file-root:``). Envoy keeps
-clusters and listeners that reference them warming until they arrive. This
-server serves them from PEM files; the certificates are re-read when the
-files change, and every stream gets the new ones.
+clusters and listeners that reference them warming until they arrive. The
+credentials come from PEM files (fixed) or from a source that rotates them
+(``WorkloadSecrets``); on a rotation every open stream is sent the secrets it
+watches again, under a new version.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
@@ -95,23 +97,46 @@ def file_secret(name: str) -> secret_pb2.Secret | None:
     return None
 
 
+class CredentialSource(Protocol):
+    """Credentials that change (``WorkloadSecrets``): the current ones, and a call on each change."""
+
+    def current(self) -> WorkloadCredentials: ...
+
+    def subscribe(self, callback: Callable[[WorkloadCredentials], None]) -> None: ...
+
+
 class SdsServer:
-    """SotW SDS over gRPC for one workload."""
+    """SotW SDS over gRPC for one workload.
+
+    Per stream, as the xDS protocol has it: a request without a nonce (a new or
+    resumed stream) or with other names is answered; one whose nonce is the last
+    response's is an ACK or a NACK and is not answered; one with an older nonce
+    replies to a response already superseded and is ignored. A change of the
+    credentials is sent, under a new version, to each stream whose secrets it changes.
+    """
 
     def __init__(self, credentials: WorkloadCredentials) -> None:
         self._credentials = credentials
+        #: Bumped on every change; streams wait for it to differ from the one they sent.
         self._version = 1
-        self._changed = asyncio.Condition()
+        #: Set (and replaced) on every change, waking every stream.
+        self._changed = asyncio.Event()
+
+    def replace(self, credentials: WorkloadCredentials) -> None:
+        """Replace the credentials; every stream sends the secrets that changed."""
+        self._credentials = credentials
+        self._version += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     async def update(self, credentials: WorkloadCredentials) -> None:
-        """Replace the credentials; every stream sends them again."""
-        async with self._changed:
-            self._credentials = credentials
-            self._version += 1
-            self._changed.notify_all()
+        """``replace``, for callers that await."""
+        self.replace(credentials)
 
-    def _response(self, names: frozenset[str]) -> discovery_pb2.DiscoveryResponse:
-        secrets = [s for s in (self._credentials.secret(n) for n in sorted(names)) if s is not None]
+    def _secrets(self, names: frozenset[str]) -> list[secret_pb2.Secret]:
+        return [s for s in (self._credentials.secret(n) for n in sorted(names)) if s is not None]
+
+    def _response(self, secrets: list[secret_pb2.Secret]) -> discovery_pb2.DiscoveryResponse:
         return discovery_pb2.DiscoveryResponse(
             version_info=str(self._version),
             type_url=SECRET_TYPE,
@@ -124,6 +149,8 @@ class SdsServer:
     ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
         names: frozenset[str] = frozenset()
         sent_version = 0
+        last_nonce = ""
+        sent: list[secret_pb2.Secret] = []
         incoming: asyncio.Queue[discovery_pb2.DiscoveryRequest | None] = asyncio.Queue()
 
         async def read() -> None:
@@ -145,23 +172,31 @@ class SdsServer:
                     request = get.result()
                     if request is None:
                         return
+                    if request.response_nonce and request.response_nonce != last_nonce:
+                        continue  # answers a response already superseded; the newer one is on its way
                     if request.HasField("error_detail"):
                         log.warning("SDS: Envoy rejected secrets: %s", request.error_detail.message)
                         continue
                     wanted = frozenset(request.resource_names)
-                    if not request.response_nonce or wanted != names:
-                        names = wanted
-                        sent_version = self._version
-                        yield self._response(names)
-                elif names:
+                    if request.response_nonce and wanted == names:
+                        continue  # an ACK
+                    names = wanted
+                elif not names or self._secrets(names) == sent:
+                    # Nothing this stream watches changed (the root is often the same after a
+                    # rotation): Envoy is not made to rebuild a TLS context for nothing.
                     sent_version = self._version
-                    yield self._response(names)
+                    continue
+                sent_version = self._version
+                sent = self._secrets(names)
+                response = self._response(sent)
+                last_nonce = response.nonce
+                yield response
         finally:
             reader.cancel()
 
     async def _wait_change(self, seen: int) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._version != seen)
+        while self._version == seen:
+            await self._changed.wait()
 
     def grpc_handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -176,9 +211,18 @@ class SdsServer:
         )
 
 
-async def serve_sds(credentials: WorkloadCredentials, address: str) -> tuple[grpc.aio.Server, SdsServer]:
-    """Start an SDS server on ``address`` (``unix:///path`` or ``host:port``)."""
-    sds = SdsServer(credentials)
+async def serve_sds(
+    source: WorkloadCredentials | CredentialSource, address: str
+) -> tuple[grpc.aio.Server, SdsServer]:
+    """Start an SDS server on ``address`` (``unix:///path`` or ``host:port``).
+
+    ``source`` is fixed credentials, or a ``CredentialSource`` whose changes are pushed to Envoy.
+    """
+    if isinstance(source, WorkloadCredentials):
+        sds = SdsServer(source)
+    else:
+        sds = SdsServer(source.current())
+        source.subscribe(sds.replace)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([sds.grpc_handler()])
     if server.add_insecure_port(address) == 0:
