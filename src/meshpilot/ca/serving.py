@@ -32,7 +32,8 @@ class ServingPair:
     key_pem: bytes
     chain_pem: bytes
     not_after: datetime.datetime
-    not_before: datetime.datetime
+    #: When it was made: its life counts from here, not from notBefore, which is backdated for skew.
+    issued_at: datetime.datetime
 
 
 class ServingCertificate:
@@ -64,7 +65,7 @@ class ServingCertificate:
         # The chain served ends below the root: a client has the root and a served root is ignored.
         served = "".join(chain[:-1]) if len(chain) > 1 else chain[0]
         return ServingPair(
-            key_pem.encode(), served.encode(), leaf.not_valid_after_utc, leaf.not_valid_before_utc
+            key_pem.encode(), served.encode(), leaf.not_valid_after_utc, datetime.datetime.now(datetime.UTC)
         )
 
     @property
@@ -87,7 +88,7 @@ class ServingCertificate:
 
     def renew_at(self) -> datetime.datetime:
         pair = self.current
-        return pair.not_before + (pair.not_after - pair.not_before) * self._renew_ratio
+        return pair.issued_at + (pair.not_after - pair.issued_at) * self._renew_ratio
 
     async def run(self, stop: asyncio.Event) -> None:
         """Renew at the chosen share of each certificate's life until ``stop``; a failure retries."""

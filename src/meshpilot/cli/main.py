@@ -265,6 +265,9 @@ def _add_agent(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sds.add_argument("--root-cert", type=Path, required=True, help="PEM roots that peers' chains end in")
     sds.add_argument("--log-level", default="info", choices=sorted(logs.LEVELS))
     sds.set_defaults(run=_run_sds)
+    from meshpilot.agent.command import add_parser as add_proxy
+
+    add_proxy(agent_sub)
 
 
 def _run_sds(args: argparse.Namespace) -> int:

@@ -1,0 +1,80 @@
+"""istiod's serving certificate: renewed at half its life, and the secure port serves the new one to
+the next handshake without a restart, while a connection made before keeps working."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import socket
+import ssl
+from pathlib import Path
+
+import grpc
+from cryptography import x509
+
+from meshpilot.ca.authority import CertificateAuthority
+from meshpilot.ca.keys import load_or_create_self_signed
+from meshpilot.ca.serving import ServingCertificate, istiod_dns_names
+from meshpilot.server.secure_grpc import server_credentials
+
+ISTIOD = "istiod.istio-system.svc"
+
+
+def _authority(tmp_path: Path) -> CertificateAuthority:
+    signing = load_or_create_self_signed(tmp_path, "cluster.local", "ecdsa")
+    return CertificateAuthority(signing, (), (signing.certificate,))
+
+
+def _served_serial(port: int, root: str) -> int:
+    context = ssl.create_default_context(cadata=root)
+    context.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname=ISTIOD) as tls:
+            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True) or b"").serial_number
+
+
+def test_istiods_names_in_its_namespace() -> None:
+    assert istiod_dns_names("mesh", "example.org", ("localhost",)) == [
+        "istiod",
+        "istiod.mesh",
+        "istiod.mesh.svc",
+        "istiod.mesh.svc.example.org",
+        "localhost",
+    ]
+
+
+async def test_a_renewal_reaches_the_next_handshake_and_run_renews_at_half_life(tmp_path: Path) -> None:
+    authority = _authority(tmp_path)
+    serving = ServingCertificate(authority, [ISTIOD], ttl=datetime.timedelta(seconds=4))
+    renewed: list[int] = []
+    serving.subscribe(
+        lambda pair: renewed.append(x509.load_pem_x509_certificate(pair.chain_pem).serial_number)
+    )
+    server = grpc.aio.server()
+    port = server.add_secure_port("127.0.0.1:0", server_credentials(serving))
+    await server.start()
+    try:
+        root = authority.root_pem
+        # A channel made now keeps working across the renewals below.
+        channel = grpc.aio.secure_channel(
+            f"127.0.0.1:{port}",
+            grpc.ssl_channel_credentials(root.encode()),
+            options=[("grpc.ssl_target_name_override", ISTIOD)],
+        )
+        await asyncio.wait_for(channel.channel_ready(), 5)
+        first = await asyncio.to_thread(_served_serial, port, root)
+        stop = asyncio.Event()
+        runner = asyncio.create_task(serving.run(stop))
+        started = asyncio.get_running_loop().time()
+        while not renewed and asyncio.get_running_loop().time() - started < 10:
+            await asyncio.sleep(0.1)
+        assert renewed, "renewed within its life"
+        # Half of four seconds, not at once (its notBefore is backdated two minutes for skew).
+        assert asyncio.get_running_loop().time() - started >= 1.5
+        assert await asyncio.to_thread(_served_serial, port, root) == renewed[-1] != first
+        assert channel.get_state() is grpc.ChannelConnectivity.READY
+        stop.set()
+        await asyncio.wait_for(runner, 5)
+        await channel.close()
+    finally:
+        await server.stop(None)
