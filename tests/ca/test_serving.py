@@ -28,9 +28,11 @@ def _authority(tmp_path: Path) -> CertificateAuthority:
 def _served_serial(port: int, root: str) -> int:
     context = ssl.create_default_context(cadata=root)
     context.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        with context.wrap_socket(raw, server_hostname=ISTIOD) as tls:
-            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True) or b"").serial_number
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname=ISTIOD) as tls,
+    ):
+        return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True) or b"").serial_number
 
 
 def test_istiods_names_in_its_namespace() -> None:
