@@ -14,7 +14,7 @@ from cryptography import x509
 
 from meshpilot.ca.authority import CertificateAuthority
 from meshpilot.ca.keys import load_or_create_self_signed
-from meshpilot.ca.serving import ServingCertificate, istiod_dns_names
+from meshpilot.ca.serving import ServingCertificate, ServingPair, istiod_dns_names
 from meshpilot.server.secure_grpc import server_credentials
 
 ISTIOD = "istiod.istio-system.svc"
@@ -49,9 +49,13 @@ async def test_a_renewal_reaches_the_next_handshake_and_run_renews_at_half_life(
     authority = _authority(tmp_path)
     serving = ServingCertificate(authority, [ISTIOD], ttl=datetime.timedelta(seconds=4))
     renewed: list[int] = []
-    serving.subscribe(
-        lambda pair: renewed.append(x509.load_pem_x509_certificate(pair.chain_pem).serial_number)
-    )
+    renewal = asyncio.Event()
+
+    def on_renewal(pair: ServingPair) -> None:
+        renewed.append(x509.load_pem_x509_certificate(pair.chain_pem).serial_number)
+        renewal.set()
+
+    serving.subscribe(on_renewal)
     server = grpc.aio.server()
     port = server.add_secure_port("127.0.0.1:0", server_credentials(serving))
     await server.start()
@@ -68,9 +72,7 @@ async def test_a_renewal_reaches_the_next_handshake_and_run_renews_at_half_life(
         stop = asyncio.Event()
         runner = asyncio.create_task(serving.run(stop))
         started = asyncio.get_running_loop().time()
-        while not renewed and asyncio.get_running_loop().time() - started < 10:
-            await asyncio.sleep(0.1)
-        assert renewed, "renewed within its life"
+        await asyncio.wait_for(renewal.wait(), 10)
         # Half of four seconds, not at once (its notBefore is backdated two minutes for skew).
         assert asyncio.get_running_loop().time() - started >= 1.5
         assert await asyncio.to_thread(_served_serial, port, root) == renewed[-1] != first
