@@ -20,14 +20,14 @@ the annotations file. Outside a pod the agent also gets:
 
 Nothing else binds a fixed port: the DNS proxy (15053) starts only with ``ISTIO_META_DNS_CAPTURE``, the STS
 server only with ``--stsPort``, and the XDS and SDS servers are Unix sockets under the working directory.
-No service-account token is mounted (``./var/run/secrets/tokens/istio-token``): the agent warns and sends
-no bearer token.
+Tests 2 and 3 mount no service-account token (``./var/run/secrets/tokens/istio-token``): the agent warns
+and sends no bearer token.
 
 1. istiod's defaults (``controlPlaneAuthPolicy: MUTUAL_TLS``, ``CA_ADDR`` = discoveryAddress = meshpilot's
-   plaintext port): the agent's CA client (Citadel) dials ``CA_ADDR`` with TLS for the workload
-   certificate, and its xDS proxy dials discoveryAddress with TLS; meshpilot has no CA and no TLS port
-   (issue 15), so both handshakes fail and Envoy never gets config. Expected to fail until then; delta is
-   off here so that this test waits on the CA alone.
+   secure port), with the pod's token from a real API server's TokenRequest (audience istio-ca), which
+   meshpilot has that API server review, and the mesh root as the ``istio-ca-root-cert`` ConfigMap
+   meshpilot published: the agent's CA client gets the workload certificate from meshpilot's CA, its xDS
+   proxy the config over TLS, and its Envoy carries a request. Delta is off here (see 3).
 2. ``controlPlaneAuthPolicy: NONE``, the workload certificate mounted as files
    (``./var/run/secrets/workload-spiffe-credentials``: the agent skips the CA and serves Envoy's SDS from
    them) and ``ISTIO_DELTA_XDS=false``: the agent's Envoy gets its config from meshpilot through the agent's
@@ -70,12 +70,16 @@ from support.agent_harness import (
     AgentRun,
     EnvoyNeverReady,
     PilotAgent,
+    SecureControlPlane,
     check_traffic,
     prepare_agent,
     start_mesh,
     wait_ready,
 )
 from support.golden import AGENT_ISTIO_VERSION
+from support.kube import namespace
+from support.real_kube import RealKubeApiServer, service_account_token
+from support.wait import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.envoy, pytest.mark.reference]
 
@@ -88,8 +92,9 @@ RUN_VALUES = {
 }
 GOLDEN = Path(__file__).resolve().parents[1] / "reference" / "agent_node_metadata.json"
 
-#: Test 1's failing step, each pattern a line the agent logs: the CA client's CSR and (at debug level)
-#: the xDS proxy's upstream stream, both over TLS to meshpilot's plaintext port.
+#: How test 1 failed before meshpilot had a CA (each pattern a line the agent logs): the CA client's CSR
+#: and (at debug level) the xDS proxy's upstream stream, both over TLS to a plaintext port. Named in the
+#: failure if it ever comes back.
 NOT_TLS = "authentication handshake failed: tls: first record does not look like a TLS handshake"
 CA_FAILURE = (
     re.compile(rf"citadelclient\tfailed to sign CSR: .*{NOT_TLS}"),
@@ -119,6 +124,7 @@ def start_agent(mesh, ca) -> Iterator[Any]:
         mounted_certs: bool = False,
         annotations: Mapping[str, str] | None = None,
         extra_env: Mapping[str, str] | None = None,
+        secure: SecureControlPlane | None = None,
     ) -> AgentRun:
         inputs = prepare_agent(
             mesh,
@@ -128,6 +134,7 @@ def start_agent(mesh, ca) -> Iterator[Any]:
             mounted_certs=mounted_certs,
             annotations=annotations,
             extra_env=extra_env,
+            secure=secure,
         )
         agent = inputs.launch(mesh, [str(binary)], "pilot-agent")
         started.append(agent)
@@ -171,22 +178,42 @@ def _sorted(value: Any) -> Any:
     return value
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=EnvoyNeverReady,
-    reason="meshpilot has no CA or 15012 yet (issue 15): the agent's CSR to CA_ADDR fails its TLS handshake "
-    "('citadelclient failed to sign CSR: ... tls: first record does not look like a TLS handshake'), "
-    "and so does its xDS proxy's dial of discoveryAddress",
-)
-def test_agent_with_istiod_defaults_gets_certificates_and_config(mesh, start_agent) -> None:
-    start_mesh(mesh)
+@pytest.fixture(scope="module")
+def token_kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealKubeApiServer]:
+    """A real API server whose TokenRequest makes the pod's istio-token and whose TokenReview meshpilot
+    asks about it."""
+    with RealKubeApiServer(tmp_path_factory.mktemp("token-kube")) as kube:
+        kube.apply(namespace("istio-system"))
+        yield kube
+
+
+def test_agent_with_istiod_defaults_gets_certificates_and_config(mesh, start_agent, token_kube) -> None:
+    """``controlPlaneAuthPolicy: MUTUAL_TLS``, ``CA_ADDR`` = discoveryAddress = meshpilot's secure port, the
+    mesh root mounted as the istio-ca-root-cert ConfigMap is, the token as the projected istio-token
+    volume: the agent's CA client gets the workload certificate from meshpilot's CA and its xDS proxy the
+    config over TLS (delta off here; see test 3)."""
+    start_mesh(mesh, kubeconfig=token_kube.write_kubeconfig(mesh.tmp / "kubeconfig"))
+    configmap = eventually(
+        lambda: token_kube.get("configmaps", "default", "istio-ca-root-cert"), what="the mesh root published"
+    )
+    root = str(configmap["data"]["root-cert.pem"]).encode()
     run = start_agent(
-        # The xDS proxy logs a failed upstream stream only at debug level.
-        annotations={"sidecar.istio.io/agentLogLevel": "default:info,xdsproxy:debug"},
+        secure=SecureControlPlane(root, service_account_token(token_kube, "productpage", "default")),
         extra_env={"ISTIO_DELTA_XDS": "false"},
     )
     wait_ready(run.agent, CA_FAILURE)
     check_traffic(mesh, run)
+    # Envoy's workload certificate is the one meshpilot's CA issued for the pod's service account.
+    certs = json.loads(run.agent.envoy().admin("/certs?format=json")[1])
+    sans = [
+        san["uri"]
+        for entry in certs["certificates"]
+        for chain in entry.get("cert_chain", [])
+        for san in chain.get("subject_alt_names", [])
+        if "uri" in san
+    ]
+    assert "spiffe://cluster.local/ns/default/sa/productpage" in sans
+    assert mesh.meshpilot.metric("citadel_server_success_cert_issuance_count") >= 1
 
 
 def test_agent_with_plaintext_control_plane_and_mounted_certs(mesh, start_agent) -> None:

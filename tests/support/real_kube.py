@@ -641,3 +641,22 @@ def _http_ok(host: str, port: int, path: str, expect: bytes, context: ssl.SSLCon
         return response.status == 200 and expect in response.read()
     finally:
         conn.close()
+
+
+def service_account_token(
+    kube: RealKubeApiServer, account: str, namespace: str, audience: str = "istio-ca", seconds: int = 3600
+) -> str:
+    """A token of ``namespace/account`` (the ServiceAccount made if missing) from the API server's
+    TokenRequest, as the kubelet projects it into a pod's ``istio-token`` volume."""
+    kube.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}}
+    )
+    with kube.api_client() as client:
+        request = {"spec": {"audiences": [audience], "expirationSeconds": seconds}}
+        status = (
+            k8s_client.CoreV1Api(client)
+            .create_namespaced_service_account_token(account, namespace, request)
+            .status
+        )
+        assert status is not None
+        return str(status.token)
