@@ -36,6 +36,7 @@ from meshpilot.agent.settings import (
     SettingsError,
 )
 from meshpilot.agent.status import StatusOptions, StatusServer
+from meshpilot.server.settings import duration_seconds
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,27 @@ def token_reader(settings: AgentSettings) -> Callable[[], str | None]:
             return None
 
     return read
+
+
+def _secret_lifetime(settings: AgentSettings) -> tuple[int, float]:
+    """pilot-agent's SECRET_TTL (a Go duration, 24h) and SECRET_GRACE_PERIOD_RATIO (0.5: renew with half
+    the life left)."""
+    ttl_text = settings.environ.get("SECRET_TTL", "") or "24h"
+    ratio_text = settings.environ.get("SECRET_GRACE_PERIOD_RATIO", "") or "0.5"
+    try:
+        ttl = duration_seconds(ttl_text)
+    except ValueError:
+        raise AgentError(f"SECRET_TTL: invalid duration {ttl_text!r}") from None
+    try:
+        ratio = float(ratio_text)
+    except ValueError:
+        ratio = -1.0
+    if ttl < 1 or not 0 < ratio < 1:
+        raise AgentError(
+            f"SECRET_TTL {ttl_text!r} must be at least 1s and SECRET_GRACE_PERIOD_RATIO {ratio_text!r} "
+            "between 0 and 1"
+        )
+    return int(ttl), ratio
 
 
 def xds_root(settings: AgentSettings) -> bytes:
@@ -131,9 +153,12 @@ async def _credentials(
         cluster_id=settings.cluster_id,
     )
     try:
+        ttl, grace = _secret_lifetime(settings)
         secrets = WorkloadSecrets(
             ca,
             root_pem=ca_root,
+            ttl_seconds=ttl,
+            grace_ratio=grace,
             algorithm=key_algorithm(settings.environ.get("ECC_SIGNATURE_ALGORITHM", "")),
         )
         await secrets.start()
