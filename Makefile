@@ -9,7 +9,7 @@ BUILD_INPUTS := pyproject.toml setup.py $(wildcard ext/*.pyx ext/*.pxd) $(shell 
 # Addresses for `make run`: istiod's ports, on loopback.
 RUN_FLAGS ?= --config-dir examples/config --mesh-config examples/mesh.yaml \
 	--grpc-addr 127.0.0.1:15010 --http-addr 127.0.0.1:8080 --monitoring-addr 127.0.0.1:15014 \
-	--webhook-addr 127.0.0.1:15017
+	--webhook-addr 127.0.0.1:15017 --secure-grpc-addr 127.0.0.1:15012 --self-signed-ca-dir build/example-ca
 
 .PHONY: run test install install-test lint typecheck unit bench bench-quick clean reference
 
@@ -31,7 +31,7 @@ install-test: $(VENV)/.installed-test
 
 run: install
 	@echo "meshpilot serves examples/config: xDS on 127.0.0.1:15010, /ready and /debug on 127.0.0.1:8080,"
-	@echo "/metrics on 127.0.0.1:15014. To attach an Envoy, run it with examples/envoy/productpage.yaml"
+	@echo "/metrics on 127.0.0.1:15014, the CA and TLS xDS on 127.0.0.1:15012. To attach an Envoy, run it with examples/envoy/productpage.yaml"
 	@echo "(README.md, 'Attaching an Envoy'). Ctrl-C stops it."
 	$(BIN)/meshpilot discovery $(RUN_FLAGS)
 
