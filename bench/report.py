@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import ca as ca_bench
 from bench.report_peer import peer_section
 from bench.tables import fmt, get, table
 
@@ -426,12 +427,13 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         )
         out.append("")
         out += ["### Goals", ""]
-        out += table(["goal", "target", "measured", "verdict"], goals(results))
+        out += table(["goal", "target", "measured", "verdict"], goals(results) + ca_bench.goals(results))
         out += micro_section(results)
         out += fleet_section(results, plots(results, suite))
         out += peer_section(results)
         out += floor_section(results)
         out += storm_section(results)
+        out += ca_bench.section(results)
     kube = all_results.get("kube")
     if kube is not None:
         out += kube_section(kube)

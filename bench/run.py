@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench import ca as ca_bench
 from bench import grpc_floor
 from bench import istiod as peer_istiod
 from bench.fleet import EDS, RDS, TYPES, Fleet, ack_bytes
@@ -111,6 +112,8 @@ class Suite:
     fleet: tuple[FleetJob, ...]
     storm: tuple[StormJob, ...]
     floor: tuple[FloorJob, ...] = ()
+    #: The mesh CA's signing rate and certificate storm (bench.ca).
+    ca: ca_bench.CaJob | None = None
 
 
 def _scenario(file: str, **overrides: Any) -> Scenario:
@@ -138,6 +141,7 @@ def suites() -> dict[str, Suite]:
             fleet=(FleetJob(quick_http, (COMPILED, PURE, NO_CACHE), steady_seconds=5),),
             storm=(StormJob(_scenario("storm", proxies=1000, name="storm-1000")),),
             floor=_floors(quick_http),
+            ca=ca_bench.CaJob(sign_count=100, workloads=500),
         ),
         "full": Suite(
             "full",
@@ -153,6 +157,7 @@ def suites() -> dict[str, Suite]:
             ),
             storm=(StormJob(_scenario("storm")),),
             floor=_floors(full_http),
+            ca=ca_bench.CaJob(sign_count=300, workloads=2000),
         ),
     }
 
@@ -445,6 +450,8 @@ def run_suite(suite: Suite, only: set[str] | None, peer: Variant | None = None) 
             result = run_storm(storm, Path(tmp))
         results["storm"].append({"scenario_spec": asdict(storm.scenario), **result})
         log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
+    if suite.ca is not None and (not only or "ca" in only):
+        results["ca"] = ca_bench.run(suite.ca)
     results["wall_seconds"] = round(time.time() - started, 1)
     return results
 
@@ -452,7 +459,7 @@ def run_suite(suite: Suite, only: set[str] | None, peer: Variant | None = None) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=sorted(suites()), default="quick")
-    parser.add_argument("--only", nargs="*", help="micro, floor, fleet, peer, storm or scenario names")
+    parser.add_argument("--only", nargs="*", help="micro, floor, fleet, peer, storm, ca or scenario names")
     parser.add_argument(
         "--peer",
         choices=sorted(PEERS),
