@@ -23,6 +23,7 @@ from meshpilot.config.decode import Decoded
 from meshpilot.config.errors import ConfigError
 from meshpilot.config.file_source import FileSource
 from meshpilot.config.store import ConfigEvent, ConfigStore
+from meshpilot.config.unapplied import UnappliedConfig
 from meshpilot.kube.client import KubeError, client_from_kubeconfig
 from meshpilot.kube.controller import KubeController, KubeOptions
 from meshpilot.kube.leader import LeaseTimings
@@ -150,6 +151,7 @@ class DiscoveryApp:
         self.registry.workloads.append(self.kube)
         self.registry.others.append(self.service_entries)
         self.store.add_handler(self._on_config)
+        self.store.add_handler(UnappliedConfig(self.metrics.registry).on_event)
         self.sources: list[FileSource] = []
         if settings.config_dir is not None:
             self.sources.append(FileSource(settings.config_dir, ObjectRouter(self.store, self.kube)))
