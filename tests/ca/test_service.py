@@ -193,7 +193,7 @@ async def test_a_client_certificate_without_a_spiffe_id_is_refused(
 
 
 def _reviewed(review: TokenReview) -> KubernetesToken:
-    return KubernetesToken(lambda token, audience: review, "cluster.local")
+    return KubernetesToken(lambda token, audience: review, lambda: "cluster.local")
 
 
 @pytest.mark.parametrize(
@@ -255,7 +255,7 @@ async def test_a_service_account_token_reviewed_by_the_api_server_names_the_cert
 ) -> None:
     reviewer = kubernetes_token_reviewer(kube.api_client())
     server, running = await _serve(
-        authority, [KubernetesToken(reviewer, "cluster.local")], client_certs=False
+        authority, [KubernetesToken(reviewer, lambda: "cluster.local")], client_certs=False
     )
     try:
         _, csr = _key_and_csr()

@@ -7,6 +7,7 @@ themselves with client certificates of the mesh on the port that requires one.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import socket
 import ssl
@@ -47,6 +48,24 @@ def _csr(asked: str | None = None) -> tuple[bytes, str]:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     return pem, builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _duplicate_san_csr() -> str:
+    """A CSR carrying its SubjectAlternativeName extension twice. cryptography will not build one, so
+    the second copy goes in under a placeholder OID of the same length (2.5.29.99), renamed to the SAN's
+    (2.5.29.17) in the DER afterwards; the signature no longer matches, but parsing fails first."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    san = x509.SubjectAlternativeName([x509.UniformResourceIdentifier(REVIEWS)])
+    placeholder = x509.ObjectIdentifier("2.5.29.99")
+    builder = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([]))
+    builder = builder.add_extension(san, critical=False)
+    copy = x509.UnrecognizedExtension(placeholder, san.public_bytes())
+    builder = builder.add_extension(copy, critical=False)
+    der = builder.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.DER)
+    assert der.count(b"\x06\x03\x55\x1d\x63") == 1
+    der = der.replace(b"\x06\x03\x55\x1d\x63", b"\x06\x03\x55\x1d\x11")
+    body = base64.encodebytes(der).decode()
+    return f"-----BEGIN CERTIFICATE REQUEST-----\n{body}-----END CERTIFICATE REQUEST-----\n"
 
 
 def _client(ca_dir: Path, identity: str) -> Secure:
@@ -93,6 +112,14 @@ async def test_a_proxy_of_its_own_namespace_and_account_is_served_others_are_ref
         assert err.code() is grpc.StatusCode.PERMISSION_DENIED, err
         assert "authorization failed" in str(err.details())
     assert mp.metric('meshpilot_xds_auth_failures{reason="authorization"}') >= 2
+
+
+async def test_an_identity_of_another_trust_domain_counts_for_nothing(secure_mesh) -> None:
+    mp, _, cert_target = secure_mesh
+    # Issued by the mesh's own root, but for another trust domain: the namespace matches, the domain not.
+    secure = _client(mp.ca_dir, "spiffe://other.example/ns/default/sa/reviews")
+    err = await refusal(cert_target, lambda c: _ask(c, "default", "reviews"), secure=secure)
+    assert err.code() is grpc.StatusCode.PERMISSION_DENIED
 
 
 async def test_the_token_port_refuses_a_stream_without_a_credential(secure_mesh) -> None:
@@ -147,6 +174,17 @@ async def test_the_ca_signs_for_the_callers_identity_and_refuses_bad_requests(se
     with pytest.raises(grpc.aio.AioRpcError) as no_cert:
         await create(cert_target, csr, s=Secure(root))
     assert no_cert.value.code() is grpc.StatusCode.UNAVAILABLE
+    # A CSR whose SAN extension appears twice: a protocol error, not a crash.
+    with pytest.raises(grpc.aio.AioRpcError) as duplicated:
+        await create(cert_target, _duplicate_san_csr())
+    assert duplicated.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    # The plaintext port has no CA at all (the CA answers only where callers can be authenticated).
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{mp.grpc_port}") as plain:
+        with pytest.raises(grpc.aio.AioRpcError) as no_ca:
+            await ca_pb2_grpc.IstioCertificateServiceStub(plain).CreateCertificate(
+                ca_pb2.IstioCertificateRequest(csr=csr), timeout=10
+            )
+    assert no_ca.value.code() is grpc.StatusCode.UNIMPLEMENTED
     # The server is unharmed: the next request is served.
     assert (await create(cert_target, csr)).cert_chain
 

@@ -363,7 +363,7 @@ class RealKubeApiServer:
         def established() -> bool:
             for crd in crds:
                 stored = self.get("customresourcedefinitions", "", crd["metadata"]["name"]) or {}
-                conditions = stored.get("status", {}).get("conditions", [])
+                conditions = stored.get("status", {}).get("conditions") or []
                 if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
                     return False
             return True

@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     proxy.add_argument("--concurrency", type=int, default=0, help="Envoy worker threads (deprecated)")
     proxy.add_argument("--templateFile", default="", help="accepted; a custom template is not supported")
     proxy.add_argument("--log_output_level", default="default:info", help="the agent's own log levels")
-    for ignored in ("--stsPort", "--tokenManagerPlugin", "--outlierLogPath", "--profiling", "--log_as_json"):
+    for ignored in IGNORED_FLAGS:
         proxy.add_argument(ignored, default=None, help=argparse.SUPPRESS)
     proxy.set_defaults(run=run_proxy)
 
@@ -84,10 +84,27 @@ def flags_from(args: argparse.Namespace) -> Flags:
     )
 
 
+#: pilot-agent flags taken so its pod specs run, but without effect here (each is logged when given).
+IGNORED_FLAGS = ("--stsPort", "--tokenManagerPlugin", "--outlierLogPath", "--profiling", "--log_as_json")
+#: PILOT_CERT_PROVIDER values meshpilot agent serves: istiod's CA (the injector's default).
+CERT_PROVIDERS = ("", "istiod")
+
+
 def run_proxy(args: argparse.Namespace) -> int:
     configure_logging(args.log_output_level)
     if args.templateFile:
         log.warning("--templateFile is not supported; the built-in bootstrap is used")
+    for flag in IGNORED_FLAGS:
+        value = getattr(args, flag.removeprefix("--"))
+        if value is not None:
+            log.warning("%s=%s is accepted for pilot-agent's pod specs but has no effect", flag, value)
+    provider = os.environ.get("PILOT_CERT_PROVIDER", "")
+    if provider not in CERT_PROVIDERS:
+        print(
+            f"meshpilot agent: PILOT_CERT_PROVIDER={provider} is not supported; only istiod's CA is",
+            file=sys.stderr,
+        )
+        return 2
     try:
         settings = load_settings(flags_from(args), os.environ, Path.cwd())
     except SettingsError as err:

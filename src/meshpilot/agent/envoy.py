@@ -130,7 +130,8 @@ class EnvoyProcess:
         backoff: Backoff | None = None,
         on_start: Callable[[], None] | None = None,
     ) -> None:
-        """``on_start`` is called before each start (the status server forgets the old Envoy's readiness)."""
+        """``on_start`` is called before each start and when Envoy exits (the status server forgets the
+        old Envoy's readiness)."""
         self.options = options
         self.backoff = backoff or Backoff()
         self._on_start = on_start
@@ -184,6 +185,9 @@ class EnvoyProcess:
                 await self.shutdown()
                 return
             log.warning("Envoy exited with %s; starting it again in %.1fs", process.returncode, delay)
+            # Not ready while there is no Envoy: forget its readiness now, not at the next start.
+            if self._on_start is not None:
+                self._on_start()
             if time.monotonic() - started >= self.backoff.reset_after:
                 delay = self.backoff.initial
             with contextlib.suppress(TimeoutError):

@@ -87,11 +87,20 @@ def _secret_lifetime(settings: AgentSettings) -> tuple[int, float]:
 
 
 def xds_root(settings: AgentSettings) -> bytes:
-    """The root that istiod's certificate must chain to."""
-    candidates = [Path(settings.xds_root_ca)] if settings.xds_root_ca else []
-    candidates += [settings.path(p) for p in XDS_ROOT_CANDIDATES]
-    for candidate in candidates:
-        path = settings.path(candidate)
+    """The root that istiod's certificate must chain to. An explicit ``XDS_ROOT_CA`` must load: the
+    operator's choice is never swapped for a mounted root in silence."""
+    if settings.xds_root_ca == "SYSTEM":
+        raise AgentError(
+            "XDS_ROOT_CA=SYSTEM (the system's roots for istiod) is not supported by meshpilot agent"
+        )
+    if settings.xds_root_ca:
+        explicit = settings.path(Path(settings.xds_root_ca))
+        try:
+            return explicit.read_bytes()
+        except OSError as err:
+            raise AgentError(f"cannot read XDS_ROOT_CA {explicit}: {err}") from None
+    candidates = [settings.path(p) for p in XDS_ROOT_CANDIDATES]
+    for path in candidates:
         if path.is_file():
             try:
                 return path.read_bytes()

@@ -125,6 +125,10 @@ class StatusServer:
         await self.shutdown()
 
     async def start(self) -> None:
+        for path, prober in self.options.app_probers.items():
+            if not isinstance(prober, dict) or not ({"httpGet", "tcpSocket"} & prober.keys()):
+                # Said at start, not only at each probe: the kubelet will restart the pod for it.
+                log.warning("app probe %s is not an httpGet or tcpSocket probe; it will fail (500)", path)
         self._session = aiohttp.ClientSession()
         self.readiness = ReadinessProbe(self.options.admin_port, self._session)
         app = web.Application()

@@ -152,7 +152,7 @@ class WorkloadSecrets:
                 return
             try:
                 renewed = await self._issue()
-            except CaError as err:
+            except Exception as err:  # any failure retries with backoff: an expired certificate is worse
                 self.failures += 1
                 self.total_failures += 1
                 left = issued.not_after - time.time()

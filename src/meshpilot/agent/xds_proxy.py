@@ -127,7 +127,9 @@ class XdsProxy:
         )
         self._channels.add(channel)
         call = channel.stream_stream(path, request_serializer=_identity, response_deserializer=_identity)(
-            metadata=call_metadata(self._token, self._cluster_id)
+            # Never the token over plaintext (controlPlaneAuthPolicy NONE): anyone on the path could
+            # replay it to the CA for this workload's certificate.
+            metadata=call_metadata(self._token if self._root_pem is not None else _no_token, self._cluster_id)
         )
         sender = asyncio.create_task(_send(requests, call))
         try:
@@ -171,3 +173,7 @@ async def _send(requests: AsyncIterator[bytes], call: grpc.aio.StreamStreamCall)
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
         # The upstream call has ended; its status, read by the relay, is what Envoy is told.
         return
+
+
+def _no_token() -> str | None:
+    return None

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 from cryptography import x509
 
+from meshpilot.model.spiffe import spiffe_identity
+
 log = logging.getLogger(__name__)
 
 #: istiod's default audience for the tokens it accepts (TOKEN_AUDIENCES).
@@ -51,9 +53,13 @@ class ClientCertificate:
         pem = (auth.get("x509_pem_cert") or [b""])[0]
         if not pem:
             return None
-        san = x509.load_pem_x509_certificate(pem).extensions.get_extension_for_class(
-            x509.SubjectAlternativeName
-        )
+        try:
+            san = x509.load_pem_x509_certificate(pem).extensions.get_extension_for_class(
+                x509.SubjectAlternativeName
+            )
+        except (ValueError, x509.ExtensionNotFound):
+            # A mesh certificate without names proves no identity; not an error worth a traceback.
+            return None
         uris = tuple(san.value.get_values_for_type(x509.UniformResourceIdentifier))
         return Caller(uris, "client certificate") if uris else None
 
@@ -78,8 +84,11 @@ _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 class KubernetesToken:
     """A service-account token, reviewed by the API server (TokenReview) for the CA's audience."""
 
-    def __init__(self, review: TokenReviewer, trust_domain: str, audience: str = CA_AUDIENCE) -> None:
+    def __init__(
+        self, review: TokenReviewer, trust_domain: Callable[[], str], audience: str = CA_AUDIENCE
+    ) -> None:
         self._review = review
+        #: Read per call: MeshConfig (and its trustDomain) may arrive from the API server after start.
         self._trust_domain = trust_domain
         self._audience = audience
 
@@ -105,7 +114,23 @@ class KubernetesToken:
         ):
             log.info("token of %r is not a service account's", review.username)
             return None
-        return Caller((f"spiffe://{self._trust_domain}/ns/{namespace}/sa/{account}",), "kubernetes token")
+        return Caller((spiffe_identity(self._trust_domain(), namespace, account),), "kubernetes token")
+
+
+async def authenticate(
+    authenticators: Sequence[Authenticator], auth: dict[str, list[bytes]], metadata: Sequence[tuple[str, Any]]
+) -> Caller | None:
+    """The first authenticator's answer that names the caller, in order; None when none does. An
+    authenticator that fails (API server down, bad input) proves nothing: the next one is asked."""
+    for authenticator in authenticators:
+        try:
+            caller = await authenticator.authenticate(auth, metadata)
+        except Exception:
+            log.exception("%s failed; trying the next", type(authenticator).__name__)
+            continue
+        if caller is not None:
+            return caller
+    return None
 
 
 def _bearer(metadata: Sequence[tuple[str, Any]]) -> str | None:

@@ -165,12 +165,18 @@ def _lifetime(ttl: datetime.timedelta | None) -> datetime.timedelta:
 
 
 def csr_identities(csr_pem: bytes) -> list[str]:
-    """The URI SANs a CSR asks for (none if it parses badly: signing reports that)."""
+    """The URI SANs a CSR asks for; CsrError if it does not parse (a duplicated or malformed extension
+    included)."""
     try:
         csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError as err:
+        raise CsrError(f"CSR does not parse: {err}") from None
+    try:
         san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-    except (ValueError, x509.ExtensionNotFound):
+    except x509.ExtensionNotFound:
         return []
+    except Exception as err:  # cryptography raises several types for bad extensions
+        raise CsrError(f"CSR extensions do not parse: {err}") from None
     return list(san.value.get_values_for_type(x509.UniformResourceIdentifier))
 
 

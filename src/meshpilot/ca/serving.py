@@ -83,7 +83,10 @@ class ServingCertificate:
             self.generation += 1
         log.info("renewed istiod's serving certificate (valid until %s)", pair.not_after.isoformat())
         for listener in self._listeners:
-            listener(pair)
+            try:
+                listener(pair)
+            except Exception:  # one server failing to take the new pair must not keep it from the others
+                log.exception("a server could not take the renewed serving certificate")
         return pair
 
     def renew_at(self) -> datetime.datetime:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -33,18 +33,25 @@ class IdentityPlane:
     def __init__(
         self,
         settings: DiscoverySettings,
-        trust_domain: str,
+        trust_domain: Callable[[], str],
         registry: CollectorRegistry,
         kube_api: Any | None,
     ) -> None:
+        """``trust_domain`` is read when needed: on Kubernetes, MeshConfig may arrive after start."""
         self.settings = settings
         self.authority, source = load_authority(
-            settings.ca, trust_domain, kube=kube_api, namespace=settings.istio_namespace
+            settings.ca, trust_domain(), kube=kube_api, namespace=settings.istio_namespace
         )
         log.info("mesh CA: %s", source)
         authenticators: list[Authenticator] = [ClientCertificate()]
         if kube_api is not None:
             authenticators.append(KubernetesToken(kubernetes_token_reviewer(kube_api), trust_domain))
+        else:
+            log.warning(
+                "not on Kubernetes: no service-account token can be reviewed, so the secure port %s "
+                "authenticates nobody; callers with a mesh certificate use --secure-grpc-client-cert-addr",
+                settings.secure_grpc_addr or "(off)",
+            )
         self.authenticators: Sequence[Authenticator] = tuple(authenticators)
         addresses = [settings.secure_grpc_addr, settings.secure_grpc_client_cert_addr, settings.webhook_addr]
         self.serving = ServingCertificate(

@@ -59,6 +59,12 @@ class WebhookServer:
             on_http_error=lambda status: metrics.validation_http_error.labels(str(status)).inc(),
         )
 
+    @property
+    def serves_mesh_certificate(self) -> bool:
+        """Whether the webhooks serve istiod's certificate from the mesh CA (no files given), so that
+        the root belongs in their configurations' caBundle."""
+        return self._serving is not None and self._cert_file is None and self._key_file is None
+
     def add_review_handler(
         self, path: str, handler: ReviewHandler, *, on_http_error: Callable[[int], None] | None = None
     ) -> None:
@@ -86,7 +92,8 @@ class WebhookServer:
 
     async def start(self) -> None:
         context: ssl.SSLContext
-        if self._serving is not None and self._cert_file is None and self._key_file is None:
+        if self.serves_mesh_certificate:
+            assert self._serving is not None
             context, self.cert_pem = serving_context(self._serving)
         else:
             context, self.cert_pem = server_context(self._cert_file, self._key_file, self.address.host)

@@ -14,14 +14,14 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
-from meshpilot.ca.authenticate import Authenticator
+from meshpilot.ca.authenticate import Authenticator, authenticate
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex, PushType, ShardKey
@@ -33,7 +33,6 @@ from meshpilot.push.debounce import DebounceOptions, debounce
 from meshpilot.push.environment import push_version
 from meshpilot.push.queue import PushQueue
 from meshpilot.server.metrics import Metrics
-from meshpilot.xds.auth import authenticate, is_tls
 from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, new_token
 from meshpilot.xds.connection import Connection
 from meshpilot.xds.generators import Generator, generators_by_metadata, sidecar_generators
@@ -102,8 +101,11 @@ class DiscoveryServer:
         self._versions = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[Callable[[PushRequest], None]] = []
-        #: Who may connect over TLS (the secure port); plaintext streams are anonymous.
+        #: Who may connect on the secure port; plaintext streams are anonymous.
         self.authenticators: Sequence[Authenticator] = ()
+        #: The trust domains whose identities may ask for config on the secure port (MeshConfig's
+        #: trustDomain and aliases, read per stream: the mesh may change).
+        self.trust_domains: Callable[[], Collection[str]] = lambda: ("cluster.local",)
 
     def generators_for(self, proxy: Proxy) -> Mapping[TypeUrl, Generator]:
         """The generators serving ``proxy``: its GENERATOR's first, then the defaults (istiod's order)."""
@@ -282,7 +284,7 @@ class DiscoveryServer:
     # -- gRPC --------------------------------------------------------------------
 
     async def stream_aggregated_resources(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, *, secure: bool = False
     ) -> None:
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
@@ -290,8 +292,9 @@ class DiscoveryServer:
             self.metrics.rate_limited.inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request rate limit exceeded")
         identities: tuple[str, ...] | None = None
-        if is_tls(context):
-            caller = await authenticate(self.authenticators, context)
+        if secure:
+            metadata = tuple(context.invocation_metadata() or ())
+            caller = await authenticate(self.authenticators, context.auth_context(), metadata)
             if caller is None:
                 self.metrics.xds_auth_failures.labels("authentication").inc()
                 log.info("ADS: refused %s: no credential proved an identity", context.peer())
@@ -305,16 +308,20 @@ class DiscoveryServer:
             grpc.StatusCode.UNIMPLEMENTED, "delta xDS is not supported yet; use GRPC (SotW) ADS"
         )
 
-    def grpc_handler(self) -> grpc.GenericRpcHandler:
-        """ADS handlers; responses are written already serialized."""
+    def grpc_handler(self, *, secure: bool = False) -> grpc.GenericRpcHandler:
+        """ADS handlers; responses are written already serialized. ``secure``: the handler of the secure
+        port, whose every stream must authenticate (the port decides, not the connection)."""
 
         def identity(payload: bytes) -> bytes:
             return payload
 
+        async def sotw(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+            await self.stream_aggregated_resources(requests, context, secure=secure)
+
         handlers = {
             # Requests arrive as bytes: most are ACKs the stream records without a parse.
             "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self.stream_aggregated_resources,
+                sotw,
                 request_deserializer=identity,
                 response_serializer=identity,
             ),

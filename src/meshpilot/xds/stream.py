@@ -120,7 +120,7 @@ class AdsStream:
         verified = ""
         if self.identities is not None:
             try:
-                verified = authorize(proxy, self.identities)
+                verified = authorize(proxy, self.identities, self.server.trust_domains())
             except AuthorizationError as err:
                 self.server.metrics.xds_auth_failures.labels("authorization").inc()
                 log.info("ADS: refused %s: %s", node.id, err)

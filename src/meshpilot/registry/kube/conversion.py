@@ -7,6 +7,7 @@ from meshpilot.model import labels as wk
 from meshpilot.model.endpoint import Endpoint, HealthStatus, Locality
 from meshpilot.model.protocol import kube_port_protocol
 from meshpilot.model.service import PREFER_CLOSE, UNSPECIFIED_IP, Port, Registry, Resolution, Service
+from meshpilot.model.spiffe import spiffe_identity
 
 EXPORT_TO_ANNOTATION = "networking.istio.io/exportTo"
 CANONICAL_SA_ANNOTATION = "alpha.istio.io/canonical-serviceaccounts"
@@ -17,10 +18,6 @@ TRAFFIC_DISTRIBUTION_ANNOTATION = "networking.istio.io/traffic-distribution"
 
 def service_hostname(name: str, namespace: str, domain_suffix: str) -> str:
     return f"{name}.{namespace}.svc.{domain_suffix}"
-
-
-def spiffe_identity(trust_domain: str, namespace: str, service_account: str) -> str:
-    return f"spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}"
 
 
 def convert_service(svc: KubeService, *, domain_suffix: str, cluster_id: str, trust_domain: str) -> Service:

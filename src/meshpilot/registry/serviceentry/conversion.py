@@ -12,7 +12,8 @@ from meshpilot.model.config import Config
 from meshpilot.model.endpoint import TLS_MODE_DISABLED, TLS_MODE_ISTIO, Endpoint, Locality
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.service import UNSPECIFIED_IP, Port, Registry, Resolution, Service
-from meshpilot.registry.kube.conversion import spiffe_identity, workload_name
+from meshpilot.model.spiffe import spiffe_identity
+from meshpilot.registry.kube.conversion import workload_name
 
 # ServiceEntry.Location and ServiceEntry.Resolution enum numbers.
 MESH_EXTERNAL = 0
