@@ -115,7 +115,9 @@ def test_headless_dns_and_catch_all_clusters(model: Model) -> None:
     headless = all_clusters["outbound|5000||headless.default.svc.cluster.local"]
     assert headless.type == cluster_pb2.Cluster.ORIGINAL_DST
     assert headless.lb_policy == cluster_pb2.Cluster.CLUSTER_PROVIDED
-    assert headless.HasField("transport_socket"), "headless: one TLS socket, no matches"
+    # istiod's BestEffortInferServiceMTLSMode: a passthrough service with no endpoints (or one
+    # without a sidecar) is DISABLE, so no auto mTLS (test_peer_authentication_clusters has the rest).
+    assert not headless.HasField("transport_socket") and not headless.transport_socket_matches
     dns = all_clusters["outbound|443||api.example.com"]
     assert dns.type == cluster_pb2.Cluster.STRICT_DNS
     address = dns.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address

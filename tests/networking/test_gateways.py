@@ -417,3 +417,29 @@ def test_hosts_with_different_routes_keep_their_own_virtual_hosts(gateway_model:
     proxy = gateway_model.proxy(GATEWAY, GATEWAY_LABELS)
     config = gateway_route_configuration(proxy, gateway_model.push, "http.8080")
     assert all(len(v.domains) == 1 for v in config.virtual_hosts)
+
+
+def test_an_authorization_policy_selecting_the_gateway_puts_rbac_on_its_listeners() -> None:
+    # A DENY on /admin for the ingress gateway's workload (in its own namespace, by its labels).
+    deny = istio(
+        "AuthorizationPolicy",
+        "no-admin",
+        "istio-system",
+        {
+            "selector": {"matchLabels": {"istio": "ingressgateway"}},
+            "action": "DENY",
+            "rules": [{"to": [{"operation": {"paths": ["/admin/*"]}}]}],
+        },
+        group="security",
+    )
+    model = build(_gateway_objects(deny))
+    proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
+    [listener] = gateway_listeners(proxy, model.push)
+    names = [f.name for f in _hcm(listener).http_filters]
+    assert "envoy.filters.http.rbac" in names
+    assert names.index("envoy.filters.http.rbac") < names.index("envoy.filters.http.router")
+    # Without the policy, the same gateway has no RBAC filter.
+    [plain] = gateway_listeners(
+        build(_gateway_objects()).proxy(GATEWAY, GATEWAY_LABELS), build(_gateway_objects()).push
+    )
+    assert "envoy.filters.http.rbac" not in [f.name for f in _hcm(plain).http_filters]

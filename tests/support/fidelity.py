@@ -86,9 +86,18 @@ def _key(element: Any, index: int) -> str:
 
 
 def _keyed(items: Sequence[Any]) -> dict[str, Any] | None:
-    """A list as {name: element} when every element has a distinct name, else None (compare by index)."""
-    keyed = {_key(e, i): e for i, e in enumerate(items)}
-    if len(keyed) != len(items) or all(k == str(i) for i, k in enumerate(keyed)):
+    """A list as {name: element} when its elements have names, else None (compare by index).
+
+    A name that repeats (two RBAC filters, DENY then ALLOW) keys its later elements ``name#2``,
+    ``name#3``, so one filter missing on one side does not shift every later element."""
+    keyed: dict[str, Any] = {}
+    for i, e in enumerate(items):
+        key = _key(e, i)
+        n = 1
+        while (key if n == 1 else f"{key}#{n}") in keyed:
+            n += 1
+        keyed[key if n == 1 else f"{key}#{n}"] = e
+    if all(k == str(i) for i, k in enumerate(keyed)):
         return None
     return keyed
 

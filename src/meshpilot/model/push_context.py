@@ -18,8 +18,10 @@ from meshpilot.model.delegation import merge_delegates
 from meshpilot.model.destination_rules import DestinationRuleIndex, rule_selector
 from meshpilot.model.gateways import MESH_GATEWAY, MergedGateway, binds_gateway, merge_gateways
 from meshpilot.model.hosts import resolve_short_name
+from meshpilot.model.jwks import JwksLookup, NoJwks
 from meshpilot.model.kind import Kind
 from meshpilot.model.labels import selector_matches
+from meshpilot.model.peer_authentication import PeerAuthenticationIndex
 from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.service import Registry, Service
 from meshpilot.model.sidecar_scope import SidecarScope, build_scope
@@ -67,8 +69,11 @@ class PushContext:
         service_accounts: Mapping[tuple[str, str], frozenset[str]] | None = None,
         lasting: dict[Hashable, Any] | None = None,
         share_outputs: bool = True,
+        jwks: JwksLookup | None = None,
     ) -> None:
         self.version = version
+        #: JWKS fetched for RequestAuthentication ``jwksUri``s (none known: every one fails closed).
+        self.jwks: JwksLookup = jwks if jwks is not None else NoJwks()
         #: False: every proxy's config is built for it alone (the XdsCache is off too).
         self.share_outputs = share_outputs
         self.mesh = mesh
@@ -125,6 +130,10 @@ class PushContext:
             selector = rule_selector(config)
             if selector is not None:
                 self._selector_rules[config.namespace].append((config, selector))
+        #: PeerAuthentication resolved as istiod resolves it (mTLS modes of workloads and services).
+        self.peer_authentication = PeerAuthenticationIndex(
+            self.configs(Kind.PEER_AUTHENTICATION), mesh.root_namespace or "istio-system"
+        )
         self._sidecars: dict[str, list[Config]] = defaultdict(list)
         for config in self.configs(Kind.SIDECAR):
             self._sidecars[config.namespace].append(config)

@@ -137,11 +137,24 @@ class SidecarScope:
 
     def depends_on(self, key: ConfigKey, root_namespace: str) -> bool:
         """Whether a change to ``key`` can change this scope's proxies' config."""
+        if key.kind is Kind.PEER_AUTHENTICATION and key.namespace in self.service_namespaces:
+            # Clients read their servers' modes too: auto mTLS of clusters, tlsMode marks in EDS
+            # (istiod's selectAuthnPolicies keeps the imported services' namespaces).
+            return True
         if key.kind in NAMESPACED_POLICY_KINDS:
             return key.namespace in (self.namespace, root_namespace)
         if key.kind not in SCOPED_KINDS:
             return True
         return key in self.dependencies
+
+    @property
+    def service_namespaces(self) -> frozenset[str]:
+        """The namespaces of the imported services."""
+        found = self.memo.get("service_namespaces")
+        if found is None:
+            found = self.memo["service_namespaces"] = frozenset(s.namespace for s in self.services)
+        assert isinstance(found, frozenset)
+        return found
 
     @property
     def has_headless(self) -> bool:

@@ -30,6 +30,7 @@ from meshpilot.model.service import Port, Registry, Resolution, Service, Service
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import extensions, locality_lb, names
 from meshpilot.networking import traffic_policy as tp
+from meshpilot.networking.auto_mtls import auto_mtls_applies, service_mtls_mode
 from meshpilot.networking.protobuf import duration, pack
 from meshpilot.networking.tls import (
     TlsSettingsError,
@@ -164,17 +165,21 @@ def build_outbound_cluster(
             # As istiod for static assignments: relative to the proxy, without failoverPriority.
             groups = locality_lb.apply(groups, locality.setting, proxy.locality.label, {}, locality.failover)
         cluster.load_assignment.CopyFrom(
-            eds.load_assignment(name, eds.render_groups(groups, eds.endpoint_tls(rule, port.port).mtls))
+            eds.load_assignment(name, eds.render_groups(groups, _inline_tls(push, rule, port.port).mtls))
         )
     cluster.metadata.CopyFrom(_metadata(svc, rule, subset))
     if extensions.has_metadata_exchange(proxy):
         cluster.filters.append(_metadata_exchange_filter())
     # TLS before the protocol options are packed: origination may add auto SNI to them.
-    _apply_tls(cluster, inputs, svc, port, subset, policy, http_options)
+    _apply_tls(cluster, inputs, svc, port, subset, rule, policy, http_options)
     if policy.proxy_protocol is not None:
         _apply_proxy_protocol(cluster, policy.proxy_protocol.version)
     _set_protocol_options(cluster, http_options)
     return cluster
+
+
+def _inline_tls(push: PushContext, rule: MergedDestinationRule | None, port: int) -> eds.EndpointTls:
+    return eds.endpoint_tls(rule, port).with_peer(push.peer_authentication)
 
 
 def _passthrough_target_port(svc: Service, port: Port) -> int:
@@ -258,10 +263,12 @@ def _apply_tls(
     svc: Service,
     port: Port,
     subset: str,
+    rule: MergedDestinationRule | None,
     policy: tp.ClusterPolicy,
     http_options: Any,
 ) -> None:
-    """Explicit DestinationRule TLS, else auto mTLS for in-mesh services, as istiod decides."""
+    """Explicit DestinationRule TLS, else auto mTLS for in-mesh services, as istiod decides
+    (``auto_mtls``: not to a service whose PeerAuthentication mode is DISABLE)."""
     proxy, push = inputs.proxy, inputs.push
     sni = names.sni_cluster(port.port, subset, svc.hostname)
     alpn = extensions.mtls_client_alpn(proxy, http2=port.protocol.is_http2)
@@ -275,7 +282,7 @@ def _apply_tls(
             _apply_originated_tls(cluster, push, svc, tls, http_options)
         # DISABLE means plaintext, and no auto mTLS either.
         return
-    if not push.mesh.enable_auto_mtls.value or svc.mesh_external:
+    if not auto_mtls_applies(service_mtls_mode(push, inputs.index, svc, port, rule, subset), push):
         return
     context = istio_mutual_upstream(sni, push.service_accounts(svc), alpn)
     if cluster.type == cluster_pb2.Cluster.ORIGINAL_DST:
@@ -453,11 +460,16 @@ class OutboundSpec:
                 self.rule.fingerprint if self.rule is not None else 0,
                 push.service_accounts(self.service),
                 push.mesh_fingerprint,
+                # The service's PeerAuthentication mode decides auto mTLS (auto_mtls.py); the
+                # passthrough part of that rule reads endpoints, whose changes evict the entry.
+                push.peer_authentication.service_mode(self.service.namespace)
+                if push.peer_authentication
+                else None,
                 extensions.has_metadata_exchange(proxy),
                 int(_dns_family(proxy)),
                 # Only DNS clusters' inline endpoints read the proxy's locality; the check
                 # is inline because a method call per cluster is a fifth of the key's cost.
-                self._dns_locality_view(proxy, push)
+                (self._dns_locality_view(proxy, push), _inline_tls(push, self.rule, self.port.port).peer_key)
                 if self.service.resolution in _INLINE_ENDPOINTS
                 else None,
             )

@@ -19,6 +19,7 @@ from meshpilot.model.service import Resolution, Service
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import extensions, names, wire
 from meshpilot.networking import traffic_policy as tp
+from meshpilot.networking.auto_mtls import auto_mtls_applies, service_mtls_mode
 from meshpilot.networking.cluster import ClusterInputs, OutboundSpec, build_outbound_cluster, config_path
 from meshpilot.networking.tls import istio_mutual_upstream
 
@@ -38,7 +39,6 @@ class OutboundClusterEncoder:
         self.inputs = inputs
         self._push = inputs.push
         self._metadata_exchange = extensions.has_metadata_exchange(inputs.proxy)
-        self._auto_mtls = bool(inputs.push.mesh.enable_auto_mtls.value)
         # Local views of the shared memo: the per-cluster path does one small dict lookup.
         self._templates: dict[tuple[object, str], bytes | None] = {}
         self._tls: dict[bool, tuple[bytes, bytes]] = {}
@@ -76,7 +76,8 @@ class OutboundClusterEncoder:
                     common = self._common_tls(port.protocol.is_http2)
                     sni = policy_tls.sni or sni
                 return self._finish(template, name, config, subset, svc, tls, common, sans, sni)
-        if self._auto_mtls and not svc.mesh_external:
+        mode = service_mtls_mode(self._push, self.inputs.index, svc, port, rule, subset)
+        if auto_mtls_applies(mode, self._push):
             tls = wire.CLUSTER_TLS_AUTO
             sans = self._push.service_accounts(svc)
             common = self._common_tls(port.protocol.is_http2)

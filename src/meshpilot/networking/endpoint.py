@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from envoy.config.core.v3 import address_pb2, base_pb2
@@ -16,6 +16,7 @@ from meshpilot.model.destination_rules import MergedDestinationRule
 from meshpilot.model.endpoint import TLS_MODE_ISTIO, Endpoint, HealthStatus
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
+from meshpilot.model.peer_authentication import MtlsMode, PeerAuthenticationIndex
 from meshpilot.model.service import PREFER_CLOSE, Service
 from meshpilot.networking import locality_lb, names, wire, wire_py
 from meshpilot.networking import traffic_policy as tp
@@ -51,6 +52,11 @@ class EndpointTls:
     root: int | None = None
     #: Every subset's labels and port mode, in order; empty when no subset sets a mode.
     subsets: tuple[tuple[tuple[tuple[str, str], ...], int | None], ...] = ()
+    #: The snapshot's PeerAuthentications when some policy sets DISABLE (an endpoint whose
+    #: workload's port is DISABLE gets no mark, as istiod's mtlsChecker); None otherwise.
+    peer: PeerAuthenticationIndex | None = field(default=None, compare=False)
+    #: The policies' fingerprint when ``peer`` is set: the cache key part that stands for it.
+    peer_key: int | None = None
 
     @property
     def wire_mode(self) -> int:
@@ -64,7 +70,21 @@ class EndpointTls:
                 if subset_mode is not None:
                     mode = subset_mode
                 break
-        return _mtls(ep, None if _wire_mode(mode) == wire.NO_TLS_MODE else _wire_mode(mode))
+        wire_mode = _wire_mode(mode)
+        if wire_mode != wire.NO_TLS_MODE:
+            return wire_mode == TLS_ISTIO_MUTUAL
+        if ep.tls_mode != TLS_MODE_ISTIO:
+            return False
+        if self.peer is None:
+            return True
+        # The endpoint's own workload and port, as the server's listener resolves them.
+        return self.peer.for_workload(ep.namespace, ep.labels).for_port(ep.port) is not MtlsMode.DISABLE
+
+    def with_peer(self, peer: PeerAuthenticationIndex) -> EndpointTls:
+        """This, also reading the endpoints' PeerAuthentication if any policy can DISABLE mTLS."""
+        if not peer.any_disable:
+            return self
+        return EndpointTls(self.root, self.subsets, peer, peer.fingerprint)
 
 
 def _wire_mode(mode: int | None) -> int:
@@ -308,6 +328,7 @@ class ClaInputs:
                 self.subset_labels,
                 self.tls.root,
                 self.tls.subsets,
+                self.tls.peer_key,
                 plan,
             )
         )
@@ -350,6 +371,7 @@ def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
         tls = push.memoized(
             ("eds-tls", rule.fingerprint, port_number), lambda: endpoint_tls(rule, port_number)
         )
+    tls = tls.with_peer(push.peer_authentication)
     return ClaInputs(svc, port.name, subset_labels, tls, rule_keys, plan)
 
 
@@ -376,7 +398,7 @@ def encode_from_inputs(cluster_name: str, inputs: ClaInputs | None, index: Endpo
         return wire.cluster_load_assignment(cluster_name, (), "", None, wire.NO_TLS_MODE)
     shards = index.shards(inputs.service.hostname, inputs.service.namespace)
     endpoints = [ep for _, ep in shards.endpoints()] if shards is not None else []
-    if inputs.locality is not None or inputs.tls.subsets:
+    if inputs.locality is not None or inputs.tls.subsets or inputs.tls.peer is not None:
         chosen = wire.select(endpoints, inputs.port_name, inputs.subset_labels)
         if inputs.locality is not None:
             groups = inputs.locality.apply(chosen)

@@ -95,11 +95,16 @@ def _alpn_filter() -> Any:
     return hcm_pb2.HttpFilter(name=extensions.ALPN, typed_config=pack(config))
 
 
-def http_filters(proxy: Proxy, *, inbound: bool) -> list[Any]:
-    """istiod's filter order; Istio-build-only filters only for proxies that have them."""
+def http_filters(proxy: Proxy, *, inbound: bool, security: Sequence[Any] = ()) -> list[Any]:
+    """istiod's filter order; Istio-build-only filters only for proxies that have them.
+
+    ``security`` (authorization and JWT filters) comes right after metadata exchange, which must
+    run first so RBAC can read the peer's metadata.
+    """
     out = []
     if extensions.has_metadata_exchange(proxy):
         out.append(_metadata_exchange_http(inbound))
+    out.extend(security)
     out.append(
         _http_filter(
             "envoy.filters.http.grpc_stats",
@@ -123,6 +128,7 @@ def http_connection_manager(
     route_config: Any | None = None,
     http2: bool = False,
     gateway: bool = False,
+    security: Sequence[Any] = (),
 ) -> Any:
     """An HCM with either RDS (outbound) or an inline route (inbound).
 
@@ -132,7 +138,7 @@ def http_connection_manager(
     hcm = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
-        http_filters=http_filters(proxy, inbound=inbound),
+        http_filters=http_filters(proxy, inbound=inbound, security=security),
         use_remote_address=boolean(gateway),
         normalize_path=boolean(True),
         path_with_escaped_slashes_action=hcm_pb2.HttpConnectionManager.KEEP_UNCHANGED,

@@ -27,7 +27,7 @@ from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.networking import endpoint as eds
-from meshpilot.networking import names
+from meshpilot.networking import inbound_security, names
 from meshpilot.networking.filters import http_connection_manager
 from meshpilot.networking.listener import tls_inspector
 from meshpilot.networking.protobuf import duration
@@ -81,6 +81,9 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
         key = (server.bind or _ANY_ADDRESS, _listen_port(proxy, server.port))
         by_listener.setdefault(key, []).append((_kind(server), server))
     out = []
+    # The AuthorizationPolicies and RequestAuthentications selecting the gateway's workload, as on a
+    # sidecar's inbound chains: istiod applies them to the gateway's listeners the same way.
+    security = inbound_security.build(inbound_security.inputs(proxy, push))
     for (bind, port), kinds in by_listener.items():
         # The first server that can be served decides the listener; the others on it are logged.
         kind = next((k for k, _ in kinds if k), "")
@@ -110,6 +113,7 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
                 inbound=False,
                 rds_name=route_name(port, same[0].bind),
                 gateway=True,
+                security=security.http,
             )
             listener.filter_chains.append(listener_components_pb2.FilterChain(filters=[hcm]))
         elif kind == "passthrough":
@@ -117,6 +121,9 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
             listener.listener_filters.append(tls_inspector())
         elif kind == "tcp":
             listener.filter_chains.extend(_tcp_chains(proxy, push, same))
+        if kind in ("passthrough", "tcp") and security.tcp:
+            for chain in listener.filter_chains:
+                chain.filters[0:0] = list(security.tcp)
         for chain in listener.filter_chains:
             # As istiod's: a client gets 15 s to finish its transport (TLS) handshake, so slow
             # handshakes cannot hold a gateway's memory.

@@ -7,8 +7,9 @@ only an HttpConnectionManager that names the route configuration to fetch
 as istiod names it). Short names resolve in the client's own namespace.
 
 A gRPC server built with xDS asks for ``xds.istio.io/grpc/lds/inbound/HOST:PORT``
-and gets a listener with one filter chain, plaintext or mTLS, whose inline
-route only marks requests as accepted (gRPC serves them itself).
+and gets a listener with one filter chain, plaintext or mTLS as its PeerAuthentication
+says (``inbound_mode``), whose inline route only marks requests as accepted (gRPC
+serves them itself).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from meshpilot.config.validation import goparse
 from meshpilot.model import labels
 from meshpilot.model.endpoint import TLS_MODE_ISTIO
+from meshpilot.model.peer_authentication import PERMISSIVE_WORKLOAD, MtlsMode, WorkloadMtls
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.service import Service
 from meshpilot.networking import grpc_tls, names
@@ -182,8 +184,22 @@ def inbound_filter_chain(suffix: str, mtls: bool) -> Any:
     return chain
 
 
-def inbound_listener(name: str, proxy: Proxy) -> Any | None:
-    """The server listener for ``xds.istio.io/grpc/lds/inbound/HOST:PORT``; None if not served here."""
+def inbound_mode(proxy: Proxy, mtls: WorkloadMtls, port: int) -> MtlsMode:
+    """The mode of a gRPC server's port, as istiod's grpcgen decides it: the PeerAuthentication
+    mode, except that gRPC cannot serve both on one port, so PERMISSIVE becomes STRICT for a
+    workload clients reach with mTLS (``security.istio.io/tlsMode: istio``), else plaintext."""
+    mode = mtls.for_port(port)
+    if mode is MtlsMode.PERMISSIVE:
+        mtls_label = proxy.labels.get(labels.TLS_MODE) == TLS_MODE_ISTIO
+        return MtlsMode.STRICT if mtls_label else MtlsMode.DISABLE
+    return MtlsMode.DISABLE if mode is MtlsMode.UNKNOWN else mode
+
+
+def inbound_listener(name: str, proxy: Proxy, mtls: WorkloadMtls = PERMISSIVE_WORKLOAD) -> Any | None:
+    """The server listener for ``xds.istio.io/grpc/lds/inbound/HOST:PORT``; None if not served here.
+
+    ``mtls`` is the workload's PeerAuthentication (``PeerAuthenticationIndex.for_workload``).
+    """
     split = split_host_port(name.removeprefix(INBOUND_PREFIX))
     if split is None or not split[1].isdigit():
         log.warning("%s: cannot parse an address from gRPC listener name %r", proxy.id, name)
@@ -192,18 +208,18 @@ def inbound_listener(name: str, proxy: Proxy) -> Any | None:
     if not any(t.target_port == port for t in proxy.service_targets):
         log.warning("%s: no service port targets %d (gRPC listener %r)", proxy.id, port, name)
         return None
-    # No PeerAuthentication yet, so every port is PERMISSIVE; gRPC cannot serve
-    # both on one port, so (as istiod) workloads that take mTLS get STRICT, others plaintext.
-    mtls = proxy.labels.get(labels.TLS_MODE) == TLS_MODE_ISTIO
-    chain = inbound_filter_chain("mtls" if mtls else "plaintext", mtls)
+    strict = inbound_mode(proxy, mtls, port) is MtlsMode.STRICT
+    chain = inbound_filter_chain("mtls" if strict else "plaintext", strict)
     # Listener filters and use_original_dst must stay unset: gRPC rejects them.
     return listener_pb2.Listener(name=name, address=_address(host, port), filter_chains=[chain])
 
 
-def inbound_listeners(proxy: Proxy, request: ListenerRequest) -> list[Any]:
+def inbound_listeners(
+    proxy: Proxy, request: ListenerRequest, mtls: WorkloadMtls = PERMISSIVE_WORKLOAD
+) -> list[Any]:
     out = []
     for name in request.inbound:
-        listener = inbound_listener(name, proxy)
+        listener = inbound_listener(name, proxy, mtls)
         if listener is not None:
             out.append(listener)
     return out

@@ -1,8 +1,11 @@
 """Inbound listeners of a sidecar: virtualInbound (captured traffic) and Sidecar ingress listeners.
 
-PeerAuthentication is not applied yet, so every port is PERMISSIVE, as
-istiod treats ports without a policy: mutual TLS from mesh peers and
-plaintext from anyone are both accepted.
+Each port's filter chains follow its PeerAuthentication mode (``model/peer_authentication.py``), as
+istiod builds them: STRICT has only mutual-TLS chains (plaintext matches no chain and is refused),
+PERMISSIVE (the default) accepts mutual TLS from mesh peers and plaintext from anyone, DISABLE has
+only plaintext chains. The passthrough chains (traffic to ports no service names) take the
+workload's mode, plus a chain set per port a policy names at port level that no service serves.
+Listener filters (TLS and HTTP inspectors) are derived from the chains, as istiod derives them.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
 from envoy.type.v3 import range_pb2
 
+from meshpilot.model.peer_authentication import MtlsMode, WorkloadMtls
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.sidecar_scope import CAPTURE_IPTABLES, CAPTURE_NONE
-from meshpilot.networking import extensions, names
+from meshpilot.networking import extensions, inbound_security, names
 from meshpilot.networking.cluster import config_path
 from meshpilot.networking.endpoint import socket_address
 from meshpilot.networking.filters import http_connection_manager, tcp_proxy
@@ -90,7 +94,7 @@ def _inbound_route(target: InboundPort) -> Any:
     )
 
 
-def _hcm_filters(proxy: Proxy, target: InboundPort, stat_prefix: str) -> list[Any]:
+def _hcm_filters(proxy: Proxy, push: PushContext, target: InboundPort, stat_prefix: str) -> list[Any]:
     return [
         http_connection_manager(
             proxy,
@@ -98,87 +102,112 @@ def _hcm_filters(proxy: Proxy, target: InboundPort, stat_prefix: str) -> list[An
             inbound=True,
             route_config=_inbound_route(target),
             http2=target.protocol.is_http2,
+            security=_security(proxy, push).http,
         )
     ]
 
 
-def _tcp_filters(target: InboundPort) -> list[Any]:
-    return [tcp_proxy(target.cluster)]
+def _tcp_filters(proxy: Proxy, push: PushContext, target: InboundPort) -> list[Any]:
+    return [*_security(proxy, push).tcp, tcp_proxy(target.cluster)]
 
 
-def permissive_chains(
-    proxy: Proxy, push: PushContext, target: InboundPort, *, port: int | None, name: str, http_name: str = ""
+def _security(proxy: Proxy, push: PushContext) -> inbound_security.InboundSecurityFilters:
+    """AuthorizationPolicy and RequestAuthentication filters (``inbound_security``), once per proxy."""
+    security = inbound_security.inputs(proxy, push)
+    return push.memoized(("inbound-security", security.key), lambda: inbound_security.build(security))
+
+
+@dataclass(frozen=True, slots=True)
+class ChainOption:
+    """One filter chain of a port: what it matches, whether it terminates mTLS, HTTP or TCP
+    (istiod's FilterChainMatchOptions)."""
+
+    transport: str
+    http: bool
+    alpns: tuple[str, ...] = ()
+    mtls: bool = False
+
+
+_TLS, _RAW = "tls", "raw_buffer"
+#: The chains of a port by listener protocol and mTLS mode, in istiod's order
+#: (pilot/pkg/networking/core/filterchain_options.go). DISABLE (and UNKNOWN) is plaintext only.
+_CHAIN_OPTIONS: dict[tuple[str, MtlsMode], tuple[ChainOption, ...]] = {
+    ("http", MtlsMode.STRICT): (ChainOption(_TLS, True, mtls=True),),
+    ("http", MtlsMode.PERMISSIVE): (
+        ChainOption(_TLS, True, ALL_ISTIO_ALPNS, mtls=True),
+        ChainOption(_RAW, True),
+    ),
+    ("http", MtlsMode.DISABLE): (ChainOption(_RAW, True),),
+    ("tcp", MtlsMode.STRICT): (ChainOption(_TLS, False, mtls=True),),
+    ("tcp", MtlsMode.PERMISSIVE): (
+        ChainOption(_TLS, False, ALL_ISTIO_ALPNS, mtls=True),
+        ChainOption(_TLS, False),
+        ChainOption(_RAW, False),
+    ),
+    ("tcp", MtlsMode.DISABLE): (ChainOption(_RAW, False),),
+    ("auto", MtlsMode.STRICT): (
+        ChainOption(_TLS, True, ISTIO_HTTP_ALPNS, mtls=True),
+        ChainOption(_TLS, False, mtls=True),
+    ),
+    ("auto", MtlsMode.PERMISSIVE): (
+        ChainOption(_TLS, True, ISTIO_HTTP_ALPNS, mtls=True),
+        ChainOption(_RAW, True, HTTP_ALPNS),
+        ChainOption(_TLS, False, ISTIO_TCP_ALPNS, mtls=True),
+        ChainOption(_RAW, False),
+        ChainOption(_TLS, False),
+    ),
+    ("auto", MtlsMode.DISABLE): (ChainOption(_RAW, True, HTTP_ALPNS), ChainOption(_RAW, False)),
+}
+
+
+def chain_options(protocol: Protocol, mode: MtlsMode) -> tuple[ChainOption, ...]:
+    """The chains istiod builds for a port of ``protocol`` in ``mode`` (getFilterChainMatchOptions)."""
+    kind = "http" if protocol.is_http else "tcp" if protocol.is_tcp else "auto"
+    if mode is MtlsMode.UNKNOWN:
+        mode = MtlsMode.DISABLE
+    return _CHAIN_OPTIONS[(kind, mode)]
+
+
+def inbound_chains(
+    proxy: Proxy,
+    push: PushContext,
+    target: InboundPort,
+    mode: MtlsMode,
+    *,
+    port: int | None,
+    name: str,
+    http_name: str = "",
+    passthrough: bool = False,
 ) -> list[Any]:
-    """The PERMISSIVE chains for one port: mTLS and plaintext, HTTP and TCP as the protocol allows."""
+    """The chains of one port in ``mode``: STRICT only mTLS, PERMISSIVE mTLS and plaintext, DISABLE
+    only plaintext; HTTP and TCP as the protocol allows."""
     stat_prefix = (
-        names.stat_name(f"inbound_{target.chain_name}")
-        if port is not None
-        else names.stat_name(names.INBOUND_PASSTHROUGH_CLUSTER)
+        names.stat_name(names.INBOUND_PASSTHROUGH_CLUSTER)
+        if passthrough or port is None
+        else names.stat_name(f"inbound_{target.chain_name}")
     )
     http_name = http_name or name
-    chains = []
-    protocol = target.protocol
-    is_http = protocol.is_http
-    is_tcp = protocol.is_tcp
-    if is_http:
-        chains.append(
-            (
-                http_name,
-                _match(port, "tls", ALL_ISTIO_ALPNS),
-                _downstream_tls(proxy, push, http=True),
-                _hcm_filters(proxy, target, stat_prefix),
-            )
-        )
-        chains.append((http_name, _match(port, "raw_buffer"), None, _hcm_filters(proxy, target, stat_prefix)))
-    elif is_tcp:
-        chains.append(
-            (
-                name,
-                _match(port, "tls", ALL_ISTIO_ALPNS),
-                _downstream_tls(proxy, push, http=False),
-                _tcp_filters(target),
-            )
-        )
-        chains.append((name, _match(port, "tls"), None, _tcp_filters(target)))
-        chains.append((name, _match(port, "raw_buffer"), None, _tcp_filters(target)))
-    else:
-        chains.append(
-            (
-                http_name,
-                _match(port, "tls", ISTIO_HTTP_ALPNS),
-                _downstream_tls(proxy, push, http=True),
-                _hcm_filters(proxy, target, stat_prefix),
-            )
-        )
-        chains.append(
-            (
-                http_name,
-                _match(port, "raw_buffer", HTTP_ALPNS),
-                None,
-                _hcm_filters(proxy, target, stat_prefix),
-            )
-        )
-        chains.append(
-            (
-                name,
-                _match(port, "tls", ISTIO_TCP_ALPNS),
-                _downstream_tls(proxy, push, http=False),
-                _tcp_filters(target),
-            )
-        )
-        chains.append((name, _match(port, "raw_buffer"), None, _tcp_filters(target)))
-        chains.append((name, _match(port, "tls"), None, _tcp_filters(target)))
     out = []
-    for chain_name, match, socket, filters in chains:
+    for option in chain_options(target.protocol, mode):
+        match = _match(port, option.transport, option.alpns)
+        if option.http:
+            chain_name, filters = http_name, _hcm_filters(proxy, push, target, stat_prefix)
+        else:
+            chain_name, filters = name, _tcp_filters(proxy, push, target)
         chain = listener_components_pb2.FilterChain(
             name=chain_name, filter_chain_match=match, filters=filters
         )
-        if socket is not None:
-            chain.transport_socket.CopyFrom(socket)
+        if option.mtls:
+            chain.transport_socket.CopyFrom(_downstream_tls(proxy, push, http=option.http))
         if target.config:
             chain.metadata.filter_metadata["istio"].update({"config": target.config})
         out.append(chain)
     return out
+
+
+def workload_mtls(proxy: Proxy, push: PushContext) -> WorkloadMtls:
+    """The proxy's workload's effective PeerAuthentication (istiod's authn builder for the proxy)."""
+    return push.peer_authentication.for_workload(proxy.config_namespace, proxy.labels)
 
 
 def _global_unicast(proxy: Proxy) -> str | None:
@@ -256,14 +285,37 @@ def _ingress_binds_port(proxy: Proxy, ingress: Any) -> bool:
     return proxy.interception_mode is InterceptionMode.NONE
 
 
-def _inspectors(listener: Any, *, tls: bool, http_disabled_ports: list[int], http: bool) -> None:
-    if tls:
-        listener.listener_filters.append(tls_inspector())
-    if http:
+def _derived_inspectors(chains: list[Any]) -> list[Any]:
+    """The TLS and HTTP inspectors the chains need, per destination port (istiod's
+    populateListenerFilters): TLS where a chain matches ``tls``, HTTP where one matches a
+    plaintext HTTP ALPN; port 0 stands for chains without a port (the passthrough ones)."""
+    needs: dict[int, tuple[bool, bool]] = {}
+    for chain in chains:
+        match = chain.filter_chain_match
+        port = match.destination_port.value if match.HasField("destination_port") else 0
+        tls = match.transport_protocol == _TLS
+        http = any(alpn in HTTP_ALPNS for alpn in match.application_protocols)
+        had_tls, had_http = needs.get(port, (False, False))
+        needs[port] = (had_tls or tls, had_http or http)
+    out = []
+    if any(tls for tls, _ in needs.values()):
+        inspector = tls_inspector()
+        default_on = needs.get(0, (False, False))[0]
+        # With the passthrough inspecting, ports opt out; otherwise ports opt in.
+        ports = sorted(p for p, (tls, _) in needs.items() if p != 0 and tls != default_on)
+        if ports:
+            predicate = _ports_predicate(ports)
+            if not default_on:
+                predicate = listener_components_pb2.ListenerFilterChainMatchPredicate(not_match=predicate)
+            inspector.filter_disabled.CopyFrom(predicate)
+        out.append(inspector)
+    if any(http for _, http in needs.values()):
         inspector = http_inspector()
-        if http_disabled_ports:
-            inspector.filter_disabled.CopyFrom(_ports_predicate(http_disabled_ports))
-        listener.listener_filters.append(inspector)
+        off = sorted(p for p, (_, http) in needs.items() if not http)
+        if off:
+            inspector.filter_disabled.CopyFrom(_ports_predicate(off))
+        out.append(inspector)
+    return out
 
 
 def _ports_predicate(ports: list[int]) -> Any:
@@ -280,8 +332,48 @@ def _ports_predicate(ports: list[int]) -> Any:
     return out
 
 
-def virtual_inbound(proxy: Proxy, push: PushContext, targets: list[InboundPort]) -> Any:
-    """0.0.0.0:15006, where capture sends inbound traffic; one chain set per workload port."""
+def _passthrough_port(port: int) -> InboundPort:
+    return InboundPort(
+        port=port,
+        protocol=Protocol.UNSUPPORTED,
+        cluster=names.INBOUND_PASSTHROUGH_CLUSTER,
+        hostname="",
+        service_port=0,
+        chain_name=names.VIRTUAL_INBOUND,
+    )
+
+
+def _passthrough_chains(
+    proxy: Proxy, push: PushContext, mtls: WorkloadMtls, served: frozenset[int]
+) -> list[Any]:
+    """istiod's ForPassthrough: the workload's mode for any port, then a chain set for each
+    port-level port no service (or Sidecar ingress) serves, in that port's mode."""
+    chains = []
+    ports: list[int | None] = [None, *(p for p in mtls.ports if p not in served)]
+    for port in ports:
+        mode = mtls.mode if port is None else mtls.for_port(port)
+        chains.extend(
+            inbound_chains(
+                proxy,
+                push,
+                _passthrough_port(port or 0),
+                mode,
+                port=port,
+                name=names.VIRTUAL_INBOUND,
+                http_name=names.VIRTUAL_INBOUND_CATCHALL_HTTP,
+                passthrough=True,
+            )
+        )
+    return chains
+
+
+def virtual_inbound(
+    proxy: Proxy, push: PushContext, targets: list[InboundPort], served: frozenset[int] | None = None
+) -> Any:
+    """0.0.0.0:15006, where capture sends inbound traffic; one chain set per workload port.
+
+    ``served`` are the ports that need no passthrough chain of their own (default: ``targets``').
+    """
     port = push.mesh.proxy_inbound_listen_port
     listener = listener_pb2.Listener(
         name=names.VIRTUAL_INBOUND,
@@ -300,38 +392,20 @@ def virtual_inbound(proxy: Proxy, push: PushContext, targets: list[InboundPort])
             name="envoy.filters.listener.original_dst", typed_config=pack(original_dst_pb2.OriginalDst())
         )
     )
-    tls = tls_inspector()
-    tls.filter_disabled.CopyFrom(_ports_predicate([port]))
-    listener.listener_filters.append(tls)
-    http_off = [port] + [t.port for t in targets if t.protocol.is_http or t.protocol.is_tcp]
-    listener.listener_filters.append(http_inspector())
-    listener.listener_filters[-1].filter_disabled.CopyFrom(_ports_predicate(http_off))
-
     blackhole = listener.filter_chains.add(name=names.VIRTUAL_INBOUND_BLACKHOLE)
     blackhole.filter_chain_match.destination_port.value = port
     blackhole.filters.append(tcp_proxy(names.BLACKHOLE_CLUSTER))
-    passthrough = InboundPort(
-        port=0,
-        protocol=Protocol.UNSUPPORTED,
-        cluster=names.INBOUND_PASSTHROUGH_CLUSTER,
-        hostname="",
-        service_port=0,
-        chain_name=names.VIRTUAL_INBOUND,
-    )
-    listener.filter_chains.extend(
-        permissive_chains(
-            proxy,
-            push,
-            passthrough,
-            port=None,
-            name=names.VIRTUAL_INBOUND,
-            http_name=names.VIRTUAL_INBOUND_CATCHALL_HTTP,
-        )
-    )
+    mtls = workload_mtls(proxy, push)
+    if served is None:
+        served = frozenset(t.port for t in targets)
+    listener.filter_chains.extend(_passthrough_chains(proxy, push, mtls, served))
     for target in targets:
         listener.filter_chains.extend(
-            permissive_chains(proxy, push, target, port=target.port, name=target.chain_name)
+            inbound_chains(
+                proxy, push, target, mtls.for_port(target.port), port=target.port, name=target.chain_name
+            )
         )
+    listener.listener_filters.extend(_derived_inspectors(list(listener.filter_chains)))
     return listener
 
 
@@ -345,11 +419,11 @@ def ingress_listener(proxy: Proxy, push: PushContext, target: InboundPort, bind:
     )
     listener.max_connections_to_accept_per_socket_event.value = 1
     listener.listener_filters_timeout.CopyFrom(push.mesh.protocol_detection_timeout)
-    sniffed = not (target.protocol.is_http or target.protocol.is_tcp)
-    _inspectors(listener, tls=True, http_disabled_ports=[], http=sniffed)
+    mode = workload_mtls(proxy, push).for_port(target.port)
     listener.filter_chains.extend(
-        permissive_chains(proxy, push, target, port=target.port, name=target.chain_name)
+        inbound_chains(proxy, push, target, mode, port=target.port, name=target.chain_name)
     )
+    listener.listener_filters.extend(_derived_inspectors(list(listener.filter_chains)))
     return listener
 
 
@@ -365,7 +439,9 @@ def build_inbound_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
                 bound.append(ingress_listener(proxy, push, target, target.chain_name.rsplit("_", 1)[0]))
             else:
                 in_virtual.append(target)
-        out = [virtual_inbound(proxy, push, in_virtual)] if capture else []
+        # With a Sidecar, its ingress ports (bound or not) are the ports that are served.
+        served = frozenset(i.port.number for i in scope.ingress)
+        out = [virtual_inbound(proxy, push, in_virtual, served)] if capture else []
         return out + bound
     if not capture:
         return []

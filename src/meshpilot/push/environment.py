@@ -10,6 +10,7 @@ from meshpilot.config.store import ConfigStore
 from meshpilot.model import labels as wk
 from meshpilot.model.endpoint import Locality
 from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.jwks import JwksLookup
 from meshpilot.model.proxy import Proxy, locality_label
 from meshpilot.model.push_context import PushContext
 from meshpilot.registry.aggregate import AggregateRegistry
@@ -37,6 +38,8 @@ class MeshEnvironment:
         self.share_outputs = share_outputs
         #: PushContext.memoized_lasting's store, handed from snapshot to snapshot.
         self._lasting: dict[Hashable, Any] = {}
+        #: Where snapshots find fetched JWKS (set by the composition root; None: none fetched).
+        self.jwks: JwksLookup | None = None
 
     def build_push_context(self, version: str, *, keep_lasting: bool = True) -> PushContext:
         """A snapshot; ``keep_lasting=False`` starts it without outputs kept from earlier ones."""
@@ -55,6 +58,7 @@ class MeshEnvironment:
             service_accounts=accounts,
             lasting=self._lasting if keep_lasting else {},
             share_outputs=self.share_outputs,
+            jwks=self.jwks,
         )
 
     def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:

@@ -36,8 +36,10 @@ from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import apply_mesh_config, default_mesh_config
 from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.push.debounce import DebounceOptions
 from meshpilot.push.environment import MeshEnvironment
+from meshpilot.push.jwks_resolver import JwksResolver
 from meshpilot.registry.aggregate import AggregateRegistry
 from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
@@ -139,6 +141,10 @@ class DiscoveryApp:
                 max_requests_per_second=settings.max_requests_per_second,
             ),
         )
+        #: Fetches the keys of RequestAuthentication jwksUris; new keys push the policies using them.
+        self.jwks = JwksResolver(self._jwks_changed)
+        self.env.jwks = self.jwks
+        PROBLEMS.register(self.metrics.registry)
         trust_domain = mesh.trust_domain
         self.kube = self._make_registry(settings.cluster_id)
         self.service_entries = ServiceEntryRegistry(
@@ -165,8 +171,11 @@ class DiscoveryApp:
             self.kube_controller = self._kube_controller(settings, kube_api)
         self.identity: IdentityPlane | None = None
         if settings.secure_grpc_addr is not None or settings.secure_grpc_client_cert_addr is not None:
-            self.identity = IdentityPlane(settings, trust_domain, self.metrics.registry, kube_api)
+            self.identity = IdentityPlane(
+                settings, lambda: self.env.mesh.trust_domain, self.metrics.registry, kube_api
+            )
             self.server.authenticators = self.identity.authenticators
+            self.server.trust_domains = self._trust_domains
         self._kube_api = kube_api
         self.root_certs: RootCertPublisher | None = None
         self.webhook_ca: WebhookCaPatcher | None = None
@@ -195,6 +204,11 @@ class DiscoveryApp:
             handler = InjectionHandler(inject_config, InjectionMetrics.create(self.metrics.registry))
             self.webhooks.add_review_handler("/inject", handler)
             self.inject_source = InjectConfigSource(handler, settings.inject_config)
+
+    def _jwks_changed(self, owners: frozenset[ConfigKey]) -> None:
+        self.server.config_update(
+            PushRequest(full=True, configs_updated=owners, reasons=Counter({TriggerReason.CONFIG: 1}))
+        )
 
     def _make_registry(self, cluster_id: str) -> KubeRegistry:
         """The Kubernetes registry of one cluster (the local one, or a remote one from a Secret)."""
@@ -230,6 +244,10 @@ class DiscoveryApp:
         if self.kube_controller is not None:
             count += len(self.kube_controller.source.rejections)
         return float(count)
+
+    def _trust_domains(self) -> tuple[str, ...]:
+        mesh = self.env.mesh
+        return (mesh.trust_domain, *mesh.trust_domain_aliases)
 
     def _on_mesh(self, mesh: Any) -> None:
         """A new MeshConfig (from the ConfigMap): everything may change, so every proxy gets a full push."""
@@ -285,7 +303,7 @@ class DiscoveryApp:
         secure_bound: list[str] = []
         if self.identity is not None:
             secure = grpc.aio.server(options=GRPC_OPTIONS)
-            secure.add_generic_rpc_handlers([self.server.grpc_handler()])
+            secure.add_generic_rpc_handlers([self.server.grpc_handler(secure=True)])
             secure_bound = self.identity.add_ports(secure)
         runners = []
         tasks: list[asyncio.Task[Any]] = []
@@ -321,6 +339,7 @@ class DiscoveryApp:
             if not await self._load_unless_stopped():
                 return
             tasks.append(asyncio.create_task(self.server.run(), name="push"))
+            tasks.append(asyncio.create_task(self.jwks.run(), name="jwks"))
             self._start_publishing_root()
             if self.identity is not None:
                 tasks.append(asyncio.create_task(self.identity.run(self._stop), name="serving certificate"))
@@ -360,7 +379,7 @@ class DiscoveryApp:
             self._kube_api, root, selectors=selectors_of(self.env.mesh), registry=self.metrics.registry
         )
         self.root_certs.start()
-        if self.webhooks is not None and self.settings.tls_cert_file is None:
+        if self.webhooks is not None and self.webhooks.serves_mesh_certificate:
             self.webhook_ca = WebhookCaPatcher(self._kube_api, root)
             self.webhook_ca.start()
 

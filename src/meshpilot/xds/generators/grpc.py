@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshpilot.model.kind import Kind
+from meshpilot.model.peer_authentication import WorkloadMtls
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.grpc_clusters import build_grpc_clusters
 from meshpilot.networking.grpc_listeners import inbound_listeners, outbound_listeners, parse_listener_names
@@ -70,8 +71,16 @@ class GrpcListenerGenerator:
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
         request = parse_listener_names(_wanted(watch, names), ctx.proxy)
-        built = [*outbound_listeners(ctx.proxy, request), *inbound_listeners(ctx.proxy, request)]
+        mtls = _workload_mtls(ctx)
+        built = [*outbound_listeners(ctx.proxy, request), *inbound_listeners(ctx.proxy, request, mtls)]
         return ResourceList(Resource.of(li.name, li) for li in built)
+
+
+def _workload_mtls(ctx: GenerationContext) -> WorkloadMtls:
+    """The server's PeerAuthentication, looked up as istiod's grpcgen does (node namespace, labels)."""
+    proxy = ctx.proxy
+    namespace = proxy.metadata.namespace or proxy.config_namespace
+    return ctx.push.peer_authentication.for_workload(namespace, proxy.labels)
 
 
 class GrpcClusterGenerator:

@@ -12,9 +12,10 @@ import logging
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_request import PushRequest
+from meshpilot.networking import inbound_security
 from meshpilot.networking.gateway import gateway_listeners, service_port_map
 from meshpilot.networking.listener import build_outbound_listeners
-from meshpilot.networking.listener_inbound import build_inbound_listeners
+from meshpilot.networking.listener_inbound import build_inbound_listeners, workload_mtls
 from meshpilot.networking.tcp_routes import source_label_key
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
@@ -48,7 +49,15 @@ class ListenerGenerator:
                 Resource.of(li.name, li) for li in build_outbound_listeners(proxy, push, ctx.index)
             ),
         )
-        inbound_key = ("lds-in", proxy.capabilities, proxy.inbound_signature)
+        inbound_key = (
+            "lds-in",
+            proxy.capabilities,
+            proxy.inbound_signature,
+            # The AuthorizationPolicies and RequestAuthentications selecting it, and fetched JWKS.
+            inbound_security.inputs(proxy, push).key,
+            # The workload's PeerAuthentication: each port's chains (it follows the labels too).
+            workload_mtls(proxy, push),
+        )
 
         def build_inbound() -> ResourceList:
             return ResourceList(Resource.of(li.name, li) for li in build_inbound_listeners(proxy, push))

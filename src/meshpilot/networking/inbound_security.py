@@ -1,0 +1,78 @@
+"""The security filters of a sidecar's inbound chains, from the policies that select it.
+
+istiod's order in an inbound HTTP connection manager: metadata exchange, CUSTOM authorization,
+``jwt_authn``, then RBAC (AUDIT, DENY, ALLOW), then the rest. Inbound TCP chains get the network
+RBAC filters before ``tcp_proxy``. ``inputs`` is computed first; the cache key of the inbound
+listeners includes its ``key`` (policy specs, annotations and the fetched JWKS the filter inlines).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from meshpilot.model.authorization import (
+    AuthorizationPolicies,
+    authorization_policies,
+    request_authentications,
+)
+from meshpilot.model.config import Config
+from meshpilot.model.jwks import JwksLookup
+from meshpilot.model.proxy import Proxy
+from meshpilot.model.push_context import PushContext
+from meshpilot.networking import jwt_authn, rbac
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityInputs:
+    """What the inbound security filters of a proxy are built from."""
+
+    policies: AuthorizationPolicies
+    request_authentications: tuple[Config, ...]
+    trust: rbac.TrustDomains
+    lookup: JwksLookup
+    #: Fetched JWKS the filter will inline, in provider order.
+    jwks: tuple[str, ...]
+
+    @property
+    def key(self) -> Hashable:
+        ras = tuple((c.key, c.spec_hash) for c in self.request_authentications)
+        return (self.policies.fingerprint(), ras, self.trust, self.jwks)
+
+    @property
+    def empty(self) -> bool:
+        return self.policies.empty and not self.request_authentications
+
+
+def inputs(proxy: Proxy, push: PushContext) -> SecurityInputs:
+    ras = request_authentications(push, proxy)
+    lookup = push.jwks
+    return SecurityInputs(
+        policies=authorization_policies(push, proxy),
+        request_authentications=ras,
+        trust=rbac.trust_domains(push.mesh),
+        lookup=lookup,
+        jwks=jwt_authn.jwks_fingerprint(ras, lookup) if ras else (),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class InboundSecurityFilters:
+    http: tuple[Any, ...]
+    tcp: tuple[Any, ...]
+
+
+NO_FILTERS = InboundSecurityFilters((), ())
+
+
+def build(security: SecurityInputs) -> InboundSecurityFilters:
+    """The HTTP filters (CUSTOM, JWT, RBAC) and the network filters (RBAC) of inbound chains."""
+    if security.empty:
+        return NO_FILTERS
+    http: list[Any] = rbac.http_custom_filters(security.policies, security.trust)
+    jwt = jwt_authn.jwt_filter(security.request_authentications, security.lookup)
+    if jwt is not None:
+        http.append(jwt)
+    http += rbac.http_filters(security.policies, security.trust)
+    return InboundSecurityFilters(tuple(http), tuple(rbac.tcp_filters(security.policies, security.trust)))
