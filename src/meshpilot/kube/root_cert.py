@@ -12,8 +12,8 @@ are left alone: nothing is made there and nothing is removed.
 
 Two informers (Namespaces, and ConfigMaps of that name in all namespaces) feed the loop, which
 keeps what they saw and queues namespaces to reconcile; one worker writes, from a thread, one
-namespace at a time. A failed write is tried again after 0.2, 0.4, … s, five times in all (the next
-event on that namespace starts over), as istiod's queue does.
+namespace at a time. A failed write is tried again after 0.2, 0.4, … s, at most a minute apart, until
+it succeeds, as istiod's queue does.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ ROOT_CERT_LABELS = {"istio.io/config": "true"}
 #: istiod's ``inject.IgnoredNamespaces`` less ``kube-system`` (served, for ztunnel).
 IGNORED_NAMESPACES = frozenset({"kube-public", "kube-node-lease", "local-path-storage"})
 
-MAX_ATTEMPTS = 5
+#: Failed writes are retried for as long as they fail (a namespace without its root leaves injected pods
+#: waiting), at most this far apart; from this attempt on each failure is an error.
+MAX_RETRY_DELAY = 60.0
+LOUD_AFTER = 5
 _RETRY_FIRST = 0.2
 _STOP_TIMEOUT = 10.0
 
@@ -292,22 +295,21 @@ class RootCertPublisher:
 
     def _retry(self, namespace: str, err: KubeError) -> None:
         attempts = self._attempts.get(namespace, 0) + 1
-        if attempts >= MAX_ATTEMPTS:
-            self._attempts.pop(namespace, None)
-            log.error(
-                "ConfigMap %s/%s not written after %d attempts: %s",
-                namespace,
-                ROOT_CERT_CONFIGMAP,
-                attempts,
-                err,
-            )
-            return
         self._attempts[namespace] = attempts
-        log.warning("ConfigMap %s/%s not written: %s; trying again", namespace, ROOT_CERT_CONFIGMAP, err)
+        level = logging.ERROR if attempts >= LOUD_AFTER else logging.WARNING
+        log.log(
+            level,
+            "ConfigMap %s/%s not written (%d attempts): %s; trying again",
+            namespace,
+            ROOT_CERT_CONFIGMAP,
+            attempts,
+            err,
+        )
 
         def again() -> None:
             self._retries.discard(handle)
             self._enqueue(namespace)
 
-        handle = asyncio.get_running_loop().call_later(_RETRY_FIRST * 2 ** (attempts - 1), again)
+        delay = min(_RETRY_FIRST * 2 ** min(attempts - 1, 20), MAX_RETRY_DELAY)
+        handle = asyncio.get_running_loop().call_later(delay, again)
         self._retries.add(handle)

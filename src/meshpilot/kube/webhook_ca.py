@@ -12,8 +12,7 @@ into all of them.
 
 Where meshpilot differs: istiod's validation controller also turns ``failurePolicy: Ignore`` into
 ``Fail`` once a dry run shows its webhook rejects bad config; meshpilot leaves ``failurePolicy``
-alone. istiod retries a failed write forever (at most once a minute); meshpilot five times, then
-waits for the next event or bundle.
+alone. A failed write is retried, as istiod retries it, until it succeeds (at most a minute apart).
 """
 
 from __future__ import annotations
@@ -37,7 +36,10 @@ REVISION_LABEL = "istio.io/rev"
 #: istiod's ``webhookName``: the suffix of the injection webhooks it patches.
 INJECTION_WEBHOOK_SUFFIX = "sidecar-injector.istio.io"
 
-MAX_ATTEMPTS = 5
+#: Failed writes are retried for as long as they fail (an API server back after a minute must still
+#: get the caBundle), at most this far apart; from this attempt on each failure is an error.
+MAX_RETRY_DELAY = 60.0
+LOUD_AFTER = 5
 _RETRY_FIRST = 0.2
 _STOP_TIMEOUT = 10.0
 _GROUP, _VERSION = "admissionregistration.k8s.io", "v1"
@@ -210,18 +212,18 @@ class WebhookCaPatcher:
 
     def _retry(self, key: WebhookKey, err: KubeError) -> None:
         attempts = self._attempts.get(key, 0) + 1
-        if attempts >= MAX_ATTEMPTS:
-            self._attempts.pop(key, None)
-            log.error("%s %s not patched, %d attempts: %s", key[0].kind, key[1], attempts, err)
-            return
         self._attempts[key] = attempts
-        log.warning("%s %s not patched: %s; trying again", key[0].kind, key[1], err)
+        level = logging.ERROR if attempts >= LOUD_AFTER else logging.WARNING
+        log.log(
+            level, "%s %s not patched (%d attempts): %s; trying again", key[0].kind, key[1], attempts, err
+        )
 
         def again() -> None:
             self._retries.discard(handle)
             self._enqueue(key)
 
-        handle = asyncio.get_running_loop().call_later(_RETRY_FIRST * 2 ** (attempts - 1), again)
+        delay = min(_RETRY_FIRST * 2 ** min(attempts - 1, 20), MAX_RETRY_DELAY)
+        handle = asyncio.get_running_loop().call_later(delay, again)
         self._retries.add(handle)
 
 
