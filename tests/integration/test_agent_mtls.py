@@ -213,8 +213,10 @@ def test_short_lived_certificates_rotate_without_failing_a_request(mesh, kube) -
     eventually(_call, timeout=20, what="a request through both agents' Envoys")
     hashes: list[str] = []
     failures: list[str] = []
-    deadline = time.monotonic() + 14
-    while time.monotonic() < deadline:
+    # Until the client's certificate has changed twice (6 s life, renewed at half of it: ~6 s), bounded
+    # generously for a loaded machine.
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline and len(hashes) < 3:
         try:
             seen = _call()
         except (AssertionError, OSError) as err:
@@ -225,7 +227,6 @@ def test_short_lived_certificates_rotate_without_failing_a_request(mesh, kube) -
             hashes.append(digest)
         time.sleep(0.05)
     assert failures == []
-    # The client's certificate changed at least twice in 14 s with a 6 s life (renewed at half of it),
-    # each one issued by meshpilot's CA.
+    # Every request succeeded while the client's certificate changed twice, each issued by meshpilot's CA.
     assert len(hashes) >= 3, hashes
     assert mesh.meshpilot.metric("citadel_server_success_cert_issuance_count") >= 2 + len(hashes) - 1
