@@ -11,7 +11,8 @@ integration tests use (``apply``, ``delete``, ``get``, ``objects``, ``write_kube
 
 Both binaries come from ``make reference`` (``support.reference.binary``). The server has its own
 CA, serving certificate and service-account signing key, made at start; clients authenticate with a
-certificate of ``O=system:masters``; authorization is RBAC. Istio's CRDs (from the pinned
+certificate of ``O=system:masters``; authorization is RBAC. The ``istio-system`` namespace exists.
+Istio's CRDs (from the pinned
 ``istio.io/istio`` module) are installed and Established before ``start`` returns.
 
 What a real server does that the emulator does not, and what ``apply`` does about it:
@@ -196,6 +197,9 @@ class RealKubeApiServer:
             crds = [d for d in yaml.safe_load_all(istio_file(CRD_FILE)) if d]
             self._start(etcd, apiserver)
             self._install_crds(crds)
+            # Istio's namespace, as a cluster with Istio installed has it: istiod (and meshpilot) keep
+            # the CA's root in its istio-ca-secret, and refuse to start without somewhere to keep it.
+            self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}})
             self._baseline = self._snapshot()
         except BaseException as err:
             logs = self.logs()
