@@ -228,3 +228,80 @@ def test_an_xds_server_serves_with_the_listener_meshpilot_sends(mesh, client) ->
         assert rejected(mesh) == 0
     finally:
         server.stop()
+
+
+def test_authorization_policies_reach_an_xds_server(mesh, client) -> None:
+    # An xDS-enabled reviews pod whose listener carries the AuthorizationPolicies selecting it.
+    mesh.write(
+        "reviews.yaml",
+        workload(
+            "reviews",
+            "default",
+            "10.96.0.20",
+            9080,
+            {"reviews-v1": "127.0.5.41", "reviews-v2": "127.0.5.42", "reviews-v3": "127.0.5.45"},
+            versions={"reviews-v1": "v1", "reviews-v2": "v2", "reviews-v3": "v3"},
+            port_name="grpc",
+        ),
+    )
+    v3 = {"matchLabels": {"app": "reviews", "version": "v3"}}
+    # A DENY on another path, an ALLOW on the path the client calls: calls go through.
+    deny_other = istio(
+        "AuthorizationPolicy",
+        "deny-other",
+        "default",
+        {
+            "selector": v3,
+            "action": "DENY",
+            "rules": [{"to": [{"operation": {"paths": ["/meshpilot.test.Other/*"]}}]}],
+        },
+        group="security",
+    )
+
+    def allow(name: str, rule: dict[str, object]) -> dict[str, object]:
+        return istio(
+            "AuthorizationPolicy", name, "default", {"selector": v3, "rules": [rule]}, group="security"
+        )
+
+    by_path = allow("allow-echo", {"to": [{"operation": {"paths": ["/meshpilot.test.Echo/*"]}}]})
+    mesh.write("authz.yaml", [deny_other, by_path])
+    path = write_bootstrap(
+        mesh.tmp / "grpc-authz-server-bootstrap.json",
+        xds_port=mesh.meshpilot.grpc_port,
+        node_id="sidecar~127.0.5.45~reviews-v3.default~default.svc.cluster.local",
+        metadata=node_metadata("127.0.5.45", {"app": "reviews", "version": "v3"}),
+    )
+    server = xds_server(mesh.tmp, "reviews-v3", "127.0.5.45", 9080, path)
+    try:
+        mesh.write(
+            "routing.yaml",
+            [
+                reviews_rule([*SUBSETS, {"name": "v3", "labels": {"version": "v3"}}]),
+                reviews_routes({"route": [to("v3")]}),
+            ],
+        )
+
+        def outcome() -> tuple[Counter[str], Counter[str]]:
+            return client.calls(REVIEWS, 5)
+
+        try:
+            eventually(
+                lambda: outcome() == (Counter({"reviews-v3": 5}), Counter()), timeout=30, what="allowed"
+            )
+            # An ALLOW for a principal other than the client's (a plaintext client has none).
+            other = {"from": [{"source": {"principals": ["cluster.local/ns/default/sa/someone-else"]}}]}
+            mesh.write("authz.yaml", [deny_other, allow("allow-echo", other)])
+            eventually(
+                lambda: outcome() == (Counter(), Counter({"PERMISSION_DENIED": 5})), timeout=30, what="denied"
+            )
+            # Back to the path rule: allowed again, by the same running server.
+            mesh.write("authz.yaml", [deny_other, by_path])
+            eventually(
+                lambda: outcome() == (Counter({"reviews-v3": 5}), Counter()), timeout=30, what="re-allowed"
+            )
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{server.log()}") from err
+        assert server.proc.poll() is None
+        assert rejected(mesh) == 0
+    finally:
+        server.stop()

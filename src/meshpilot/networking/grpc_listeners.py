@@ -9,13 +9,14 @@ as istiod names it). Short names resolve in the client's own namespace.
 A gRPC server built with xDS asks for ``xds.istio.io/grpc/lds/inbound/HOST:PORT``
 and gets a listener with one filter chain, plaintext or mTLS as its PeerAuthentication
 says (``inbound_mode``), whose inline route only marks requests as accepted (gRPC
-serves them itself).
+serves them itself). Its HTTP filters are the RBAC filters of the AuthorizationPolicies selecting the
+server (``grpc_rbac``), then the router.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,8 +174,11 @@ def _inbound_route() -> Any:
     )
 
 
-def inbound_filter_chain(suffix: str, mtls: bool) -> Any:
-    hcm = hcm_pb2.HttpConnectionManager(route_config=_inbound_route(), http_filters=[_router_filter()])
+def inbound_filter_chain(suffix: str, mtls: bool, rbac_filters: Sequence[Any] = ()) -> Any:
+    """A server listener's one chain; ``rbac_filters`` (``grpc_rbac.http_filters``) precede the router."""
+    hcm = hcm_pb2.HttpConnectionManager(
+        route_config=_inbound_route(), http_filters=[*rbac_filters, _router_filter()]
+    )
     chain = listener_components_pb2.FilterChain(
         name="inbound-" + suffix,
         filters=[listener_components_pb2.Filter(name="inbound-hcm" + suffix, typed_config=pack(hcm))],
@@ -195,10 +199,13 @@ def inbound_mode(proxy: Proxy, mtls: WorkloadMtls, port: int) -> MtlsMode:
     return MtlsMode.DISABLE if mode is MtlsMode.UNKNOWN else mode
 
 
-def inbound_listener(name: str, proxy: Proxy, mtls: WorkloadMtls = PERMISSIVE_WORKLOAD) -> Any | None:
+def inbound_listener(
+    name: str, proxy: Proxy, mtls: WorkloadMtls = PERMISSIVE_WORKLOAD, rbac_filters: Sequence[Any] = ()
+) -> Any | None:
     """The server listener for ``xds.istio.io/grpc/lds/inbound/HOST:PORT``; None if not served here.
 
-    ``mtls`` is the workload's PeerAuthentication (``PeerAuthenticationIndex.for_workload``).
+    ``mtls`` is the workload's PeerAuthentication (``PeerAuthenticationIndex.for_workload``),
+    ``rbac_filters`` its AuthorizationPolicies' filters (``grpc_rbac.http_filters``).
     """
     split = split_host_port(name.removeprefix(INBOUND_PREFIX))
     if split is None or not split[1].isdigit():
@@ -209,17 +216,20 @@ def inbound_listener(name: str, proxy: Proxy, mtls: WorkloadMtls = PERMISSIVE_WO
         log.warning("%s: no service port targets %d (gRPC listener %r)", proxy.id, port, name)
         return None
     strict = inbound_mode(proxy, mtls, port) is MtlsMode.STRICT
-    chain = inbound_filter_chain("mtls" if strict else "plaintext", strict)
+    chain = inbound_filter_chain("mtls" if strict else "plaintext", strict, rbac_filters)
     # Listener filters and use_original_dst must stay unset: gRPC rejects them.
     return listener_pb2.Listener(name=name, address=_address(host, port), filter_chains=[chain])
 
 
 def inbound_listeners(
-    proxy: Proxy, request: ListenerRequest, mtls: WorkloadMtls = PERMISSIVE_WORKLOAD
+    proxy: Proxy,
+    request: ListenerRequest,
+    mtls: WorkloadMtls = PERMISSIVE_WORKLOAD,
+    rbac_filters: Sequence[Any] = (),
 ) -> list[Any]:
     out = []
     for name in request.inbound:
-        listener = inbound_listener(name, proxy, mtls)
+        listener = inbound_listener(name, proxy, mtls, rbac_filters)
         if listener is not None:
             out.append(listener)
     return out

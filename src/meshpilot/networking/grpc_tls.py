@@ -26,11 +26,20 @@ CERTIFICATE_PROVIDER_INSTANCE = "default"
 def common_tls_context(sans: Iterable[str] = ()) -> Any:
     """Certificate and roots from the bootstrap's provider; SANs matched exactly, if any."""
     out = tls_pb2.CommonTlsContext()
-    out.tls_certificate_certificate_provider_instance.instance_name = CERTIFICATE_PROVIDER_INSTANCE
-    out.tls_certificate_certificate_provider_instance.certificate_name = names.SDS_DEFAULT
+    # Named twice, as istiod names them: the current fields, and the deprecated ones older gRPC reads.
+    for provider, name in (
+        (out.tls_certificate_provider_instance, names.SDS_DEFAULT),
+        (out.tls_certificate_certificate_provider_instance, names.SDS_DEFAULT),
+    ):
+        provider.instance_name = CERTIFICATE_PROVIDER_INSTANCE
+        provider.certificate_name = name
     combined = out.combined_validation_context
-    combined.validation_context_certificate_provider_instance.instance_name = CERTIFICATE_PROVIDER_INSTANCE
-    combined.validation_context_certificate_provider_instance.certificate_name = names.SDS_ROOTCA
+    for provider in (
+        combined.default_validation_context.ca_certificate_provider_instance,
+        combined.validation_context_certificate_provider_instance,
+    ):
+        provider.instance_name = CERTIFICATE_PROVIDER_INSTANCE
+        provider.certificate_name = names.SDS_ROOTCA
     # gRPC reads the exact-match list (typed SAN matchers are Envoy's newer form).
     combined.default_validation_context.match_subject_alt_names.extend(
         string_pb2.StringMatcher(exact=san) for san in sans

@@ -22,7 +22,6 @@ closed, and the problem is logged and counted.
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +57,15 @@ _SPIFFE = "spiffe://"
 _KIND = "AuthorizationPolicy"
 
 
+#: What Go's regexp.QuoteMeta escapes (istiod's quoting): the same regex text as istiod's, where Python's
+#: re.escape would also escape "-", "#", "~" and others.
+_GO_META = frozenset("\\.+*?()|[]{}^$")
+
+
+def quote_meta(text: str) -> str:
+    return "".join("\\" + c if c in _GO_META else c for c in text)
+
+
 class _Skip(Exception):
     """A value that cannot be turned into a matcher on this chain."""
 
@@ -76,7 +84,7 @@ def string_matcher(value: str, prefix: str = "") -> Any:
     if value.startswith("*"):
         if not prefix:
             return string_pb2.StringMatcher(suffix=value[1:])
-        return _regex(prefix + ".*" + re.escape(value[1:]))
+        return _regex(prefix + ".*" + quote_meta(value[1:]))
     if value.endswith("*"):
         return string_pb2.StringMatcher(prefix=prefix + value[:-1])
     return string_pb2.StringMatcher(exact=prefix + value)
@@ -183,7 +191,7 @@ def _p_remote_ip(key: str, value: str, for_tcp: bool) -> Any:
 
 
 def _p_namespace(key: str, value: str, for_tcp: bool) -> Any:
-    pattern = ".*".join(re.escape(part) for part in value.split("*"))
+    pattern = ".*".join(quote_meta(part) for part in value.split("*"))
     return _authenticated(_regex(f".*/ns/{pattern}/.*"))
 
 
@@ -193,7 +201,7 @@ def _p_trust_domain(key: str, value: str, for_tcp: bool) -> Any:
     if "*" not in value:
         return _authenticated(string_pb2.StringMatcher(prefix=f"{_SPIFFE}{value}/"))
     head, tail = value.split("*", 1)
-    return _authenticated(_regex(f"spiffe://{re.escape(head)}[^/]*{re.escape(tail)}/.*"))
+    return _authenticated(_regex(f"spiffe://{quote_meta(head)}[^/]*{quote_meta(tail)}/.*"))
 
 
 def _p_principal(key: str, value: str, for_tcp: bool) -> Any:
@@ -210,7 +218,7 @@ def _service_account_principal(policy_namespace: str) -> Callable[[str, str, boo
         namespace, sep, account = value.partition("/")
         if not sep:
             namespace, account = policy_namespace, value
-        regex = f"spiffe://.+/ns/{re.escape(namespace)}/(.+/|)sa/{re.escape(account)}(/.+)?"
+        regex = f"spiffe://.+/ns/{quote_meta(namespace)}/(.+/|)sa/{quote_meta(account)}(/.+)?"
         return _authenticated(_regex(regex))
 
     return make
@@ -483,7 +491,9 @@ def _matches_any(a: str, domains: Sequence[str]) -> bool:
     )
 
 
-def _migrate(conditions: list[_Condition], trust: TrustDomains) -> list[_Condition]:
+def _migrate(conditions: list[_Condition], trust: TrustDomains | None) -> list[_Condition]:
+    if trust is None:
+        return conditions
     if len(trust.domains) <= 1 and all(c.key != "source.principal" for c in conditions):
         return conditions
     out = []
@@ -539,8 +549,11 @@ def _q_not(permission: Any) -> Any:
     return rbac_pb2.Permission(not_rule=permission)
 
 
-def rule_policy(rule: Any, policy_namespace: str, trust: TrustDomains, *, for_tcp: bool, action: int) -> Any:
-    """The RBAC policy of one rule; raises _Skip when istiod would skip the rule."""
+def rule_policy(
+    rule: Any, policy_namespace: str, trust: TrustDomains | None, *, for_tcp: bool, action: int
+) -> Any:
+    """The RBAC policy of one rule; raises _Skip when istiod would skip the rule. ``trust`` None
+    leaves principals' trust domains as written (istiod's grpcgen does not migrate them)."""
     when_principals, when_permissions = _when(rule, policy_namespace)
     principal_lists = [
         _source_conditions(f.source, policy_namespace) + when_principals for f in getattr(rule, "from")
@@ -557,6 +570,31 @@ def rule_policy(rule: Any, policy_namespace: str, trust: TrustDomains, *, for_tc
         ands = [m for c in _migrate(conditions, trust) for m in _matchers(c, for_tcp, strict, principal=True)]
         policy.principals.append(_p_and(ands or [rbac_pb2.Principal(any=True)]))
     return policy
+
+
+@dataclass(frozen=True, slots=True)
+class RuleResult:
+    """One rule through istiod's authz model: its policy, or why there is none."""
+
+    policy: Any | None
+    error: str = ""
+    #: False when the model could not be built at all (an unknown ``when`` key: istiod's New
+    #: fails); True when it was built but could not be generated (istiod's Generate fails).
+    parsed: bool = True
+
+
+def try_rule_policy(
+    rule: Any, policy_namespace: str, trust: TrustDomains | None, *, for_tcp: bool, action: int
+) -> RuleResult:
+    """``rule_policy`` without raising, telling a rule istiod cannot model from one it cannot generate."""
+    try:
+        _when(rule, policy_namespace)
+    except _Skip as err:
+        return RuleResult(None, str(err), parsed=False)
+    try:
+        return RuleResult(rule_policy(rule, policy_namespace, trust, for_tcp=for_tcp, action=action))
+    except _Skip as err:
+        return RuleResult(None, str(err))
 
 
 def _never() -> Any:

@@ -73,14 +73,14 @@ AUTHZ_CASES: list[tuple[str, str, set[str], set[str]]] = [
         set(),
     ),
     (
-        # istiod 1.28 has no trustDomains: a source with only those counts as empty.
-        "trust-domains-unknown-1.28",
-        "{rules: [{from: [{source: {trustDomains: [cluster.local]}}], "
-        "when: [{key: source.trustDomain, values: [x]}]}]}",
+        # As the reference istiod (1.31): trustDomains is a source, source.trustDomain a condition.
+        "trust-domains",
+        "{rules: [{from: [{source: {trustDomains: [cluster.local, 'a/b']}}], "
+        "when: [{key: source.trustDomain, values: ['*x*']}]}]}",
         {
-            "`from.source` must not be empty, found at rule 0",
-            "invalid `value` for `key` source.trustDomain: unknown attribute: source.trustDomain",
-            "invalid `notValue` for `key` source.trustDomain: unknown attribute: source.trustDomain",
+            "trust domain must not contain '/', found in TrustDomains: \"a/b\"",
+            "invalid `value` for `key` source.trustDomain: at most one wildcard is allowed, "
+            "found in source.trustDomain: \"*x*\"",
         },
         set(),
     ),

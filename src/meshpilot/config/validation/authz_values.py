@@ -1,7 +1,7 @@
 """The values inside AuthorizationPolicy rules: IPs, ports, service accounts, paths, conditions.
 
-As in istiod 1.28, ``trustDomains`` and the ``source.trustDomain`` condition
-are not known here.
+``trustDomains`` and the ``source.trustDomain`` condition are checked as the reference istiod (1.31)
+checks them; istiod 1.28 did not know them.
 """
 
 from __future__ import annotations
@@ -51,6 +51,36 @@ def empty_value_error(key: str, values: Sequence[str]) -> str | None:
     """No empty strings in a list."""
     if any(value == "" for value in values):
         return f"empty value not allowed, found in {key}"
+    return None
+
+
+def wildcard_error(key: str, values: Sequence[str]) -> str | None:
+    """Non-empty values with at most one wildcard, at the start or the end."""
+    error = empty_value_error(key, values)
+    if error:
+        return error
+    for value in values:
+        count = value.count("*")
+        if count > 1:
+            return f"at most one wildcard is allowed, found in {key}: {_go_quote(value)}"
+        if count == 1 and value != "*" and not value.startswith("*") and not value.endswith("*"):
+            return f"wildcard is only allowed at the start or end, found in {key}: {_go_quote(value)}"
+    return None
+
+
+def _go_quote(value: str) -> str:
+    """Go's %q of a plain string."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def trust_domain_error(key: str, values: Sequence[str]) -> str | None:
+    """Wildcard values without ``/`` (istiod's CheckTrustDomainValues)."""
+    error = wildcard_error(key, values)
+    if error:
+        return error
+    for value in values:
+        if "/" in value:
+            return f"trust domain must not contain '/', found in {key}: {_go_quote(value)}"
     return None
 
 
@@ -139,6 +169,8 @@ def attribute_error(key: str, values: Sequence[str]) -> str | None:
         return None
     if key == "source.serviceAccount":
         return service_account_error(key, values)
+    if key == "source.trustDomain":
+        return wildcard_error(key, values)
     if key.startswith("request.auth.claims"):
         return _map_key_error(key)
     if key == "destination.port":

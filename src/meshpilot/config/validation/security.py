@@ -49,6 +49,8 @@ _SOURCE_FIELDS = (
     ("not_remote_ip_blocks", "NotRemoteIpBlocks"),
     ("service_accounts", "ServiceAccounts"),
     ("not_service_accounts", "NotServiceAccounts"),
+    ("trust_domains", "TrustDomains"),
+    ("not_trust_domains", "NotTrustDomains"),
 )
 # Source fields an external authorizer (CUSTOM) cannot be told about.
 _CUSTOM_UNSUPPORTED_SOURCE = (
@@ -56,6 +58,8 @@ _CUSTOM_UNSUPPORTED_SOURCE = (
     "not_namespaces",
     "service_accounts",
     "not_service_accounts",
+    "trust_domains",
+    "not_trust_domains",
     "principals",
     "not_principals",
     "request_principals",
@@ -131,6 +135,8 @@ def _check_source(source: Any, index: int, report: Report) -> None:
     for field, name in _SOURCE_FIELDS:
         if field.endswith("service_accounts"):
             report.check(authz_values.service_account_error(name, lists[field]))
+        elif field.endswith("trust_domains"):
+            report.check(authz_values.trust_domain_error(name, lists[field]))
         else:
             report.check(authz_values.empty_value_error(name, lists[field]))
 

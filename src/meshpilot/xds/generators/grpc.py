@@ -19,6 +19,7 @@ from typing import Any
 from meshpilot.model.kind import Kind
 from meshpilot.model.peer_authentication import WorkloadMtls
 from meshpilot.model.push_request import PushRequest
+from meshpilot.networking import grpc_rbac
 from meshpilot.networking.grpc_clusters import build_grpc_clusters
 from meshpilot.networking.grpc_listeners import inbound_listeners, outbound_listeners, parse_listener_names
 from meshpilot.networking.grpc_routes import build_grpc_route_configuration
@@ -27,14 +28,13 @@ from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceL
 from meshpilot.xds.types import TypeUrl
 
 #: Kinds that cannot change what each type holds for a gRPC client.
+#: Server listeners carry the AuthorizationPolicies' RBAC filters (and report RequestAuthentications).
 _NOT_LISTENERS = (
     Kind.GATEWAY,
     Kind.WORKLOAD_ENTRY,
     Kind.WORKLOAD_GROUP,
     Kind.DESTINATION_RULE,
     Kind.VIRTUAL_SERVICE,
-    Kind.AUTHORIZATION_POLICY,
-    Kind.REQUEST_AUTHENTICATION,
 )
 _NOT_CLUSTERS = (
     Kind.GATEWAY,
@@ -71,8 +71,12 @@ class GrpcListenerGenerator:
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
         request = parse_listener_names(_wanted(watch, names), ctx.proxy)
-        mtls = _workload_mtls(ctx)
-        built = [*outbound_listeners(ctx.proxy, request), *inbound_listeners(ctx.proxy, request, mtls)]
+        built = outbound_listeners(ctx.proxy, request)
+        if request.inbound:
+            mtls = _workload_mtls(ctx)
+            # Built per push from the snapshot, like every gRPC resource (no cache key to keep).
+            rbac_filters = grpc_rbac.http_filters(grpc_rbac.inputs(ctx.proxy, ctx.push))
+            built += inbound_listeners(ctx.proxy, request, mtls, rbac_filters)
         return ResourceList(Resource.of(li.name, li) for li in built)
 
 
