@@ -110,12 +110,15 @@ def _hcm(listener: Any) -> Any:
     return out
 
 
+def _named(listeners: list[Any], name: str) -> Any:
+    return next(li for li in listeners if li.name == name)
+
+
 def test_a_plaintext_server_is_a_listener_on_the_pods_port_fetching_http_dot_that_port(
     gateway_model: Model,
 ) -> None:
     proxy = gateway_model.proxy(GATEWAY, GATEWAY_LABELS)
-    [listener] = gateway_listeners(proxy, gateway_model.push)
-    assert listener.name == "0.0.0.0_8080"
+    listener = _named(gateway_listeners(proxy, gateway_model.push), "0.0.0.0_8080")
     assert listener.address.socket_address.address == "0.0.0.0"
     assert listener.address.socket_address.port_value == 8080
     hcm = _hcm(listener)
@@ -160,7 +163,11 @@ def test_a_route_name_no_server_has_is_empty_and_a_server_without_virtual_servic
     [blackhole] = gateway_route_configuration(proxy, model.push, "http.81").virtual_hosts
     assert list(blackhole.domains) == ["*"]
     assert blackhole.routes[0].direct_response.status == 404
-    assert sorted(li.name for li in gateway_listeners(proxy, model.push)) == ["0.0.0.0_8080", "0.0.0.0_81"]
+    assert sorted(li.name for li in gateway_listeners(proxy, model.push)) == [
+        "0.0.0.0_443",
+        "0.0.0.0_8080",
+        "0.0.0.0_81",
+    ]
 
 
 def test_a_router_the_selector_does_not_match_has_no_listeners(gateway_model: Model) -> None:
@@ -343,11 +350,16 @@ def test_tls_passthrough_and_tcp_servers_route_by_sni_and_port() -> None:
     model = build(_gateway_objects(servers, routes))
     proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
     listeners = {li.name: li for li in gateway_listeners(proxy, model.push)}
-    # 8443 terminates TLS, which is not served yet: no listener rather than a wrong one.
-    assert sorted(listeners) == ["0.0.0.0_3306", "0.0.0.0_443", "0.0.0.0_8080"]
+    # 8443 terminates TLS with a certificate from a Secret (see test_gateway_tls.py).
+    assert sorted(listeners) == ["0.0.0.0_3306", "0.0.0.0_443", "0.0.0.0_8080", "0.0.0.0_8443"]
     tls = listeners["0.0.0.0_443"]
     assert [f.name for f in tls.listener_filters] == ["envoy.filters.listener.tls_inspector"]
-    by_sni = {tuple(c.filter_chain_match.server_names): _tcp_proxy(c).cluster for c in tls.filter_chains}
+    # The port also serves bookinfo's HTTPS server (terminated, with its own chain); passthrough ones:
+    by_sni = {
+        tuple(c.filter_chain_match.server_names): _tcp_proxy(c).cluster
+        for c in tls.filter_chains
+        if not c.HasField("transport_socket")
+    }
     # c.example.org is outside the server's hosts.
     assert by_sni == {
         ("a.example.com",): "outbound|9080|v1|reviews.default.svc.cluster.local",
@@ -434,12 +446,13 @@ def test_an_authorization_policy_selecting_the_gateway_puts_rbac_on_its_listener
     )
     model = build(_gateway_objects(deny))
     proxy = model.proxy(GATEWAY, GATEWAY_LABELS)
-    [listener] = gateway_listeners(proxy, model.push)
+    listener = _named(gateway_listeners(proxy, model.push), "0.0.0.0_8080")
     names = [f.name for f in _hcm(listener).http_filters]
     assert "envoy.filters.http.rbac" in names
     assert names.index("envoy.filters.http.rbac") < names.index("envoy.filters.http.router")
     # Without the policy, the same gateway has no RBAC filter.
-    [plain] = gateway_listeners(
-        build(_gateway_objects()).proxy(GATEWAY, GATEWAY_LABELS), build(_gateway_objects()).push
+    plain_model = build(_gateway_objects())
+    plain = _named(
+        gateway_listeners(plain_model.proxy(GATEWAY, GATEWAY_LABELS), plain_model.push), "0.0.0.0_8080"
     )
     assert "envoy.filters.http.rbac" not in [f.name for f in _hcm(plain).http_filters]

@@ -72,17 +72,25 @@ def _field_term(field: str, equal: bool, value: str) -> Callable[[Mapping[str, A
     return lambda meta: (meta.get(field, "") == value) == equal
 
 
+#: Top-level fields the API server selects on (a Secret's ``type``; istiod's Secret informer uses it).
+_TOP_FIELDS = frozenset({"type"})
+
+
 def field_selector(selector: str) -> Predicate:
-    """A predicate for a field selector string; only metadata.name and metadata.namespace are known."""
+    """A predicate for a field selector string; metadata.name, metadata.namespace and ``type`` are known."""
     terms: list[Callable[[Mapping[str, Any]], bool]] = []
+    top: list[Callable[[Mapping[str, Any]], bool]] = []
     for term in _split_terms(selector):
         m = _EQ_RE.match(term)
+        if m is not None and m.group(1) in _TOP_FIELDS:
+            top.append(_field_term(m.group(1), m.group(2) != "!=", m.group(3)))
+            continue
         if m is None or m.group(1) not in _FIELDS:
             raise SelectorError(f"field label not supported: {term!r}")
         terms.append(_field_term(_FIELDS[m.group(1)], m.group(2) != "!=", m.group(3)))
 
     def matches(obj: Mapping[str, Any]) -> bool:
         meta = obj.get("metadata", {})
-        return all(term(meta) for term in terms)
+        return all(term(meta) for term in terms) and all(term(obj) for term in top)
 
     return matches

@@ -6,6 +6,8 @@ object as a JSON-like dict. Each type is plain, picklable data.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -127,7 +129,18 @@ class KubePod:
         return self.pod_ips[0] if self.pod_ips else ""
 
 
-KubeObject = KubeNamespace | KubeNode | KubeService | KubeEndpointSlice | KubePod
+@dataclass(frozen=True, slots=True)
+class KubeSecret:
+    """A Secret: its type and its data, decoded from base64 (``stringData`` merged over ``data``, as
+    the API server does on write). Only what SDS serves from it is read later (see model/credentials)."""
+
+    meta: ObjectMeta
+    type: str = "Opaque"
+    data: dict[str, bytes] = field(default_factory=dict)
+    kind: ClassVar[Kind] = Kind.SECRET
+
+
+KubeObject = KubeNamespace | KubeNode | KubeService | KubeEndpointSlice | KubePod | KubeSecret
 
 
 # --- parsing -----------------------------------------------------------------
@@ -366,3 +379,19 @@ def _ready_condition(status: _Reader) -> bool | None:
         if condition.text("type") == "Ready":
             return condition.text("status") == "True"
     return None
+
+
+def parse_secret(raw: dict[str, Any], default_namespace: str = "default") -> KubeSecret:
+    """A Secret from the API or a file: ``data`` is base64 (as the API serves it), ``stringData`` is
+    plain text and wins over ``data`` for the same key (as the API server merges it on write)."""
+    meta = parse_meta(raw, namespaced=True, default_namespace=default_namespace)
+    top = _Reader(raw, "")
+    data: dict[str, bytes] = {}
+    for key, value in top.text_map("data").items():
+        try:
+            data[key] = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError("illegal base64 data", f"data.{key}") from None
+    for key, value in top.text_map("stringData").items():
+        data[key] = value.encode()
+    return KubeSecret(meta=meta, type=top.text("type", "Opaque"), data=data)

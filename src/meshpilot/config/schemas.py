@@ -71,6 +71,7 @@ SCHEMAS: dict[Kind, Schema] = {
         Schema(Kind.NODE, "", ("v1",), "nodes", cluster_scoped=True, parse_core=core_objects.parse_node),
         Schema(Kind.SERVICE, "", ("v1",), "services", parse_core=core_objects.parse_service),
         Schema(Kind.POD, "", ("v1",), "pods", parse_core=core_objects.parse_pod),
+        Schema(Kind.SECRET, "", ("v1",), "secrets", parse_core=core_objects.parse_secret),
         Schema(
             Kind.ENDPOINT_SLICE,
             "discovery.k8s.io",

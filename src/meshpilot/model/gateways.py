@@ -12,7 +12,8 @@ server's hosts, and a server host ``ns/host`` admits only VirtualServices of
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.hosts import host_subset_of, is_wildcard
@@ -52,6 +53,12 @@ class GatewayServer:
     https_redirect: bool
     #: ``tls.mode`` by name (``PASSTHROUGH``, ``SIMPLE``, ...); "" without ``tls``.
     tls_mode: str = ""
+    #: The ``tls`` settings (an istio ServerTLSSettings), None without. Not compared: a message is not
+    #: hashable, and a server is told apart by its Gateway, port and hosts.
+    tls: Any = field(default=None, compare=False)
+    #: ``port.name`` (part of an HTTPS server's route name) and the server's ``name`` (its stats prefix).
+    port_name: str = ""
+    name: str = ""
 
     @property
     def gateway_name(self) -> str:
@@ -90,6 +97,9 @@ def servers_of(config: Config) -> list[GatewayServer]:
                 bind=server.bind,
                 https_redirect=bool(tls is not None and tls.https_redirect),
                 tls_mode=tls.TLSmode.Name(tls.mode) if tls is not None else "",
+                tls=tls,
+                port_name=server.port.name,
+                name=server.name,
             )
         )
     return out

@@ -14,6 +14,8 @@ class Kind(enum.Enum):
     ENDPOINT_SLICE = "EndpointSlice"
     POD = "Pod"
     NODE = "Node"
+    #: TLS credentials served over SDS (``credentialName``); not part of any registry.
+    SECRET = "Secret"
     # networking.istio.io
     VIRTUAL_SERVICE = "VirtualService"
     DESTINATION_RULE = "DestinationRule"
@@ -47,6 +49,7 @@ _GROUPS = {
     Kind.SERVICE: "",
     Kind.POD: "",
     Kind.NODE: "",
+    Kind.SECRET: "",
     Kind.ENDPOINT_SLICE: "discovery.k8s.io",
     Kind.VIRTUAL_SERVICE: "networking.istio.io",
     Kind.DESTINATION_RULE: "networking.istio.io",

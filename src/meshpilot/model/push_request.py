@@ -26,6 +26,8 @@ class TriggerReason(enum.Enum):
     GLOBAL = "global"
     UNKNOWN = "unknown"
     DEBUG = "debug"
+    #: A Secret served over SDS changed (or who may read it).
+    SECRET = "secret"
     INITIAL = "initial"
 
 

@@ -24,13 +24,15 @@ from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import MeshConfig
 from meshpilot.model.protocol import Protocol
-from meshpilot.model.proxy import InterceptionMode, Proxy
+from meshpilot.model.proxy import InterceptionMode, NodeType, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.service import Port, Registry, Resolution, Service, ServiceTarget
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import extensions, locality_lb, names
 from meshpilot.networking import traffic_policy as tp
 from meshpilot.networking.auto_mtls import auto_mtls_applies, service_mtls_mode
+from meshpilot.networking.credential_tls import credential_upstream
+from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.networking.protobuf import duration, pack
 from meshpilot.networking.tls import (
     TlsSettingsError,
@@ -168,6 +170,9 @@ def build_outbound_cluster(
             eds.load_assignment(name, eds.render_groups(groups, _inline_tls(push, rule, port.port).mtls))
         )
     cluster.metadata.CopyFrom(_metadata(svc, rule, subset))
+    if rule is not None and policy.tls is not None and policy.tls.mode in (eds.TLS_SIMPLE, eds.TLS_MUTUAL):
+        # As istiod: the application's ALPN is not replaced on TLS the proxy originates.
+        cluster.metadata.filter_metadata["istio"].update({"alpn_override": "false"})
     if extensions.has_metadata_exchange(proxy):
         cluster.filters.append(_metadata_exchange_filter())
     # TLS before the protocol options are packed: origination may add auto SNI to them.
@@ -235,18 +240,38 @@ def _apply_proxy_protocol(cluster: Any, version: int) -> None:
         match.transport_socket.CopyFrom(proxy_protocol_socket(version, inner))
 
 
-def _apply_originated_tls(cluster: Any, push: PushContext, svc: Service, tls: Any, http_options: Any) -> None:
+def _apply_originated_tls(
+    cluster: Any,
+    proxy: Proxy,
+    push: PushContext,
+    svc: Service,
+    tls: Any,
+    http_options: Any,
+    rule: MergedDestinationRule | None,
+) -> None:
     """SIMPLE or MUTUAL: TLS the proxy originates to a server outside the mesh's identity."""
-    if tls.credential_name:
-        # Secrets by credentialName need an SDS server in meshpilot, which it does not have yet.
-        log.warning("cluster %s: tls.credentialName is not supported; TLS not applied", cluster.name)
-        return
     # A ServiceEntry's subjectAltNames stand in when the rule names none.
     sans = list(tls.subject_alt_names)
     if not sans and svc.registry is Registry.EXTERNAL:
         sans = list(push.service_accounts(svc))
     explicit = http_options.explicit_http_config
     http2 = http_options.HasField("explicit_http_config") and explicit.HasField("http2_protocol_options")
+    if tls.credential_name:
+        if proxy.type is NodeType.SIDECAR and (rule is None or rule.selector is None):
+            # istiod leaves this cluster without TLS (plaintext) so that sidecars without access to the
+            # Secret do not start late; meshpilot will not send in plaintext what the rule says to
+            # encrypt: the context stays, and the rule is reported.
+            first = rule.first if rule is not None else None
+            PROBLEMS.record(
+                "DestinationRule",
+                f"{first.namespace}/{first.name}" if first is not None else cluster.name,
+                "tls.credentialName in a DestinationRule without a workloadSelector: istiod sends "
+                f"sidecars plaintext on {cluster.name}; meshpilot keeps TLS with the Secret over SDS",
+            )
+        auto_sni_options(tls, http_options)
+        context = credential_upstream(tls, sans, push.mesh, http2=http2)
+        cluster.transport_socket.CopyFrom(tls_transport_socket(context))
+        return
     try:
         context = originated_upstream(tls, sans, push.mesh, http2=http2, mutual=tls.mode == eds.TLS_MUTUAL)
     except TlsSettingsError as err:
@@ -279,7 +304,7 @@ def _apply_tls(
             context = istio_mutual_upstream(tls.sni or sni, sans, alpn)
             cluster.transport_socket.CopyFrom(tls_transport_socket(context))
         elif tls.mode in (eds.TLS_SIMPLE, eds.TLS_MUTUAL):
-            _apply_originated_tls(cluster, push, svc, tls, http_options)
+            _apply_originated_tls(cluster, proxy, push, svc, tls, http_options, rule)
         # DISABLE means plaintext, and no auto mTLS either.
         return
     if not auto_mtls_applies(service_mtls_mode(push, inputs.index, svc, port, rule, subset), push):

@@ -7,8 +7,15 @@ PASSTHROUGH servers: a chain per ``tls`` route match, chosen by SNI. TCP
 servers: the first ``tcp`` route that applies. A Gateway port that a Service
 selecting the gateway Pod exposes is listened on at the Service's targetPort,
 as istiod does (port 80 of ``istio-ingressgateway`` is 8080 in the Pod).
-Servers that terminate TLS (HTTPS, TLS SIMPLE/MUTUAL/ISTIO_MUTUAL,
-AUTO_PASSTHROUGH) are not served yet; they are logged once per snapshot.
+Servers that terminate TLS (SIMPLE, MUTUAL, OPTIONAL_MUTUAL, ISTIO_MUTUAL)
+get a chain each, selected by the SNI of their hosts, with the TLS context of
+``gateway_tls`` (certificates over SDS): HTTPS servers an HttpConnectionManager
+fetching ``https.<port>.<portName>.<gateway>.<namespace>``, TLS servers the
+first ``tcp`` route that applies. They share a listener with PASSTHROUGH
+servers of the port. AUTO_PASSTHROUGH is not served yet: such servers, and
+servers that conflict with the port's first one or repeat its SNI hosts, are
+logged and counted by Gateway (``meshpilot_policy_problems_total``); they get
+no chain, so nothing they name is served in plaintext.
 """
 
 from __future__ import annotations
@@ -29,10 +36,13 @@ from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import inbound_security, names
 from meshpilot.networking.filters import http_connection_manager
+from meshpilot.networking.gateway_tls import TERMINATING, downstream_context, https_route_name, sni_hosts
 from meshpilot.networking.listener import tls_inspector
+from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.networking.protobuf import duration
 from meshpilot.networking.route import route_header, virtual_service_routes
 from meshpilot.networking.tcp_routes import RouteContext, route_filters, static_match
+from meshpilot.networking.tls import tls_transport_socket
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +74,39 @@ def _listen_port(proxy: Proxy, port: int) -> int:
 
 
 def _kind(server: GatewayServer) -> str:
-    """How a server is served: "http", "passthrough" (TLS by SNI, not terminated), "tcp", or "" (not yet)."""
+    """How a server is served: "http"; "https" or "tls" (TLS terminated here, then HTTP or the ``tcp``
+    routes); "passthrough" (TLS by SNI, not terminated); "tcp"; or "" (not yet)."""
     if server.protocol.is_http:
         return "http"
-    if server.protocol is Protocol.TLS and server.tls_mode == "PASSTHROUGH":
+    if server.tls_mode in TERMINATING:
+        if server.protocol is Protocol.HTTPS:
+            return "https"
+        if server.protocol is Protocol.TLS:
+            return "tls"
+        return ""
+    if server.protocol.is_tls and server.tls_mode == "PASSTHROUGH":
         return "passthrough"
     if server.protocol.is_tcp and not server.protocol.is_tls:
         return "tcp"
     return ""
 
 
+#: Kinds of server that share a listener: every TLS server of a port is told apart by SNI.
+_FAMILY = {"http": "http", "https": "tls", "tls": "tls", "passthrough": "tls", "tcp": "tcp", "": ""}
+
+
+def _not_served(server: GatewayServer, why: str) -> None:
+    PROBLEMS.record(
+        "Gateway",
+        server.gateway_name,
+        f"{server.protocol.value} server on port {server.port} (tls mode {server.tls_mode or 'none'}) "
+        f"is not served: {why}",
+    )
+
+
 def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
-    """A listener per bind and port of the servers that can be served; servers that cannot are logged."""
+    """A listener per bind and port of the servers that can be served; servers that cannot are logged
+    and counted."""
     by_listener: dict[tuple[str, int], list[tuple[str, GatewayServer]]] = {}
     for server in push.merged_gateway(proxy).servers:
         key = (server.bind or _ANY_ADDRESS, _listen_port(proxy, server.port))
@@ -86,17 +117,14 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
     security = inbound_security.build(inbound_security.inputs(proxy, push))
     for (bind, port), kinds in by_listener.items():
         # The first server that can be served decides the listener; the others on it are logged.
-        kind = next((k for k, _ in kinds if k), "")
+        family = next((_FAMILY[k] for k, _ in kinds if k), "")
         for other, server in kinds:
-            if other != kind or not kind:
-                log.warning(
-                    "gateway %s: %s server on port %d (tls mode %s) is not served",
-                    server.gateway_name,
-                    server.protocol.value,
-                    server.port,
-                    server.tls_mode or "none",
-                )
-        same = [server for k, server in kinds if k == kind]
+            if not other:
+                _not_served(server, "not supported yet")
+            elif _FAMILY[other] != family:
+                _not_served(server, f"port {port} already serves {family} servers")
+        same = [(k, server) for k, server in kinds if k and _FAMILY[k] == family]
+        kind = family
         listener = listener_pb2.Listener(
             name=names.listener_name(bind, port),
             address=eds.socket_address(bind, port),
@@ -111,19 +139,19 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
                 proxy,
                 stat_prefix=names.stat_name(f"outbound_{listener.name}"),
                 inbound=False,
-                rds_name=route_name(port, same[0].bind),
+                rds_name=route_name(port, same[0][1].bind),
                 gateway=True,
                 security=security.http,
             )
             listener.filter_chains.append(listener_components_pb2.FilterChain(filters=[hcm]))
-        elif kind == "passthrough":
-            listener.filter_chains.extend(_passthrough_chains(proxy, push, same))
+        elif kind == "tls":
+            listener.filter_chains.extend(_tls_chains(proxy, push, listener.name, same, security))
             listener.listener_filters.append(tls_inspector())
         elif kind == "tcp":
-            listener.filter_chains.extend(_tcp_chains(proxy, push, same))
-        if kind in ("passthrough", "tcp") and security.tcp:
-            for chain in listener.filter_chains:
-                chain.filters[0:0] = list(security.tcp)
+            listener.filter_chains.extend(_tcp_chains(proxy, push, [s for _, s in same]))
+            if security.tcp:
+                for chain in listener.filter_chains:
+                    chain.filters[0:0] = list(security.tcp)
         for chain in listener.filter_chains:
             # As istiod's: a client gets 15 s to finish its transport (TLS) handshake, so slow
             # handshakes cannot hold a gateway's memory.
@@ -131,6 +159,58 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
         # A listener without chains would be rejected by Envoy: a port nothing routes is not listened on.
         if listener.filter_chains:
             out.append(listener)
+    return out
+
+
+def _tls_chains(
+    proxy: Proxy,
+    push: PushContext,
+    listener_name: str,
+    servers: list[tuple[str, GatewayServer]],
+    security: inbound_security.InboundSecurityFilters,
+) -> list[Any]:
+    """A chain per server, in order: terminating ones chosen by their SNI hosts (a server repeating
+    hosts already taken on the port is skipped, as istiod skips it), passthrough ones per route."""
+    out: list[Any] = []
+    taken: set[str] = set()
+    for kind, server in servers:
+        if kind == "passthrough":
+            chains = _passthrough_chains(proxy, push, [server])
+            for chain in chains:
+                if security.tcp:
+                    filters = [*security.tcp, *chain.filters]
+                    del chain.filters[:]
+                    chain.filters.extend(filters)
+            out.extend(chains)
+            continue
+        sni = sni_hosts(server)
+        hosts = set(sni) or {"*"}
+        if hosts & taken:
+            _not_served(server, f"duplicate host names {sorted(hosts & taken)} on the port")
+            continue
+        taken |= hosts
+        if kind == "https":
+            hcm = http_connection_manager(
+                proxy,
+                stat_prefix=server.name or names.stat_name(f"outbound_{listener_name}"),
+                inbound=False,
+                rds_name=https_route_name(server),
+                gateway=True,
+                security=security.http,
+            )
+            filters = [hcm]
+        else:
+            routes = _tcp_chains(proxy, push, [server])
+            if not routes:
+                log.warning("gateway %s:%d listener missed network filter", server.gateway_name, server.port)
+                continue
+            filters = [*security.tcp, *routes[0].filters]
+        chain = listener_components_pb2.FilterChain(filters=filters)
+        if sni:
+            chain.filter_chain_match.server_names.extend(sni)
+        context = downstream_context(proxy, server, push.mesh, tcp=kind == "tls")
+        chain.transport_socket.CopyFrom(tls_transport_socket(context))
+        out.append(chain)
     return out
 
 
@@ -207,15 +287,20 @@ def _blackhole(port: int) -> Any:
 def gateway_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any:
     """The route configuration ``name`` of a gateway: empty if no server of the proxy's Gateways has it."""
     out = route_header(name)
-    parsed = _parse_route_name(name)
-    if parsed is None:
-        return out
-    listen_port, bind = parsed
-    servers = [
-        s
-        for s in push.merged_gateway(proxy).servers
-        if s.bind == bind and s.protocol.is_http and _listen_port(proxy, s.port) == listen_port
-    ]
+    merged = push.merged_gateway(proxy).servers
+    if name.startswith("https."):
+        # One HTTPS server terminating TLS (a route configuration each, as its chain is its own).
+        servers = [s for s in merged if _kind(s) == "https" and https_route_name(s) == name]
+    else:
+        parsed = _parse_route_name(name)
+        if parsed is None:
+            return out
+        listen_port, bind = parsed
+        servers = [
+            s
+            for s in merged
+            if s.bind == bind and s.protocol.is_http and _listen_port(proxy, s.port) == listen_port
+        ]
     if not servers:
         return out
     vhosts: dict[str, Any] = {}

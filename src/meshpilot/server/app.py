@@ -17,8 +17,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import grpc
+from prometheus_client import Counter as Counter_
 
 from meshpilot import __version__
+from meshpilot.config.core_objects import KubeSecret
 from meshpilot.config.decode import Decoded
 from meshpilot.config.errors import ConfigError
 from meshpilot.config.file_source import FileSource
@@ -30,8 +32,10 @@ from meshpilot.kube.leader import LeaseTimings
 from meshpilot.kube.metrics import KubeMetrics
 from meshpilot.kube.namespaces import selectors_of
 from meshpilot.kube.root_cert import RootCertPublisher
+from meshpilot.kube.secret_access import KubeSecretAccess, NamespaceAccess, subject_access_review
 from meshpilot.kube.webhook_ca import WebhookCaPatcher
 from meshpilot.model.config import Config, ConfigKey
+from meshpilot.model.credentials import CredentialStore, SecretAccess, related_keys
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import apply_mesh_config, default_mesh_config
@@ -53,6 +57,7 @@ from meshpilot.webhooks.inject.config import InjectionError
 from meshpilot.webhooks.inject.review import InjectionHandler, InjectionMetrics
 from meshpilot.webhooks.inject.source import InjectConfigSource
 from meshpilot.webhooks.server import WebhookServer
+from meshpilot.xds.generators import SecretGenerator, sidecar_generators
 from meshpilot.xds.server import DiscoveryOptions, DiscoveryServer
 
 log = logging.getLogger(__name__)
@@ -72,21 +77,29 @@ _REGISTRY_KINDS = frozenset({Kind.SERVICE_ENTRY, Kind.WORKLOAD_ENTRY, Kind.WORKL
 
 
 class ObjectRouter:
-    """The sink of config sources: Istio config to the store, core objects to the Kubernetes registry."""
+    """The sink of config sources: Istio config to the store, Secrets to the credentials SDS serves,
+    other core objects to the Kubernetes registry."""
 
-    def __init__(self, store: ConfigStore, kube: KubeRegistry) -> None:
+    def __init__(
+        self, store: ConfigStore, kube: KubeRegistry, secrets: CredentialStore | None = None
+    ) -> None:
         self.store = store
         self.kube = kube
+        self.secrets = secrets if secrets is not None else CredentialStore()
 
     def upsert(self, obj: Decoded) -> None:
         if isinstance(obj, Config):
             self.store.upsert(obj)
+        elif isinstance(obj, KubeSecret):
+            self.secrets.upsert(obj)
         else:
             self.kube.upsert(obj)
 
     def remove(self, kind: Kind, namespace: str, name: str) -> None:
         if kind.is_istio:
             self.store.delete(ConfigKey(kind, name, namespace))
+        elif kind is Kind.SECRET:
+            self.secrets.remove(namespace, name)
         else:
             self.kube.remove(kind, namespace, name)
 
@@ -119,6 +132,24 @@ class DiscoveryApp:
         self.store = ConfigStore()
         self.index = EndpointIndex()
         self.registry = AggregateRegistry([], [])
+        kube_api: Any | None = None
+        if settings.use_kube:
+            try:
+                kube_api = client_from_kubeconfig(settings.kubeconfig)
+            except KubeError as err:
+                raise ConfigError(str(err)) from None
+        #: The Secrets SDS serves (credentialName), from the API and the config directory.
+        self.credentials = CredentialStore(self._secret_changed)
+        self.secret_access: SecretAccess = (
+            KubeSecretAccess(subject_access_review(kube_api), self._secret_access_changed)
+            if kube_api is not None
+            else NamespaceAccess()
+        )
+        sds_errors = Counter_(
+            "pilot_sds_certificate_errors",
+            "Total number of failures to fetch SDS key and certificate.",
+            registry=self.metrics.registry,
+        )
         self.env = MeshEnvironment(
             store=self.store,
             registry=self.registry,
@@ -140,6 +171,9 @@ class DiscoveryApp:
                 cache_size=settings.xds_cache_size,
                 max_requests_per_second=settings.max_requests_per_second,
             ),
+            generators=sidecar_generators(
+                SecretGenerator(self.credentials, self.secret_access, sds_errors.inc)
+            ),
         )
         #: Fetches the keys of RequestAuthentication jwksUris; new keys push the policies using them.
         self.jwks = JwksResolver(self._jwks_changed)
@@ -160,14 +194,11 @@ class DiscoveryApp:
         self.store.add_handler(UnappliedConfig(self.metrics.registry).on_event)
         self.sources: list[FileSource] = []
         if settings.config_dir is not None:
-            self.sources.append(FileSource(settings.config_dir, ObjectRouter(self.store, self.kube)))
+            self.sources.append(
+                FileSource(settings.config_dir, ObjectRouter(self.store, self.kube, self.credentials))
+            )
         self.kube_controller: KubeController | None = None
-        kube_api: Any | None = None
-        if settings.use_kube:
-            try:
-                kube_api = client_from_kubeconfig(settings.kubeconfig)
-            except KubeError as err:
-                raise ConfigError(str(err)) from None
+        if kube_api is not None:
             self.kube_controller = self._kube_controller(settings, kube_api)
         self.identity: IdentityPlane | None = None
         if settings.secure_grpc_addr is not None or settings.secure_grpc_client_cert_addr is not None:
@@ -210,6 +241,20 @@ class DiscoveryApp:
             PushRequest(full=True, configs_updated=owners, reasons=Counter({TriggerReason.CONFIG: 1}))
         )
 
+    def _secret_changed(self, key: ConfigKey) -> None:
+        """A Secret changed: the proxies watching it (or its ``-cacert`` twin) get SDS again."""
+        self.server.config_update(
+            PushRequest(
+                full=False,
+                configs_updated=frozenset(related_keys(key)),
+                reasons=Counter({TriggerReason.SECRET: 1}),
+            )
+        )
+
+    def _secret_access_changed(self, namespace: str) -> None:
+        """A service account's access to its namespace's Secrets became known or changed."""
+        self._secret_changed(ConfigKey(Kind.SECRET, "", namespace))
+
     def _make_registry(self, cluster_id: str) -> KubeRegistry:
         """The Kubernetes registry of one cluster (the local one, or a remote one from a Secret)."""
         return KubeRegistry(
@@ -222,7 +267,7 @@ class DiscoveryApp:
     def _kube_controller(self, settings: DiscoverySettings, api: Any) -> KubeController:
         return KubeController(
             api,
-            ObjectRouter(self.store, self.kube),
+            ObjectRouter(self.store, self.kube, self.credentials),
             options=KubeOptions(
                 istio_namespace=settings.istio_namespace,
                 cluster_id=settings.cluster_id,

@@ -199,8 +199,8 @@ class Metrics:
         return _rename_counters(text, self.registry).encode()
 
 
-# Counters istiod itself names with "_total" (the injector's): they keep the suffix.
-_KEEP_TOTAL_PREFIXES = ("sidecar_injection_",)
+# Counters istiod itself names with "_total" (the injector's, SDS's): they keep the suffix.
+_KEEP_TOTAL_PREFIXES = ("sidecar_injection_", "pilot_sds_certificate_errors")
 
 
 def _rename_counters(text: str, registry: CollectorRegistry) -> str:

@@ -9,6 +9,9 @@ from meshpilot.model.push_request import PushRequest
 
 
 def _concerns(proxy: Proxy, key: ConfigKey, root_namespace: str) -> bool:
+    # Any proxy may watch any Secret; the SDS generator sends only what the proxy watches and may have.
+    if key.kind is Kind.SECRET:
+        return True
     if proxy.type is NodeType.SIDECAR and key.kind is Kind.GATEWAY:
         return False
     # A router's scope holds no gateway-bound VirtualServices; any Gateway or VirtualService may

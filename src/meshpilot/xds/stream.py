@@ -261,7 +261,9 @@ class AdsStream:
         if watch is None or generator is None:
             return
         started = time.monotonic()
-        ctx = GenerationContext(conn.proxy, request.push, self.server.env.index, request, self.server.cache)
+        ctx = GenerationContext(
+            conn.proxy, request.push, self.server.env.index, request, self.server.cache, conn.identity
+        )
         try:
             resources = generator.generate(ctx, watch, names)
         except Exception:

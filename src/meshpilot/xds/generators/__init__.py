@@ -8,16 +8,21 @@ from meshpilot.xds.generators.eds import EndpointGenerator
 from meshpilot.xds.generators.grpc import GrpcClusterGenerator, GrpcListenerGenerator, GrpcRouteGenerator
 from meshpilot.xds.generators.lds import ListenerGenerator
 from meshpilot.xds.generators.rds import RouteGenerator
+from meshpilot.xds.generators.sds import SecretGenerator
 from meshpilot.xds.types import TypeUrl
 
 
-def sidecar_generators() -> dict[TypeUrl, Generator]:
-    return {
+def sidecar_generators(secrets: SecretGenerator | None = None) -> dict[TypeUrl, Generator]:
+    """The default generators; SDS only when given (it needs the Secrets and who may read them)."""
+    out: dict[TypeUrl, Generator] = {
         TypeUrl.CLUSTER: ClusterGenerator(),
         TypeUrl.ENDPOINT: EndpointGenerator(),
         TypeUrl.LISTENER: ListenerGenerator(),
         TypeUrl.ROUTE: RouteGenerator(),
     }
+    if secrets is not None:
+        out[TypeUrl.SECRET] = secrets
+    return out
 
 
 def generators_by_metadata() -> dict[str, dict[TypeUrl, Generator]]:
@@ -35,4 +40,11 @@ def generators_by_metadata() -> dict[str, dict[TypeUrl, Generator]]:
     }
 
 
-__all__ = ["GenerationContext", "Generator", "Resource", "generators_by_metadata", "sidecar_generators"]
+__all__ = [
+    "GenerationContext",
+    "Generator",
+    "Resource",
+    "SecretGenerator",
+    "generators_by_metadata",
+    "sidecar_generators",
+]

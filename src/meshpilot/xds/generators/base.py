@@ -90,6 +90,9 @@ class GenerationContext:
     request: PushRequest
     #: Where generated resources are kept for other proxies; None disables caching.
     cache: XdsCache | None = None
+    #: The SPIFFE identity the stream proved on the secure port (``Connection.identity``); "" on the
+    #: plaintext port. Only SDS reads it: who may have a Secret's key.
+    identity: str = ""
 
     @property
     def token(self) -> int:

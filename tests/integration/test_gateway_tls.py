@@ -1,0 +1,352 @@
+"""A real Envoy gateway terminating HTTPS with certificates from Secrets served over SDS by meshpilot.
+
+The gateway connects to meshpilot's secure port with a client certificate of the mesh (its verified
+identity, ``istio-system/istio-ingressgateway``), as Istio's agent would connect it, and asks for the
+Secrets its listeners name (``kubernetes://<name>``) on the same ADS stream. The Secrets are files
+of the config directory; rewriting one reaches the gateway without a restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from integration.conftest import MeshHarness
+from support.ads_client import AdsClient, Secure
+from support.kube import istio, namespace, pod, workload
+from support.processes import Envoy, Meshpilot, Sds, free_port, sidecar_bootstrap
+from support.wait import eventually
+
+from meshpilot.ca.authority import CertificateAuthority
+from meshpilot.ca.keys import load_plugged
+
+pytestmark = [pytest.mark.envoy, pytest.mark.integration]
+
+GATEWAY_IP = "127.0.0.90"
+IDENTITY = "spiffe://cluster.local/ns/istio-system/sa/istio-ingressgateway"
+
+
+def _pem_key(key: Any) -> bytes:
+    return bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+
+
+def _certificate(
+    names: list[str], issuer: tuple[Any, Any] | None = None, *, ca: bool = False
+) -> tuple[Any, Any]:
+    """(certificate, key): self-signed unless ``issuer`` (certificate, key) is given."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer[0].subject if issuer else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=2))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False
+        )
+    return builder.sign(issuer[1] if issuer else key, hashes.SHA256()), key
+
+
+def _secret(name: str, cert: Any, key: Any, ca: Any | None = None) -> dict[str, Any]:
+    data = {
+        "tls.crt": cert.public_bytes(serialization.Encoding.PEM),
+        "tls.key": _pem_key(key),
+    }
+    if ca is not None:
+        data["ca.crt"] = ca.public_bytes(serialization.Encoding.PEM)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": "istio-system"},
+        "type": "kubernetes.io/tls",
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+    }
+
+
+def _gateway(simple_port: int, mutual_port: int) -> dict[str, Any]:
+    return istio(
+        "Gateway",
+        "secure",
+        "istio-system",
+        {
+            "selector": {"istio": "ingressgateway"},
+            "servers": [
+                {
+                    "port": {"number": simple_port, "name": "https", "protocol": "HTTPS"},
+                    "hosts": ["bookinfo.example.com"],
+                    "bind": GATEWAY_IP,
+                    "tls": {"mode": "SIMPLE", "credentialName": "bookinfo-cert"},
+                },
+                {
+                    "port": {"number": mutual_port, "name": "https-mutual", "protocol": "HTTPS"},
+                    "hosts": ["secure.example.com"],
+                    "bind": GATEWAY_IP,
+                    "tls": {"mode": "MUTUAL", "credentialName": "secure-cert"},
+                },
+            ],
+        },
+    )
+
+
+def _routes() -> dict[str, Any]:
+    return istio(
+        "VirtualService",
+        "bookinfo",
+        "istio-system",
+        {
+            "hosts": ["bookinfo.example.com", "secure.example.com"],
+            "gateways": ["secure"],
+            "http": [{"route": [{"destination": {"host": "productpage.default.svc.cluster.local"}}]}],
+        },
+    )
+
+
+def _mesh_client_certificate(mp: Meshpilot, directory: Path) -> tuple[Path, Path, Path]:
+    """A certificate of the gateway's identity from meshpilot's own CA: (chain, key, root)."""
+    return _mesh_client_certificate_for(mp, directory, IDENTITY)
+
+
+def _mesh_client_certificate_for(mp: Meshpilot, directory: Path, identity: str) -> tuple[Path, Path, Path]:
+    """A certificate of ``identity`` from meshpilot's own CA: (chain, key, root)."""
+    signer, chain, roots = load_plugged(mp.ca_dir)
+    authority = CertificateAuthority(signer, chain, roots)
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+    issued = authority.sign(csr.public_bytes(serialization.Encoding.PEM), [identity])
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = directory / "cert-chain.pem", directory / "key.pem", directory / "root-cert.pem"
+    paths[0].write_text("".join(issued[:-1]))
+    paths[1].write_bytes(_pem_key(key))
+    paths[2].write_bytes((mp.ca_dir / "root-cert.pem").read_bytes())
+    return paths
+
+
+def _secure_gateway(mesh: MeshHarness, mp: Meshpilot, cert_port: int) -> Envoy:
+    """An Envoy gateway whose xds-grpc cluster is TLS to the port that requires a client certificate."""
+    chain, key, root = _mesh_client_certificate(mp, mesh.tmp / "gw-identity")
+    # The workload certificate for the mesh's clusters (auto mTLS), from the agent's SDS as for sidecars.
+    sds = Sds(mesh.tmp, "gw-1", mesh.ca.issue(IDENTITY, mesh.tmp / "gw-1"))
+    mesh.processes.append(sds)
+    sds.start()
+    sds.wait_listening()
+    admin = free_port()
+    bootstrap = sidecar_bootstrap(
+        node_id=f"router~{GATEWAY_IP}~gw-1.istio-system~istio-system.svc.cluster.local",
+        metadata={
+            "NAMESPACE": "istio-system",
+            "SERVICE_ACCOUNT": "istio-ingressgateway",
+            "CLUSTER_ID": "Kubernetes",
+            "ISTIO_VERSION": "1.28.0",
+            "LABELS": {"istio": "ingressgateway"},
+        },
+        admin_port=admin,
+        xds_port=cert_port,
+        sds_socket=sds.socket,
+    )
+    [xds] = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "xds-grpc"]
+    xds["transport_socket"] = {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "sni": "istiod.istio-system.svc",
+            "common_tls_context": {
+                "alpn_protocols": ["h2"],
+                "tls_certificates": [
+                    {"certificate_chain": {"filename": str(chain)}, "private_key": {"filename": str(key)}}
+                ],
+                "validation_context": {
+                    "trusted_ca": {"filename": str(root)},
+                    "match_typed_subject_alt_names": [
+                        {"san_type": "DNS", "matcher": {"exact": "istiod.istio-system.svc"}}
+                    ],
+                },
+            },
+        },
+    }
+    envoy = Envoy(mesh.tmp, "gw-1", bootstrap, admin)
+    mesh.processes.append(envoy)
+    envoy.start()
+    envoy.wait_live()
+    return envoy
+
+
+def _https(
+    port: int, sni: str, client: tuple[Path, Path] | None = None, timeout: float = 5.0
+) -> tuple[int, str, int]:
+    """GET / over TLS with ``sni``: (status, the backend's name, the server certificate's serial)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the serial is what is checked
+    if client is not None:
+        context.load_cert_chain(*client)
+    with (
+        socket.create_connection((GATEWAY_IP, port), timeout=timeout) as raw,
+        context.wrap_socket(raw, server_hostname=sni) as conn,
+    ):
+        peer = conn.getpeercert(binary_form=True)
+        assert peer is not None
+        serial = x509.load_der_x509_certificate(peer).serial_number
+        request = f"GET / HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n"
+        conn.sendall(request.encode())
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    name = str(json.loads(body)["name"]) if status == 200 else body.decode(errors="replace")
+    return status, name, serial
+
+
+def _try(call: Any) -> Any:
+    try:
+        return call()
+    except (OSError, ssl.SSLError, ValueError, IndexError):
+        return None
+
+
+def test_an_https_gateway_serves_certificates_from_secrets_and_follows_their_rotation(
+    mesh: MeshHarness,
+) -> None:
+    simple_port, mutual_port = free_port(GATEWAY_IP), free_port(GATEWAY_IP)
+    server_cert, server_key = _certificate(["bookinfo.example.com"])
+    client_ca = _certificate(["client-ca"], ca=True)
+    secure_cert, secure_key = _certificate(["secure.example.com"])
+    mesh.write("namespaces.yaml", [namespace("default"), namespace("istio-system")])
+    mesh.write(
+        "productpage.yaml",
+        workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.91"}),
+    )
+    mesh.backend("productpage-v1", "127.0.0.91", 9080)
+    mesh.write("gateway-pod.yaml", [pod("gw-1", "istio-system", GATEWAY_IP, {"istio": "ingressgateway"})])
+    mesh.write("gateway.yaml", [_gateway(simple_port, mutual_port), _routes()])
+    mesh.write(
+        "secrets.yaml",
+        [
+            _secret("bookinfo-cert", server_cert, server_key),
+            _secret("secure-cert", secure_cert, secure_key, ca=client_ca[0]),
+        ],
+    )
+    cert_port = free_port()
+    mp = mesh.start_meshpilot(extra=["--secure-grpc-client-cert-addr", f"127.0.0.1:{cert_port}"])
+    envoy = _secure_gateway(mesh, mp, cert_port)
+
+    # SIMPLE: HTTPS by SNI with the Secret's certificate.
+    eventually(
+        lambda: (
+            _try(lambda: _https(simple_port, "bookinfo.example.com"))
+            == (200, "productpage-v1", server_cert.serial_number)
+        ),
+        what="HTTPS with the certificate of Secret bookinfo-cert",
+    )
+    # MUTUAL: a client without a certificate is refused; one the Secret's CA signed is served.
+    client_cert, client_key = _certificate(["client.example.com"], issuer=client_ca)
+    client_dir = mesh.tmp / "client"
+    client_dir.mkdir()
+    (client_dir / "cert.pem").write_bytes(client_cert.public_bytes(serialization.Encoding.PEM))
+    (client_dir / "key.pem").write_bytes(_pem_key(client_key))
+    client = (client_dir / "cert.pem", client_dir / "key.pem")
+    eventually(
+        lambda: (
+            _try(lambda: _https(mutual_port, "secure.example.com", client))
+            == (200, "productpage-v1", secure_cert.serial_number)
+        ),
+        what="mutual TLS with a client certificate of the Secret's CA",
+    )
+    with pytest.raises((ssl.SSLError, OSError, IndexError, ValueError)):
+        _https(mutual_port, "secure.example.com")
+    stranger = _certificate(["stranger.example.com"])
+    (client_dir / "stranger.pem").write_bytes(stranger[0].public_bytes(serialization.Encoding.PEM))
+    (client_dir / "stranger-key.pem").write_bytes(_pem_key(stranger[1]))
+    with pytest.raises((ssl.SSLError, OSError, IndexError, ValueError)):
+        _https(
+            mutual_port, "secure.example.com", (client_dir / "stranger.pem", client_dir / "stranger-key.pem")
+        )
+
+    # Rotation: the Secret's file rewritten, a new handshake sees the new certificate; no restart.
+    rotated_cert, rotated_key = _certificate(["bookinfo.example.com"])
+    mesh.write(
+        "secrets.yaml",
+        [
+            _secret("bookinfo-cert", rotated_cert, rotated_key),
+            _secret("secure-cert", secure_cert, secure_key, ca=client_ca[0]),
+        ],
+    )
+    eventually(
+        lambda: (
+            _try(lambda: _https(simple_port, "bookinfo.example.com"))
+            == (200, "productpage-v1", rotated_cert.serial_number)
+        ),
+        what="the rotated certificate served",
+    )
+    assert envoy.rejected_updates() == {}
+    assert envoy.running
+    assert mp.metric("pilot_sds_certificate_errors_total") == 0
+
+
+async def test_secrets_go_only_to_verified_proxies_of_their_namespace(mesh: MeshHarness) -> None:
+    sds_type = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+    cert, key = _certificate(["bookinfo.example.com"])
+    mesh.write("namespaces.yaml", [namespace("default"), namespace("istio-system")])
+    mesh.write("secrets.yaml", [_secret("bookinfo-cert", cert, key)])
+    cert_port = free_port()
+    mp = mesh.start_meshpilot(extra=["--secure-grpc-client-cert-addr", f"127.0.0.1:{cert_port}"])
+
+    def node(ns: str, account: str) -> dict[str, Any]:
+        return {
+            "node_id": f"router~127.0.0.95~gw-1.{ns}~{ns}.svc.cluster.local",
+            "node_metadata": {"NAMESPACE": ns, "SERVICE_ACCOUNT": account, "ISTIO_VERSION": "1.28.0"},
+        }
+
+    def secure(identity: str) -> Secure:
+        chain, key_path, root = _mesh_client_certificate_for(
+            mp, mesh.tmp / identity.rsplit("/", 1)[1], identity
+        )
+        return Secure(
+            root.read_bytes(), client_key_pem=key_path.read_bytes(), client_chain_pem=chain.read_bytes()
+        )
+
+    # The gateway's own namespace, verified: the key and certificate.
+    own = AdsClient(f"127.0.0.1:{cert_port}", secure=secure(IDENTITY))
+    try:
+        own.send(sds_type, ["kubernetes://bookinfo-cert"], **node("istio-system", "istio-ingressgateway"))
+        response = await own.recv(timeout=10)
+        assert [r.type_url for r in response.resources] == [sds_type]
+    finally:
+        await own.close()
+    # Another namespace's proxy naming it explicitly: nothing, and the attempt is counted.
+    other = AdsClient(f"127.0.0.1:{cert_port}", secure=secure("spiffe://cluster.local/ns/default/sa/app"))
+    try:
+        other.send(sds_type, ["kubernetes://istio-system/bookinfo-cert"], **node("default", "app"))
+        response = await other.recv(timeout=10)
+        assert list(response.resources) == []
+    finally:
+        await other.close()
+    assert mp.metric("pilot_sds_certificate_errors_total") >= 1
+    # The plaintext port proves no identity: no answer at all.
+    plain = AdsClient(f"127.0.0.1:{mp.grpc_port}")
+    try:
+        plain.send(sds_type, ["kubernetes://bookinfo-cert"], **node("istio-system", "istio-ingressgateway"))
+        assert await plain.no_response(within=1.0)
+    finally:
+        await plain.close()
