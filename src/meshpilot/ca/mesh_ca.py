@@ -25,7 +25,6 @@ from meshpilot.ca.keys import (
     new_key,
     self_signed_root,
 )
-from meshpilot.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +49,12 @@ def load_authority(
         return CertificateAuthority(signer, chain, roots), f"plugged-in CA from {plugged}"
     if kube is not None:
         from meshpilot.ca.kube_store import load_signing_material
-        from meshpilot.kube.client import KubeError
 
-        try:
-            signer, chain, roots, source = load_signing_material(
-                kube, namespace, trust_domain, settings.algorithm
-            )
-        except KubeError as err:
-            raise ConfigError(f"cannot read the CA's Secrets from Kubernetes: {err}") from None
+        # A KubeError (the API server not reachable, the namespace not there yet) goes to the caller,
+        # which tries again; bad content in the Secrets is a ConfigError.
+        signer, chain, roots, source = load_signing_material(
+            kube, namespace, trust_domain, settings.algorithm
+        )
         return CertificateAuthority(signer, tuple(chain), tuple(roots)), source
     if settings.self_signed_dir is not None:
         signer = load_or_create_self_signed(settings.self_signed_dir, trust_domain, settings.algorithm)

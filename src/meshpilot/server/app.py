@@ -207,6 +207,10 @@ class DiscoveryApp:
             )
             self.server.authenticators = self.identity.authenticators
             self.server.trust_domains = self._trust_domains
+            if kube_api is None:
+                # Files only: a bad CA stops the start at once. On Kubernetes the CA waits for the
+                # API server in the background (see _run_identity), as the informers do.
+                self.identity.load()
         self._kube_api = kube_api
         self.root_certs: RootCertPublisher | None = None
         self.webhook_ca: WebhookCaPatcher | None = None
@@ -216,6 +220,8 @@ class DiscoveryApp:
         self.debug = debug
         self._stop = asyncio.Event()
         self.grpc_server: grpc.aio.Server | None = None
+        #: The secure ports' server, started once the CA is loaded.
+        self.secure_server: grpc.aio.Server | None = None
         self.webhooks: WebhookServer | None = None
         self.inject_source: InjectConfigSource | None = None
         if settings.webhook_addr is not None:
@@ -225,7 +231,7 @@ class DiscoveryApp:
                 lambda: self.server.ready,
                 cert_file=settings.tls_cert_file,
                 key_file=settings.tls_key_file,
-                serving=self.identity.serving if self.identity is not None else None,
+                mesh_certificate=self.identity is not None,
             )
             # A bad injector directory stops the start with a clear message, as bad TLS flags do.
             try:
@@ -328,6 +334,12 @@ class DiscoveryApp:
                 source.root,
                 len(source.rejections),
             )
+        if self.identity is not None:
+            # Ready means every port serves: the CA (on Kubernetes, once the API server answers), the
+            # webhooks that serve its certificate and the secure ports come up before /ready says so.
+            if not self.identity.loaded and not await self.identity.load_until_ready(self._stop):
+                return
+            await self._serve_identity(self.identity)
         if self._after_load is not None:
             self._after_load()
         self.server.start_serving()
@@ -343,13 +355,6 @@ class DiscoveryApp:
         if bound == 0:
             raise OSError(f"cannot listen on {settings.grpc_addr} for xDS")
         self.grpc_server = server
-        # The secure ports have a server of their own: the CA must not answer on the plaintext port.
-        secure: grpc.aio.Server | None = None
-        secure_bound: list[str] = []
-        if self.identity is not None:
-            secure = grpc.aio.server(options=GRPC_OPTIONS)
-            secure.add_generic_rpc_handlers([self.server.grpc_handler(secure=True)])
-            secure_bound = self.identity.add_ports(secure)
         runners = []
         tasks: list[asyncio.Task[Any]] = []
         # The HTTP port (/ready, debug) on its own thread: probes must not queue behind pushes.
@@ -365,17 +370,13 @@ class DiscoveryApp:
                     monitoring_app(self.metrics, self.debug, __version__), settings.monitoring_addr
                 )
             )
-            if self.webhooks is not None:
+            if self.webhooks is not None and not self.webhooks.serves_mesh_certificate:
                 await self.webhooks.start()
             await server.start()
-            if secure is not None:
-                await secure.start()
             log.info(
-                "meshpilot %s serving: xDS on %s, secure xDS and CA on %s, HTTP on %s, monitoring on %s, "
-                "webhooks on %s",
+                "meshpilot %s serving: xDS on %s, HTTP on %s, monitoring on %s; webhooks on %s",
                 __version__,
                 settings.grpc_addr,
-                ", ".join(secure_bound) or "(off)",
                 settings.http_addr,
                 settings.monitoring_addr,
                 settings.webhook_addr or "(off)",
@@ -384,10 +385,9 @@ class DiscoveryApp:
             if not await self._load_unless_stopped():
                 return
             tasks.append(asyncio.create_task(self.server.run(), name="push"))
-            tasks.append(asyncio.create_task(self.jwks.run(), name="jwks"))
-            self._start_publishing_root()
             if self.identity is not None:
                 tasks.append(asyncio.create_task(self.identity.run(self._stop), name="serving certificate"))
+            tasks.append(asyncio.create_task(self.jwks.run(), name="jwks"))
             if self.inject_source is not None:
                 tasks.append(asyncio.create_task(self.inject_source.run(self._stop), name="inject config"))
             for source in self.sources:
@@ -395,8 +395,8 @@ class DiscoveryApp:
             await self._stop.wait()
             log.info("shutting down")
         finally:
-            if secure is not None:
-                await secure.stop(settings.shutdown_grace)
+            if self.secure_server is not None:
+                await self.secure_server.stop(settings.shutdown_grace)
             await server.stop(settings.shutdown_grace)
             await http.stop()
             for runner in runners:
@@ -413,6 +413,21 @@ class DiscoveryApp:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    async def _serve_identity(self, identity: IdentityPlane) -> None:
+        """With the CA loaded: the webhooks that serve its certificate, the secure ports, the root
+        published."""
+        if self.webhooks is not None and self.webhooks.serves_mesh_certificate:
+            self.webhooks.serving = identity.serving
+            await self.webhooks.start()
+        # The secure ports have a server of their own: the CA must not answer on the plaintext port.
+        secure = grpc.aio.server(options=GRPC_OPTIONS)
+        secure.add_generic_rpc_handlers([self.server.grpc_handler(secure=True)])
+        bound = identity.add_ports(secure)
+        await secure.start()
+        self.secure_server = secure
+        log.info("secure xDS and the CA serving on %s", ", ".join(bound))
+        self._start_publishing_root()
 
     def _start_publishing_root(self) -> None:
         """On Kubernetes: the root as the ``istio-ca-root-cert`` ConfigMap of every watched namespace,

@@ -19,10 +19,11 @@ from meshpilot.ca.authenticate import (
     KubernetesToken,
     kubernetes_token_reviewer,
 )
-from meshpilot.ca.authority import IPAddress
+from meshpilot.ca.authority import CertificateAuthority, IPAddress
 from meshpilot.ca.mesh_ca import load_authority
 from meshpilot.ca.service import CaMetrics, CertificateService
 from meshpilot.ca.serving import ServingCertificate, istiod_dns_names
+from meshpilot.kube.client import KubeError
 from meshpilot.server.secure_grpc import server_credentials
 from meshpilot.server.settings import Address, DiscoverySettings
 
@@ -37,12 +38,16 @@ class IdentityPlane:
         registry: CollectorRegistry,
         kube_api: Any | None,
     ) -> None:
-        """``trust_domain`` is read when needed: on Kubernetes, MeshConfig may arrive after start."""
+        """``trust_domain`` is read when needed: on Kubernetes, MeshConfig may arrive after start. The
+        CA itself is loaded by ``load`` (or ``load_until_ready``, which waits out an API server that is
+        not there yet)."""
         self.settings = settings
-        self.authority, source = load_authority(
-            settings.ca, trust_domain(), kube=kube_api, namespace=settings.istio_namespace
-        )
-        log.info("mesh CA: %s", source)
+        self._trust_domain = trust_domain
+        self._registry = registry
+        self._kube_api = kube_api
+        self._authority: CertificateAuthority | None = None
+        self._serving: ServingCertificate | None = None
+        self._ca_service: CertificateService | None = None
         authenticators: list[Authenticator] = [ClientCertificate()]
         if kube_api is not None:
             authenticators.append(KubernetesToken(kubernetes_token_reviewer(kube_api), trust_domain))
@@ -53,13 +58,55 @@ class IdentityPlane:
                 settings.secure_grpc_addr or "(off)",
             )
         self.authenticators: Sequence[Authenticator] = tuple(authenticators)
+
+    def load(self) -> None:
+        """Loads the CA and makes the serving certificate; blocking. KubeError when the API server cannot
+        be reached, ConfigError when what it holds (or the files) is wrong."""
+        settings = self.settings
+        authority, source = load_authority(
+            settings.ca, self._trust_domain(), kube=self._kube_api, namespace=settings.istio_namespace
+        )
         addresses = [settings.secure_grpc_addr, settings.secure_grpc_client_cert_addr, settings.webhook_addr]
-        self.serving = ServingCertificate(
-            self.authority,
+        self._serving = ServingCertificate(
+            authority,
             istiod_dns_names(settings.istio_namespace, settings.domain, _hostnames(addresses)),
             ip_addresses=_ips(addresses),
         )
-        self.ca_service = CertificateService(self.authority, self.authenticators, CaMetrics(registry))
+        self._ca_service = CertificateService(authority, self.authenticators, CaMetrics(self._registry))
+        self._authority = authority
+        log.info("mesh CA: %s", source)
+
+    async def load_until_ready(self, stop: asyncio.Event) -> bool:
+        """``load``, off the event loop, again and again while the API server cannot be reached (at most
+        30 s apart); False if ``stop`` came first. A ConfigError (bad CA material) is raised."""
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                await asyncio.to_thread(self.load)
+                return True
+            except KubeError as err:
+                log.warning(
+                    "cannot load the mesh CA from Kubernetes yet (%s); trying again in %.0fs", err, delay
+                )
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                delay = min(delay * 2, 30.0)
+        return False
+
+    @property
+    def loaded(self) -> bool:
+        return self._authority is not None
+
+    @property
+    def authority(self) -> CertificateAuthority:
+        assert self._authority is not None, "the CA is not loaded yet"
+        return self._authority
+
+    @property
+    def serving(self) -> ServingCertificate:
+        assert self._serving is not None, "the CA is not loaded yet"
+        return self._serving
 
     @property
     def root_pem(self) -> bytes:
@@ -68,7 +115,7 @@ class IdentityPlane:
     def add_ports(self, server: grpc.aio.Server) -> list[str]:
         """Adds CreateCertificate and the secure ports to ``server``; the addresses bound."""
         ca_pb2_grpc.add_IstioCertificateServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            self.ca_service, server
+            self._ca_service, server
         )
         bound: list[str] = []
         for address, roots in (

@@ -40,7 +40,7 @@ class WebhookServer:
         *,
         cert_file: Path | None = None,
         key_file: Path | None = None,
-        serving: ServingCertificate | None = None,
+        mesh_certificate: bool = False,
     ) -> None:
         self.address = address
         self.metrics = metrics
@@ -48,7 +48,10 @@ class WebhookServer:
         self._cert_file = cert_file
         self._key_file = key_file
         #: istiod's certificate from the mesh CA, used when no files are given; followed on renewal.
-        self._serving = serving
+        self._mesh_certificate = mesh_certificate and cert_file is None and key_file is None
+        #: The certificate from the mesh CA, set before ``start`` when ``serves_mesh_certificate``
+        #: (the CA may load after the server is made: on Kubernetes it waits for the API server).
+        self.serving: ServingCertificate | None = None
         self._handlers: dict[str, tuple[ReviewHandler, Callable[[int], None] | None]] = {}
         self._runner: web.AppRunner | None = None
         #: PEM of the certificate served, once started (what a caBundle would hold).
@@ -63,7 +66,7 @@ class WebhookServer:
     def serves_mesh_certificate(self) -> bool:
         """Whether the webhooks serve istiod's certificate from the mesh CA (no files given), so that
         the root belongs in their configurations' caBundle."""
-        return self._serving is not None and self._cert_file is None and self._key_file is None
+        return self._mesh_certificate
 
     def add_review_handler(
         self, path: str, handler: ReviewHandler, *, on_http_error: Callable[[int], None] | None = None
@@ -93,8 +96,9 @@ class WebhookServer:
     async def start(self) -> None:
         context: ssl.SSLContext
         if self.serves_mesh_certificate:
-            assert self._serving is not None
-            context, self.cert_pem = serving_context(self._serving)
+            if self.serving is None:
+                raise RuntimeError("the webhooks serve the mesh certificate: set `serving` before start")
+            context, self.cert_pem = serving_context(self.serving)
         else:
             context, self.cert_pem = server_context(self._cert_file, self._key_file, self.address.host)
         runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
