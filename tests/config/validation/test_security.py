@@ -80,7 +80,7 @@ AUTHZ_CASES: list[tuple[str, str, set[str], set[str]]] = [
         {
             "trust domain must not contain '/', found in TrustDomains: \"a/b\"",
             "invalid `value` for `key` source.trustDomain: at most one wildcard is allowed, "
-            "found in source.trustDomain: \"*x*\"",
+            'found in source.trustDomain: "*x*"',
         },
         set(),
     ),
