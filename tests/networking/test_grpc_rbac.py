@@ -20,7 +20,7 @@ from meshpilot.config import decode
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest
-from meshpilot.networking import rbac
+from meshpilot.networking.authz_rule import TrustDomains, rule_policy
 from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext
@@ -110,10 +110,10 @@ def test_deny_and_allow_filters_precede_the_router_with_grpcgen_names() -> None:
     ):
         spec = model.push.configs(Kind.AUTHORIZATION_POLICY, "default")
         parsed = next(c for c in spec if c.spec.action == (1 if action == rbac_pb2.RBAC.DENY else 0))
-        expected = rbac.rule_policy(
+        expected = rule_policy(
             parsed.spec.rules[0],
             "default",
-            rbac.TrustDomains(("cluster.local",)),
+            TrustDomains(("cluster.local",)),
             for_tcp=False,
             action=action,
         )

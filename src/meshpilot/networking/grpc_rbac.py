@@ -4,7 +4,7 @@ gRPC's RBAC filter knows two actions, ALLOW and DENY. Each inbound filter chain 
 before the router, an ``envoy.filters.http.rbac.DENY`` filter (action DENY) from the DENY policies
 selecting the server and an ``envoy.filters.http.rbac`` filter (action ALLOW) from the ALLOW ones,
 each only when it holds a policy. A rule becomes one RBAC policy named ``<ns>-<name>-<i>``, generated
-by the sidecar's rule builder (``rbac.rule_policy``) for HTTP with authenticated principals, but
+by the sidecar's rule builder (``authz_rule.rule_policy``) for HTTP with authenticated principals, but
 without trust-domain alias migration (grpcgen does not migrate).
 
 Where istiod's grpcgen would fail open, meshpilot fails closed, and each case is logged and counted
@@ -45,6 +45,7 @@ from meshpilot.model.config import Config
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.networking import rbac
+from meshpilot.networking.authz_rule import try_rule_policy
 from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.networking.protobuf import pack
 
@@ -97,7 +98,7 @@ def _add_rules(out: Any, configs: Sequence[Config], action: int, suffix: str = "
         rules = config.spec.rules
         for i, rule in enumerate(rules):
             name = policy_name(config.namespace, config.name, i) + suffix
-            result = rbac.try_rule_policy(rule, config.namespace, None, for_tcp=False, action=action)
+            result = try_rule_policy(rule, config.namespace, None, for_tcp=False, action=action)
             if result.policy is not None:
                 out.policies[name].CopyFrom(result.policy)
                 continue

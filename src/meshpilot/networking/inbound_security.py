@@ -22,6 +22,7 @@ from meshpilot.model.jwks import JwksLookup
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.networking import jwt_authn, rbac
+from meshpilot.networking.authz_rule import TrustDomains
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,7 @@ class SecurityInputs:
 
     policies: AuthorizationPolicies
     request_authentications: tuple[Config, ...]
-    trust: rbac.TrustDomains
+    trust: TrustDomains
     lookup: JwksLookup
     #: Fetched JWKS the filter will inline, in provider order.
     jwks: tuple[str, ...]

@@ -23,8 +23,8 @@ from google.protobuf import empty_pb2
 
 from meshpilot.model.config import Config
 from meshpilot.model.jwks import JwksLookup
+from meshpilot.networking.authz_matchers import JWT_FILTER, JWT_PAYLOAD
 from meshpilot.networking.protobuf import pack
-from meshpilot.networking.rbac import JWT_FILTER, JWT_PAYLOAD
 
 #: The JWKS inlined when the real one cannot be had, so every token fails (istiod does the same with a
 #: key of its own): an RSA public key made for meshpilot whose private key was discarded at once.
