@@ -32,6 +32,7 @@ from typing import Any
 from bench import ca as ca_bench
 from bench import grpc_floor
 from bench import istiod as peer_istiod
+from bench.ca_job import CaJob
 from bench.fleet import EDS, RDS, TYPES, Fleet, ack_bytes
 from bench.kube_stub import KubeStub
 from bench.measure import DEBOUNCE, fleet_specs, log, summary
@@ -113,7 +114,7 @@ class Suite:
     storm: tuple[StormJob, ...]
     floor: tuple[FloorJob, ...] = ()
     #: The mesh CA's signing rate and certificate storm (bench.ca).
-    ca: ca_bench.CaJob | None = None
+    ca: CaJob | None = None
 
 
 def _scenario(file: str, **overrides: Any) -> Scenario:
@@ -141,7 +142,7 @@ def suites() -> dict[str, Suite]:
             fleet=(FleetJob(quick_http, (COMPILED, PURE, NO_CACHE), steady_seconds=5),),
             storm=(StormJob(_scenario("storm", proxies=1000, name="storm-1000")),),
             floor=_floors(quick_http),
-            ca=ca_bench.CaJob(sign_count=100, workloads=500),
+            ca=CaJob(sign_count=100, workloads=500),
         ),
         "full": Suite(
             "full",
@@ -157,7 +158,7 @@ def suites() -> dict[str, Suite]:
             ),
             storm=(StormJob(_scenario("storm")),),
             floor=_floors(full_http),
-            ca=ca_bench.CaJob(sign_count=300, workloads=2000),
+            ca=CaJob(sign_count=300, workloads=2000),
         ),
     }
 

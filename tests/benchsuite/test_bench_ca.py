@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from bench import ca, report
+from bench.ca_job import CaJob
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(120)
 def test_ca_benchmark_signs_serves_a_small_storm_and_reports_it(tmp_path: Path) -> None:
-    result = ca.run(ca.CaJob(sign_count=3, workloads=20, csr_key="ecdsa", timeout=60), tmp_path)
+    result = ca.run(CaJob(sign_count=3, workloads=20, csr_key="ecdsa", timeout=60), tmp_path)
 
     pairs = {(s["ca_key"], s["csr_key"]) for s in result["signing"]}
     assert pairs == {("rsa", "rsa"), ("rsa", "ecdsa"), ("ecdsa", "rsa"), ("ecdsa", "ecdsa")}
