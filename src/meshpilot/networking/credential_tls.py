@@ -17,20 +17,16 @@ from envoy.config.core.v3 import config_source_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
 from envoy.type.matcher.v3 import string_pb2
 
-from meshpilot.model.credentials import CA_SUFFIX, to_resource_name
+from meshpilot.model.credentials import BUILTIN_URI, CA_SUFFIX, to_resource_name
 from meshpilot.networking.names import SDS_DEFAULT, SDS_ROOTCA
 from meshpilot.networking.tls import sds_secret
-
-#: istiod's credentialName prefix meaning "the proxy's own mesh certificate".
-_BUILTIN = "builtin://"
 
 
 def ads_secret(credential_name: str) -> Any:
     """The SdsSecretConfig of a credentialName (``builtin://`` is the workload certificate)."""
-    if credential_name == _BUILTIN:
-        return sds_secret(SDS_DEFAULT)
-    if credential_name == _BUILTIN + CA_SUFFIX:
-        return sds_secret(SDS_ROOTCA)
+    # Any builtin:// name is the proxy's own certificate (to_resource_name says so too), from the agent.
+    if credential_name.startswith(BUILTIN_URI):
+        return sds_secret(SDS_ROOTCA if credential_name.endswith(CA_SUFFIX) else SDS_DEFAULT)
     return secret_pb2.SdsSecretConfig(
         name=to_resource_name(credential_name),
         sds_config=config_source_pb2.ConfigSource(

@@ -114,7 +114,7 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
     out = []
     # The AuthorizationPolicies and RequestAuthentications selecting the gateway's workload, as on a
     # sidecar's inbound chains: istiod applies them to the gateway's listeners the same way.
-    security = inbound_security.build(inbound_security.inputs(proxy, push))
+    security = inbound_security.filters(proxy, push)
     for (bind, port), kinds in by_listener.items():
         # The first server that can be served decides the listener; the others on it are logged.
         family = next((_FAMILY[k] for k, _ in kinds if k), "")

@@ -45,13 +45,12 @@ from meshpilot.model.config import Config
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.networking import rbac
-from meshpilot.networking.authz_rule import try_rule_policy
+from meshpilot.networking.authz_rule import never_matching, try_rule_policy
 from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.networking.protobuf import pack
 
 ALLOW_FILTER = "envoy.filters.http.rbac"
 DENY_FILTER = "envoy.filters.http.rbac.DENY"
-BAD_CUSTOM_SUFFIX = "-deny-due-to-bad-CUSTOM-action"
 _AUTHZ = "AuthorizationPolicy"
 _REQUEST_AUTHN = "RequestAuthentication"
 
@@ -74,13 +73,6 @@ def policy_name(namespace: str, name: str, rule: int) -> str:
     return f"{namespace}-{name}-{rule}"
 
 
-def _never() -> Any:
-    return rbac_pb2.Policy(
-        permissions=[rbac_pb2.Permission(not_rule=rbac_pb2.Permission(any=True))],
-        principals=[rbac_pb2.Principal(not_id=rbac_pb2.Principal(any=True))],
-    )
-
-
 def _report(kind: str, config: Config, message: str) -> None:
     PROBLEMS.record(kind, f"{config.namespace}/{config.name}", message)
 
@@ -88,7 +80,7 @@ def _report(kind: str, config: Config, message: str) -> None:
 def _add_rules(out: Any, configs: Sequence[Config], action: int, suffix: str = "") -> None:
     """The rules of ``configs`` as ``out``'s policies, generated as for ``action``."""
     for config in configs:
-        if rbac.DRY_RUN_ANNOTATION in config.meta.annotations:
+        if rbac.dry_run(config):
             _report(
                 _AUTHZ,
                 config,
@@ -105,11 +97,11 @@ def _add_rules(out: Any, configs: Sequence[Config], action: int, suffix: str = "
             if result.parsed:
                 # Only ALLOW fails to generate: the rule then allows nothing.
                 _report(_AUTHZ, config, f"rule {name} allows nothing on proxyless gRPC: {result.error}")
-                out.policies[name].CopyFrom(_never())
+                out.policies[name].CopyFrom(never_matching())
             else:
                 _report(_AUTHZ, config, f"skipped rule {name} on proxyless gRPC: {result.error}")
         if not rules and action == rbac_pb2.RBAC.ALLOW:
-            out.policies[policy_name(config.namespace, config.name, 0)].CopyFrom(_never())
+            out.policies[policy_name(config.namespace, config.name, 0)].CopyFrom(never_matching())
 
 
 def _filter(name: str, rules: Any) -> Any:
@@ -137,7 +129,7 @@ def http_filters(security: GrpcSecurityInputs) -> list[Any]:
             f"CUSTOM action with provider {config.spec.provider.name!r} is not supported on proxyless gRPC "
             "servers; requests this policy matches are denied there",
         )
-    _add_rules(deny, policies.custom, rbac_pb2.RBAC.DENY, BAD_CUSTOM_SUFFIX)
+    _add_rules(deny, policies.custom, rbac_pb2.RBAC.DENY, rbac.BAD_CUSTOM_SUFFIX)
     _add_rules(deny, policies.deny, rbac_pb2.RBAC.DENY)
     if deny.policies:
         out.append(_filter(DENY_FILTER, deny))

@@ -77,3 +77,10 @@ def build(security: SecurityInputs) -> InboundSecurityFilters:
         http.append(jwt)
     http += rbac.http_filters(security.policies, security.trust)
     return InboundSecurityFilters(tuple(http), tuple(rbac.tcp_filters(security.policies, security.trust)))
+
+
+def filters(proxy: Proxy, push: PushContext) -> InboundSecurityFilters:
+    """The security filters of ``proxy``'s inbound chains (or a gateway's listeners), built once per
+    snapshot for all proxies with the same policies."""
+    security = inputs(proxy, push)
+    return push.memoized(("inbound-security", security.key), lambda: build(security))

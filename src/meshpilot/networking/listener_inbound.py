@@ -102,19 +102,13 @@ def _hcm_filters(proxy: Proxy, push: PushContext, target: InboundPort, stat_pref
             inbound=True,
             route_config=_inbound_route(target),
             http2=target.protocol.is_http2,
-            security=_security(proxy, push).http,
+            security=inbound_security.filters(proxy, push).http,
         )
     ]
 
 
 def _tcp_filters(proxy: Proxy, push: PushContext, target: InboundPort) -> list[Any]:
-    return [*_security(proxy, push).tcp, tcp_proxy(target.cluster)]
-
-
-def _security(proxy: Proxy, push: PushContext) -> inbound_security.InboundSecurityFilters:
-    """AuthorizationPolicy and RequestAuthentication filters (``inbound_security``), once per proxy."""
-    security = inbound_security.inputs(proxy, push)
-    return push.memoized(("inbound-security", security.key), lambda: inbound_security.build(security))
+    return [*inbound_security.filters(proxy, push).tcp, tcp_proxy(target.cluster)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ TCP_STAT_PREFIX = "tcp."
 DRY_RUN_ANNOTATION = "istio.io/dry-run"
 _SHADOW_PREFIX = {rbac_pb2.RBAC.ALLOW: "istio_dry_run_allow_", rbac_pb2.RBAC.DENY: "istio_dry_run_deny_"}
 _EXT_AUTHZ_PREFIX = "istio-ext-authz"
-_BAD_CUSTOM_SUFFIX = "-deny-due-to-bad-CUSTOM-action"
+BAD_CUSTOM_SUFFIX = "-deny-due-to-bad-CUSTOM-action"
 _KIND = "AuthorizationPolicy"
 
 
@@ -60,7 +60,7 @@ def policy_name(namespace: str, name: str, rule: int, provider: str | None = Non
     return f"{prefix}ns[{namespace}]-policy[{name}]-rule[{rule}]"
 
 
-def _dry_run(config: Config) -> bool:
+def dry_run(config: Config) -> bool:
     value = config.meta.annotations.get(DRY_RUN_ANNOTATION)
     if value is None:
         return False
@@ -92,7 +92,7 @@ def _build(
     for config in configs:
         spec = config.spec
         provider = spec.provider.name if custom else None
-        if _dry_run(config):
+        if dry_run(config):
             target, has_shadow = shadow, True
         else:
             target, has_enforce = enforce, True
@@ -167,7 +167,7 @@ def _bad_custom(configs: Sequence[Config], trust: TrustDomains, *, for_tcp: bool
         rules = rbac_pb2.RBAC(action=rbac_pb2.RBAC.DENY)
         if built.rules is not None:
             for name in sorted(built.rules.policies):
-                rules.policies[name + _BAD_CUSTOM_SUFFIX].CopyFrom(built.rules.policies[name])
+                rules.policies[name + BAD_CUSTOM_SUFFIX].CopyFrom(built.rules.policies[name])
         if for_tcp:
             out.append(_tcp_filter(tcp_rbac_pb2.RBAC(rules=rules, stat_prefix=TCP_STAT_PREFIX)))
         else:

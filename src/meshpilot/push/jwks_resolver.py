@@ -44,12 +44,13 @@ class JwksError(Exception):
 def parse_jwks(body: bytes) -> str:
     """The JWKS text if ``body`` is a JSON object with a non-empty ``keys`` list."""
     try:
-        doc = json.loads(body)
+        text = body.decode()
+        doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as err:
-        raise JwksError(f"JWKS is not JSON: {err}") from None
+        raise JwksError(f"JWKS is not UTF-8 JSON: {err}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list) or not doc["keys"]:
         raise JwksError("JWKS has no keys")
-    return body.decode()
+    return text
 
 
 @dataclass(slots=True)
@@ -147,7 +148,7 @@ class JwksResolver:
         try:
             async with self._semaphore:
                 jwks = await self._resolve(source)
-        except (JwksError, aiohttp.ClientError, TimeoutError, OSError) as err:
+        except Exception as err:  # any failure waits for the retry: never a fetch loop
             message = str(err) or type(err).__name__
             for owner in sorted(source.owners, key=ConfigKey.sort_key):
                 self._problems.record(

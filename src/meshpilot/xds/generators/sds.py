@@ -47,16 +47,24 @@ log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=1024)
-def certificate_problem(pem: bytes) -> str:
-    """Why a PEM chain is not a valid certificate now ("" if it is), as istiod's ValidateCertificate."""
+def _validity(pem: bytes) -> tuple[datetime.datetime, datetime.datetime] | str:
+    """The window in which every certificate of a PEM chain is valid, or why it does not parse."""
     try:
         certs = x509.load_pem_x509_certificates(pem)
     except ValueError as err:
         return f"pem decode failed: {err}"
+    return max(c.not_valid_before_utc for c in certs), min(c.not_valid_after_utc for c in certs)
+
+
+def certificate_problem(pem: bytes) -> str:
+    """Why a PEM chain is not a valid certificate now ("" if it is), as istiod's ValidateCertificate.
+    The parse is cached; the clock is read at each call, so an expiry is seen when it comes."""
+    window = _validity(pem)
+    if isinstance(window, str):
+        return window
     now = datetime.datetime.now(datetime.UTC)
-    for cert in certs:
-        if now > cert.not_valid_after_utc or now < cert.not_valid_before_utc:
-            return "certificate is expired or not yet valid"
+    if not window[0] <= now <= window[1]:
+        return "certificate is expired or not yet valid"
     return ""
 
 
