@@ -142,3 +142,91 @@ async def refusal(
         finally:
             await client.close()
     raise AssertionError(f"grpc.aio lost the server's status on all {attempts} streams")
+
+
+DELTA_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+
+
+class DeltaClient:
+    """A delta ADS client: requests as Envoy's delta subscription sends them, responses as read."""
+
+    def __init__(self, target: str, *, secure: Secure | None = None) -> None:
+        self.channel = secure.channel(target) if secure else grpc.aio.insecure_channel(target)
+        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.call = self.channel.stream_stream(
+            DELTA_METHOD,
+            request_serializer=lambda raw: raw,
+            response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
+        )(self._requests(), metadata=secure.metadata() if secure else None)
+        self._in: asyncio.Queue[discovery_pb2.DeltaDiscoveryResponse | BaseException] = asyncio.Queue()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                response = await self.call.read()
+                if response is grpc.aio.EOF:
+                    self._in.put_nowait(EOFError("stream ended"))
+                    return
+                self._in.put_nowait(response)
+        except BaseException as err:
+            self._in.put_nowait(err)
+
+    async def _requests(self):  # type: ignore[no-untyped-def]
+        while True:
+            item = await self._out.get()
+            if item is None:
+                return
+            yield item
+
+    def send(
+        self,
+        type_url: str,
+        subscribe: list[str] | None = None,
+        unsubscribe: list[str] | None = None,
+        *,
+        nonce: str = "",
+        initial: dict[str, str] | None = None,
+        error: str | None = None,
+        node_id: str | None = None,
+        node_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        request = discovery_pb2.DeltaDiscoveryRequest(
+            type_url=type_url,
+            resource_names_subscribe=subscribe or [],
+            resource_names_unsubscribe=unsubscribe or [],
+            response_nonce=nonce,
+            initial_resource_versions=initial or {},
+        )
+        if node_id is not None:
+            request.node.CopyFrom(node(node_id, node_metadata))
+        if error is not None:
+            request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
+        self.send_raw(request.SerializeToString())
+
+    def send_raw(self, raw: bytes) -> None:
+        self._out.put_nowait(raw)
+
+    def ack(self, response: discovery_pb2.DeltaDiscoveryResponse) -> None:
+        self.send(response.type_url, nonce=response.nonce)
+
+    async def recv(self, timeout: float = 5.0) -> discovery_pb2.DeltaDiscoveryResponse:
+        item = await asyncio.wait_for(self._in.get(), timeout)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def no_response(self, within: float = 0.5) -> bool:
+        try:
+            item = await asyncio.wait_for(self._in.get(), within)
+        except TimeoutError:
+            return True
+        if isinstance(item, BaseException):
+            raise item
+        return False
+
+    async def close(self) -> None:
+        self._out.put_nowait(None)
+        self.call.cancel()
+        self._reader.cancel()
+        await self.channel.close()

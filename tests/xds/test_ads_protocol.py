@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from support.ads_client import ADS_METHOD, AdsClient, node, refusal
 from support.kube import istio, workload, write
 from support.processes import free_port
+from support.xds_server import NODE, Server, running, settings_for, three_services
 
 from meshpilot.server.app import DiscoveryApp
 from meshpilot.server.settings import Address, DiscoverySettings
@@ -24,67 +24,14 @@ CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
 RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
-NODE = "sidecar~127.0.0.11~productpage-v1.default~default.svc.cluster.local"
 REVIEWS = "outbound|9080||reviews.default.svc.cluster.local"
 RATINGS = "outbound|9080||ratings.default.svc.cluster.local"
 
 
-class Server:
-    def __init__(self, app: DiscoveryApp, config_dir: Path) -> None:
-        self.app = app
-        self.config_dir = config_dir
-        self.target = str(app.settings.grpc_addr)
-
-    def client(self) -> AdsClient:
-        return AdsClient(self.target)
-
-    def metric(self, name: str, **labels: str) -> float:
-        value = self.app.metrics.registry.get_sample_value(name, labels)
-        return value or 0.0
-
-
-def settings_for(config: Path | None, **overrides: object) -> DiscoverySettings:
-    return DiscoverySettings(
-        config_dir=config,
-        grpc_addr=Address("127.0.0.1", free_port()),
-        http_addr=Address("127.0.0.1", free_port()),
-        monitoring_addr=Address("127.0.0.1", free_port()),
-        webhook_addr=Address("127.0.0.1", free_port()),
-        debounce_after=0.02,
-        **overrides,  # type: ignore[arg-type]
-    )
-
-
-@contextlib.asynccontextmanager
-async def running(settings: DiscoverySettings) -> AsyncIterator[DiscoveryApp]:
-    """A DiscoveryApp serving in this event loop until the block ends."""
-    app = DiscoveryApp(settings)
-    task = asyncio.create_task(app.run())
-    for _ in range(200):
-        if app.grpc_server is not None and app.server.ready:
-            break
-        await asyncio.sleep(0.02)
-    try:
-        yield app
-    finally:
-        app.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
-
-
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[Server]:
-    config = tmp_path / "config"
-    write(
-        config / "apps.yaml",
-        [
-            *workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.11"}),
-            *workload("reviews", "default", "10.96.0.20", 9080, {"reviews-v1": "127.0.0.21"}),
-            *workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
-        ],
-    )
-    async with running(settings_for(config)) as app:
-        yield Server(app, config)
+    async with three_services(tmp_path) as served:
+        yield served
 
 
 async def test_initial_request_ack_and_no_reply_to_ack(server: Server) -> None:

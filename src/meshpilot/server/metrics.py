@@ -36,6 +36,7 @@ class TypeMetrics:
 
     pushes: Any
     unchanged_skipped: Any
+    delta_kept: Any
     push_time: Any
     config_size: Any
 
@@ -57,6 +58,20 @@ class Metrics:
             "meshpilot_xds_unchanged_skipped",
             "Pushes not sent because the proxy already holds exactly that configuration.",
             ["type"],
+            registry=r,
+        )
+        self.delta_kept = Counter(
+            "meshpilot_xds_delta_resources_kept",
+            "Resources a delta response left out because the proxy holds them as they are "
+            "(a push or a reconnect with initial_resource_versions) (meshpilot only).",
+            ["type"],
+            registry=r,
+        )
+        self.xds_refused = Counter(
+            "meshpilot_xds_refused_requests",
+            "xDS requests refused: names too long, too many subscriptions, unknown types, malformed "
+            "messages (meshpilot only).",
+            ["reason"],
             registry=r,
         )
         self.xds_rejects = Counter(
@@ -185,6 +200,7 @@ class Metrics:
             found = self._by_type[short] = TypeMetrics(
                 pushes=self.xds_pushes.labels(type=short),
                 unchanged_skipped=self.unchanged_skipped.labels(type=short),
+                delta_kept=self.delta_kept.labels(type=short),
                 push_time=self.push_time.labels(type=short),
                 config_size=self.config_size.labels(type=short),
             )

@@ -1,4 +1,4 @@
-"""Per-stream state: the proxy, what it watches, and what was sent and acknowledged."""
+"""Per-stream state: the proxy, what it watches, and what was sent and acknowledged (both protocols)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,10 @@ class WatchedResource:
     #: Digest of the last response that carried the whole watched state; None after a
     #: partial one. A push whose full state has the same digest is not sent again.
     digest_sent: int | None = None
+    #: Delta only: the resources the proxy holds, by name, with the version of each
+    #: (``delta_protocol.resource_version``): what was sent, or what the proxy said it
+    #: kept when it reconnected. A push sends only names whose version differs.
+    versions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -61,6 +65,8 @@ class Connection:
     peer: str
     #: The SPIFFE identity that authorized the stream (the secure port); "" when anonymous.
     identity: str = ""
+    #: "sotw" (StreamAggregatedResources) or "delta" (DeltaAggregatedResources).
+    protocol: str = "sotw"
     id: str = ""
     connected_at: float = field(default_factory=time.time)
     watched: dict[str, WatchedResource] = field(default_factory=dict)

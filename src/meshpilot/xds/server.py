@@ -16,10 +16,9 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
-from envoy.service.discovery.v3 import discovery_pb2
 
 from meshpilot.ca.authenticate import Authenticator, authenticate
 from meshpilot.model.config import ConfigKey
@@ -35,9 +34,12 @@ from meshpilot.push.queue import PushQueue
 from meshpilot.server.metrics import Metrics
 from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, new_token
 from meshpilot.xds.connection import Connection
+from meshpilot.xds.delta_stream import DeltaStream
 from meshpilot.xds.generators import Generator, generators_by_metadata, sidecar_generators
+from meshpilot.xds.host import PushTarget
 from meshpilot.xds.rate_limit import TokenBucket, default_rate
-from meshpilot.xds.stream import AdsStream
+from meshpilot.xds.sotw_stream import SotwStream
+from meshpilot.xds.stream import Stream
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ class DiscoveryServer:
         self.cache = XdsCache(self.options.cache_size, metrics) if self.options.cache_size > 0 else None
         self._stream_limit = TokenBucket(self.options.max_requests_per_second or default_rate())
         self.connections: dict[str, Connection] = {}
-        self._streams: dict[str, AdsStream] = {}
+        self._streams: dict[str, PushTarget] = {}
         self._events: asyncio.Queue[PushRequest] = asyncio.Queue()
         self._queue: PushQueue[str] = PushQueue()
         self._versions = itertools.count(1)
@@ -106,6 +108,19 @@ class DiscoveryServer:
         #: The trust domains whose identities may ask for config on the secure port (MeshConfig's
         #: trustDomain and aliases, read per stream: the mesh may change).
         self.trust_domains: Callable[[], Collection[str]] = lambda: ("cluster.local",)
+
+    # -- what streams read (xds.host.StreamHost) ---------------------------------------
+
+    @property
+    def cluster_id(self) -> str:
+        return self.options.cluster_id
+
+    @property
+    def index(self) -> EndpointIndex:
+        return self.env.index
+
+    def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:
+        self.env.refresh_proxy(proxy, push)
 
     def generators_for(self, proxy: Proxy) -> Mapping[TypeUrl, Generator]:
         """The generators serving ``proxy``: its GENERATOR's first, then the defaults (istiod's order)."""
@@ -263,7 +278,7 @@ class DiscoveryServer:
 
     # -- connections -------------------------------------------------------------
 
-    def add_connection(self, conn: Connection, stream: AdsStream) -> None:
+    def add_connection(self, conn: Connection, stream: PushTarget) -> None:
         self.connections[conn.id] = conn
         self._streams[conn.id] = stream
         self.metrics.xds_clients.labels(version=conn.proxy.metadata.istio_version or "unknown").inc()
@@ -283,30 +298,36 @@ class DiscoveryServer:
 
     # -- gRPC --------------------------------------------------------------------
 
-    async def stream_aggregated_resources(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, *, secure: bool = False
-    ) -> None:
+    async def _admit(self, context: grpc.aio.ServicerContext, *, secure: bool) -> tuple[str, ...] | None:
+        """Whether a new stream may be served now, and who its credential proved it is (the secure
+        port; None on the plaintext one). Aborts the stream when it may not."""
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
         if not await self._stream_limit.acquire(self.options.request_wait):
             self.metrics.rate_limited.inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request rate limit exceeded")
-        identities: tuple[str, ...] | None = None
-        if secure:
-            metadata = tuple(context.invocation_metadata() or ())
-            caller = await authenticate(self.authenticators, context.auth_context(), metadata)
-            if caller is None:
-                self.metrics.xds_auth_failures.labels("authentication").inc()
-                log.info("ADS: refused %s: no credential proved an identity", context.peer())
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "authentication failure")
-                return
-            identities = caller.identities
-        await AdsStream(self, context, identities).run(requests)
+        if not secure:
+            return None
+        metadata = tuple(context.invocation_metadata() or ())
+        caller = await authenticate(self.authenticators, context.auth_context(), metadata)
+        if caller is None:
+            self.metrics.xds_auth_failures.labels("authentication").inc()
+            log.info("ADS: refused %s: no credential proved an identity", context.peer())
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "authentication failure")
+            raise AssertionError("abort returns only by raising")
+        return caller.identities
 
-    async def delta_aggregated_resources(self, requests: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "delta xDS is not supported yet; use GRPC (SotW) ADS"
-        )
+    async def serve_stream(
+        self,
+        kind: type[Stream],
+        requests: AsyncIterator[bytes],
+        context: grpc.aio.ServicerContext,
+        *,
+        secure: bool = False,
+    ) -> None:
+        """Serve one ADS stream of either protocol (``SotwStream`` or ``DeltaStream``)."""
+        identities = await self._admit(context, secure=secure)
+        await kind(self, context, identities).run(requests)
 
     def grpc_handler(self, *, secure: bool = False) -> grpc.GenericRpcHandler:
         """ADS handlers; responses are written already serialized. ``secure``: the handler of the secure
@@ -316,7 +337,10 @@ class DiscoveryServer:
             return payload
 
         async def sotw(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
-            await self.stream_aggregated_resources(requests, context, secure=secure)
+            await self.serve_stream(SotwStream, requests, context, secure=secure)
+
+        async def delta(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+            await self.serve_stream(DeltaStream, requests, context, secure=secure)
 
         handlers = {
             # Requests arrive as bytes: most are ACKs the stream records without a parse.
@@ -325,9 +349,10 @@ class DiscoveryServer:
                 request_deserializer=identity,
                 response_serializer=identity,
             ),
+            # Parsed by the stream, so that a malformed one ends it with INVALID_ARGUMENT.
             "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self.delta_aggregated_resources,
-                request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString,
+                delta,
+                request_deserializer=identity,
                 response_serializer=identity,
             ),
         }

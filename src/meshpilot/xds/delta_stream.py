@@ -1,0 +1,208 @@
+"""Delta ADS (DeltaAggregatedResources): responses carry only what changed for this proxy.
+
+The resources are the same bytes the state-of-the-world stream sends; only
+the envelope and the bookkeeping differ (``delta_protocol``). After clusters
+change, their endpoints are sent again at once: Envoy warms an updated
+cluster until its assignment arrives, and a delta client does not ask again
+for a name it is already subscribed to (istiod does the same on a CDS request).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf.message import DecodeError
+
+from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.xds import delta_protocol
+from meshpilot.xds.delta_wire import delta_response
+from meshpilot.xds.generators.base import digest_of
+from meshpilot.xds.host import StreamHost
+from meshpilot.xds.stream import Stream
+from meshpilot.xds.types import TypeUrl, parse_type_url
+
+log = logging.getLogger(__name__)
+
+#: Distinct unserved type URLs logged per stream; more are only counted.
+_LOGGED_UNKNOWN_TYPES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class _Malformed:
+    error: str
+
+
+#: A parsed DeltaDiscoveryRequest (the generated classes carry no static types).
+_Request = Any
+
+
+class DeltaStream(Stream):
+    """Serves one delta ADS stream."""
+
+    protocol = "delta"
+
+    def __init__(
+        self, host: StreamHost, context: grpc.aio.ServicerContext, identities: tuple[str, ...] | None = None
+    ) -> None:
+        super().__init__(host, context, identities)
+        self._unknown_types: set[str] = set()
+
+    async def _first(self, requests: AsyncIterator[bytes]) -> tuple[base_pb2.Node, _Request] | None:
+        async for raw in requests:
+            incoming = self._scan(raw)
+            if isinstance(incoming, _Malformed):
+                await self._refuse("malformed", grpc.StatusCode.INVALID_ARGUMENT, incoming.error)
+            if incoming.type_url == TypeUrl.HEALTH:
+                continue  # a health probe may come before the first real request (istiod skips it)
+            return incoming.node, incoming
+        return None
+
+    def _scan(self, raw: bytes) -> _Request | _Malformed:
+        # Delta requests are small (an ACK is a type URL and a nonce): parsing each costs little.
+        try:
+            request: _Request = discovery_pb2.DeltaDiscoveryRequest.FromString(raw)
+            return request
+        except DecodeError as err:
+            return _Malformed(f"malformed DeltaDiscoveryRequest: {err}")
+
+    def _quiet_ack(self, incoming: _Request | _Malformed) -> bool:
+        conn = self.conn
+        assert conn is not None
+        if isinstance(incoming, _Malformed) or not incoming.response_nonce:
+            return False
+        if (
+            incoming.resource_names_subscribe
+            or incoming.resource_names_unsubscribe
+            or incoming.initial_resource_versions
+            or incoming.HasField("error_detail")
+        ):
+            return False
+        watch = conn.watched.get(incoming.type_url)
+        if watch is None or incoming.response_nonce != watch.nonce_sent:
+            return False
+        watch.nonce_acked = watch.nonce_sent
+        watch.version_acked = watch.version_sent
+        watch.last_error = ""
+        return True
+
+    async def _refuse(self, reason: str, code: grpc.StatusCode, message: str) -> NoReturn:
+        self.host.metrics.xds_refused.labels(reason).inc()
+        who = self.conn.id if self.conn is not None else self.context.peer()
+        log.warning("ADS (delta): refused %s: %s", who, message)
+        await self._abort(code, message)
+
+    async def _handle_request(self, incoming: _Request | _Malformed) -> None:
+        conn = self.conn
+        assert conn is not None
+        if isinstance(incoming, _Malformed):
+            await self._refuse("malformed", grpc.StatusCode.INVALID_ARGUMENT, incoming.error)
+        if self._quiet_ack(incoming):
+            return
+        type_url = incoming.type_url
+        if type_url == TypeUrl.HEALTH:
+            return
+        known = parse_type_url(type_url)
+        if known is None or known not in self.generators:
+            # Nothing here serves it: no watch is kept (a client cannot grow the stream's state with
+            # made-up types), and the client waits as it would for a resource that does not exist.
+            self.host.metrics.xds_refused.labels("unknown_type").inc()
+            if type_url not in self._unknown_types and len(self._unknown_types) < _LOGGED_UNKNOWN_TYPES:
+                self._unknown_types.add(type_url)
+                log.info("ADS (delta): %s asked for %r, which is not served", conn.id, type_url[:200])
+            return
+        error = incoming.error_detail.message if incoming.HasField("error_detail") else None
+        try:
+            decision = delta_protocol.decide(
+                conn,
+                type_url,
+                incoming.resource_names_subscribe,
+                incoming.resource_names_unsubscribe,
+                incoming.initial_resource_versions,
+                incoming.response_nonce,
+                error,
+            )
+        except delta_protocol.RefusedRequest as err:
+            if err.exhausted:
+                await self._refuse("subscriptions", grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+            await self._refuse("names", grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        metrics = self.host.metrics
+        if decision.verdict is delta_protocol.Verdict.NACK:
+            metrics.xds_rejects.labels(type=known.short).inc()
+            log.warning(
+                "ADS:%s: %s rejected by %s (nonce %s): %s",
+                known.short.upper(),
+                conn.id,
+                conn.peer,
+                incoming.response_nonce,
+                error,
+            )
+            return
+        if decision.verdict is delta_protocol.Verdict.STALE:
+            metrics.expired_nonce.labels(type=known.short).inc()
+        if not decision.respond:
+            return
+        push = self.host.push_context
+        assert push is not None
+        request = PushRequest(full=True, reasons=Counter({TriggerReason.PROXY: 1}), push=push)
+        await self._send(type_url, request, decision.names, pushed=False)
+
+    async def _send(
+        self, type_url: str, request: PushRequest, names: frozenset[str] | None, *, pushed: bool
+    ) -> None:
+        conn = self.conn
+        assert conn is not None and request.push is not None
+        started = time.monotonic()
+        found = self._generate(type_url, request, names)
+        if found is None:
+            return
+        known, watch, resources = found
+        by_type = self.host.metrics.for_type(known.short)
+        # Everything the watch holds (so what is missing was removed), or a part of it?
+        whole = names is None and (request.full or known.is_wildcard)
+        digest = digest_of(resources) if whole else None
+        if pushed and digest is not None and digest == watch.digest_sent:
+            by_type.unchanged_skipped.inc()
+            return
+        changes = delta_protocol.changes(watch, resources, whole=whole)
+        kept = len(resources) - len(changes.updated)
+        if kept:
+            by_type.delta_kept.inc(kept)
+        if pushed and not changes:
+            watch.digest_sent = digest
+            by_type.unchanged_skipped.inc()
+            return
+        # A request is always answered, even with nothing: Envoy's initial fetch waits for a response.
+        version = request.push.version
+        nonce = f"{version}-{os.urandom(16).hex()}"
+        payload = delta_response(version, type_url, nonce, changes)
+        by_type.push_time.observe(time.monotonic() - started)
+        warming: frozenset[str] = frozenset()
+        if known is TypeUrl.CLUSTER and changes.updated:
+            eds = conn.watched.get(TypeUrl.ENDPOINT)
+            if eds is not None:
+                warming = frozenset(r.name for r, _ in changes.updated) & eds.names
+                delta_protocol.forget(eds, warming)
+        sent_at = time.monotonic()
+        await self.context.write(payload)
+        self.host.metrics.send_time.observe(time.monotonic() - sent_at)
+        by_type.pushes.inc()
+        by_type.config_size.observe(len(payload))
+        delta_protocol.record_sent(watch, changes)
+        watch.nonce_sent = nonce
+        watch.version_sent = version
+        watch.last_sent = time.time()
+        watch.digest_sent = digest
+        if warming:
+            await self._send(TypeUrl.ENDPOINT, request, warming, pushed=False)
+
+
+__all__ = ["DeltaStream"]
