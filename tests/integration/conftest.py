@@ -61,8 +61,10 @@ class MeshHarness:
         wait: bool = True,
         locality: str = "",
         node_type: str = "sidecar",
+        delta: bool = True,
     ) -> Envoy:
-        """An Envoy as pilot-agent starts it; ``node_type="router"`` makes it a gateway."""
+        """An Envoy as pilot-agent starts it; ``node_type="router"`` makes it a gateway; ``delta=False``
+        speaks state-of-the-world ADS instead of delta."""
         assert self.meshpilot is not None, "start meshpilot first"
         credentials = self.ca.issue(
             f"spiffe://cluster.local/ns/{namespace}/sa/{service_account}", self.tmp / pod
@@ -87,6 +89,7 @@ class MeshHarness:
             xds_port=self.meshpilot.grpc_port,
             sds_socket=sds.socket,
             locality=locality,
+            delta=delta,
         )
         envoy = Envoy(self.tmp, pod, bootstrap, admin)
         self.processes.append(envoy)

@@ -96,7 +96,7 @@ def _as_dicts(resources: list[Any] | None) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: d.get("name") or d.get("cluster_name") or "")
 
 
-def _rds_names(listeners: list[dict[str, Any]]) -> set[str]:
+def rds_names(listeners: list[dict[str, Any]]) -> set[str]:
     found: set[str] = set()
 
     def walk(node: Any) -> None:
@@ -114,7 +114,7 @@ def _rds_names(listeners: list[dict[str, Any]]) -> set[str]:
     return found
 
 
-def _route_clusters(routes: list[dict[str, Any]]) -> set[str]:
+def route_clusters(routes: list[dict[str, Any]]) -> set[str]:
     """The clusters a proxyless gRPC client asks for: every cluster its routes name."""
     found: set[str] = set()
     for config in routes:
@@ -150,12 +150,12 @@ def generate(
     if listeners is not None:
         assert listeners, "a proxyless client names the listeners it asks for"
         found_listeners = run(TypeUrl.LISTENER, set(listeners))
-        routes = run(TypeUrl.ROUTE, _rds_names(found_listeners))
-        clusters = run(TypeUrl.CLUSTER, _route_clusters(routes))
+        routes = run(TypeUrl.ROUTE, rds_names(found_listeners))
+        clusters = run(TypeUrl.CLUSTER, route_clusters(routes))
     else:
         clusters = run(TypeUrl.CLUSTER, None)
         found_listeners = run(TypeUrl.LISTENER, None)
-        routes = run(TypeUrl.ROUTE, _rds_names(found_listeners))
+        routes = run(TypeUrl.ROUTE, rds_names(found_listeners))
     eds_names = {c["name"] for c in clusters if c.get("type") == "EDS"}
     return {
         "clusters": clusters,

@@ -189,8 +189,12 @@ def sidecar_bootstrap(
     xds_port: int,
     sds_socket: Path | None,
     locality: str = "",
+    delta: bool = True,
 ) -> dict[str, Any]:
     """The bootstrap pilot-agent writes, pointed straight at meshpilot's plaintext port.
+
+    ``delta``: ADS over ``DELTA_GRPC``, pilot-agent's default since Istio 1.22; False for
+    state-of-the-world (``ISTIO_DELTA_XDS=false``).
 
     ``locality`` (``region/zone/subzone``) becomes the node's locality, as pilot-agent
     writes it from the Pod's topology.
@@ -253,7 +257,7 @@ def sidecar_bootstrap(
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "dynamic_resources": {
             "ads_config": {
-                "api_type": "GRPC",
+                "api_type": "DELTA_GRPC" if delta else "GRPC",
                 "transport_api_version": "V3",
                 "set_node_on_first_message_only": True,
                 "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}],

@@ -115,7 +115,8 @@ def decide(
     if watch is None:
         return _first(conn, type_url, wildcard_type, subscribe, unsubscribe, initial_versions)
     stale = bool(nonce) and nonce != watch.nonce_sent
-    added = frozenset(n for n in subscribe if n != WILDCARD and n not in watch.names)
+    # Subscriptions first, then unsubscriptions (a name in both ends unsubscribed, as in istiod).
+    added = frozenset(n for n in subscribe if n != WILDCARD and n not in watch.names) - frozenset(unsubscribe)
     dropped = frozenset(n for n in unsubscribe if n in watch.names)
     if added or dropped:
         names = (watch.names | added) - dropped
