@@ -98,9 +98,15 @@ class TlsBackend:
 
 
 def tls_hello(
-    host: str, port: int, server_name: str, cafile: Path | None = None, timeout: float = 5.0
+    host: str,
+    port: int,
+    server_name: str,
+    cafile: Path | None = None,
+    timeout: float = 5.0,
+    alpn: Sequence[str] = (),
 ) -> str:
-    """TLS-connect with ``server_name`` as SNI and return the first line the server sends.
+    """TLS-connect with ``server_name`` as SNI (and ``alpn`` offered) and return the first line the
+    server sends.
 
     With ``cafile`` the server's certificate must verify for ``server_name``;
     without it any certificate is accepted. '' when the connection closes first.
@@ -109,6 +115,8 @@ def tls_hello(
     if cafile is None:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
+    if alpn:
+        context.set_alpn_protocols(list(alpn))
     with (
         socket.create_connection((host, port), timeout=timeout) as raw,
         context.wrap_socket(raw, server_hostname=server_name) as conn,

@@ -120,12 +120,26 @@ def _upstream_options(port: Port) -> Any:
 
 
 def build_outbound_cluster(
-    inputs: ClusterInputs, svc: Service, port: Port, subset: str, rule: MergedDestinationRule | None
+    inputs: ClusterInputs,
+    svc: Service,
+    port: Port,
+    subset: str,
+    rule: MergedDestinationRule | None,
+    *,
+    sni_dnat: bool = False,
 ) -> Any | None:
-    """One ``outbound|port|subset|host`` cluster; None when it must not exist (DNS without endpoints)."""
+    """One ``outbound|port|subset|host`` cluster; None when it must not exist (DNS without endpoints).
+
+    ``sni_dnat``: the cluster an AUTO_PASSTHROUGH gateway forwards to (``auto_passthrough``), named
+    ``outbound_.port_.subset_.host``, without TLS or PROXY protocol of its own (the client's TLS
+    passes through) and with only the endpoints that take Istio mTLS.
+    """
     proxy, push = inputs.proxy, inputs.push
     mesh = push.mesh
-    name = names.outbound_cluster(port.port, subset, svc.hostname)
+    if sni_dnat:
+        name = names.sni_cluster(port.port, subset, svc.hostname)
+    else:
+        name = names.outbound_cluster(port.port, subset, svc.hostname)
     policy = tp.cluster_policy(rule, subset, port.port)
     cluster_type = _TYPES.get(svc.resolution, cluster_pb2.Cluster.EDS)
     if policy.is_passthrough_lb:
@@ -162,23 +176,27 @@ def build_outbound_cluster(
     locality = locality_lb.for_cluster(mesh, policy, svc)
     tp.apply_load_balancer(cluster, policy.load_balancer, locality.setting, locality.forced)
     if cluster.type in (cluster_pb2.Cluster.STRICT_DNS, cluster_pb2.Cluster.LOGICAL_DNS):
+        mtls = _inline_tls(push, rule, port.port).mtls
+        if sni_dnat and locality.setting is not None:
+            dns_endpoints = [ep for ep in dns_endpoints if mtls(ep)]
         groups = locality_lb.groups_by_locality(dns_endpoints)
         if locality.setting is not None:
             # As istiod for static assignments: relative to the proxy, without failoverPriority.
             groups = locality_lb.apply(groups, locality.setting, proxy.locality.label, {}, locality.failover)
-        cluster.load_assignment.CopyFrom(
-            eds.load_assignment(name, eds.render_groups(groups, _inline_tls(push, rule, port.port).mtls))
-        )
+        elif sni_dnat:
+            groups = eds.mtls_groups(groups, mtls)
+        cluster.load_assignment.CopyFrom(eds.load_assignment(name, eds.render_groups(groups, mtls)))
     cluster.metadata.CopyFrom(_metadata(svc, rule, subset))
     if rule is not None and policy.tls is not None and policy.tls.mode in (eds.TLS_SIMPLE, eds.TLS_MUTUAL):
         # As istiod: the application's ALPN is not replaced on TLS the proxy originates.
         cluster.metadata.filter_metadata["istio"].update({"alpn_override": "false"})
     if extensions.has_metadata_exchange(proxy):
         cluster.filters.append(_metadata_exchange_filter())
-    # TLS before the protocol options are packed: origination may add auto SNI to them.
-    _apply_tls(cluster, inputs, svc, port, subset, rule, policy, http_options)
-    if policy.proxy_protocol is not None:
-        _apply_proxy_protocol(cluster, policy.proxy_protocol.version)
+    if not sni_dnat:
+        # TLS before the protocol options are packed: origination may add auto SNI to them.
+        _apply_tls(cluster, inputs, svc, port, subset, rule, policy, http_options)
+        if policy.proxy_protocol is not None:
+            _apply_proxy_protocol(cluster, policy.proxy_protocol.version)
     _set_protocol_options(cluster, http_options)
     return cluster
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envoy.config.core.v3 import address_pb2, base_pb2
@@ -178,7 +178,8 @@ def render_groups(groups: Iterable[LocalityGroup], mtls: Callable[[Endpoint], bo
         endpoint_components_pb2.LocalityLbEndpoints(
             locality=_locality(group.label),
             lb_endpoints=[lb_endpoint(ep, mtls=mtls(ep)) for ep in group.endpoints],
-            load_balancing_weight=uint32(group.weight),
+            # Weight 0 only on a locality left without endpoints (mtls_groups): istiod sends none.
+            load_balancing_weight=uint32(group.weight) if group.weight else None,
             priority=group.priority,
         )
         for group in groups
@@ -312,6 +313,10 @@ class ClaInputs:
     rule_keys: tuple[ConfigKey, ...] = ()
     #: How the calling proxy's locality rewrites the assignment; None when it does not.
     locality: LocalityPlan | None = None
+    #: Only endpoints that take Istio mTLS (``tls.mtls``): an SNI-DNAT cluster's. An AUTO_PASSTHROUGH
+    #: gateway cannot see whether the TLS it forwards is mTLS, so, as istiod, it may reach only
+    #: endpoints whose listener will demand it.
+    mtls_only: bool = False
 
     def cache_key(self, cluster_name: str) -> int:
         """Everything the assignment depends on besides the endpoints (whose changes evict it).
@@ -330,6 +335,7 @@ class ClaInputs:
                 self.tls.subsets,
                 self.tls.peer_key,
                 plan,
+                self.mtls_only,
             )
         )
 
@@ -372,7 +378,27 @@ def cla_inputs(cluster_name: str, proxy: Any, push: Any) -> ClaInputs | None:
             ("eds-tls", rule.fingerprint, port_number), lambda: endpoint_tls(rule, port_number)
         )
     tls = tls.with_peer(push.peer_authentication)
-    return ClaInputs(svc, port.name, subset_labels, tls, rule_keys, plan)
+    return ClaInputs(svc, port.name, subset_labels, tls, rule_keys, plan, names.is_sni_cluster(cluster_name))
+
+
+def mtls_groups(groups: Iterable[LocalityGroup], mtls: Callable[[Endpoint], bool]) -> list[LocalityGroup]:
+    """Each locality with only its endpoints that take Istio mTLS, reweighted. A locality left
+    empty stays, with weight 0 (sent without a weight), as istiod's filter leaves it."""
+    groups = list(groups)
+    kept = locality_lb.groups_by_locality([ep for group in groups for ep in group.endpoints if mtls(ep)])
+    by_label = {group.label: group for group in kept}
+    return [by_label.get(group.label, replace(group, endpoints=(), weight=0)) for group in groups]
+
+
+def _planned_groups(inputs: ClaInputs, chosen: list[Endpoint]) -> list[LocalityGroup]:
+    """The locality groups of the chosen endpoints, as the inputs' locality plan and filter say."""
+    if inputs.locality is not None:
+        # istiod filters before the locality rewrite; a locality emptied here is then not sent.
+        if inputs.mtls_only:
+            chosen = [ep for ep in chosen if inputs.tls.mtls(ep)]
+        return inputs.locality.apply(chosen)
+    groups = locality_lb.groups_by_locality(chosen)
+    return mtls_groups(groups, inputs.tls.mtls) if inputs.mtls_only else groups
 
 
 def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> Any:
@@ -381,11 +407,7 @@ def build_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, inde
     if inputs is None:
         return endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
     endpoints = select_endpoints(index, inputs.service, inputs.port_name, inputs.subset_labels)
-    if inputs.locality is not None:
-        groups = inputs.locality.apply(endpoints)
-    else:
-        groups = locality_lb.groups_by_locality(endpoints)
-    return load_assignment(cluster_name, render_groups(groups, inputs.tls.mtls))
+    return load_assignment(cluster_name, render_groups(_planned_groups(inputs, endpoints), inputs.tls.mtls))
 
 
 def encode_cluster_load_assignment(cluster_name: str, proxy: Any, push: Any, index: EndpointIndex) -> bytes:
@@ -398,12 +420,9 @@ def encode_from_inputs(cluster_name: str, inputs: ClaInputs | None, index: Endpo
         return wire.cluster_load_assignment(cluster_name, (), "", None, wire.NO_TLS_MODE)
     shards = index.shards(inputs.service.hostname, inputs.service.namespace)
     endpoints = [ep for _, ep in shards.endpoints()] if shards is not None else []
-    if inputs.locality is not None or inputs.tls.subsets or inputs.tls.peer is not None:
+    if inputs.locality is not None or inputs.tls.subsets or inputs.tls.peer is not None or inputs.mtls_only:
         chosen = wire.select(endpoints, inputs.port_name, inputs.subset_labels)
-        if inputs.locality is not None:
-            groups = inputs.locality.apply(chosen)
-        else:
-            groups = locality_lb.groups_by_locality(chosen)
+        groups = _planned_groups(inputs, chosen)
         return wire_py.assignment(cluster_name, _encode_groups(groups, inputs.tls.mtls))
     return wire.cluster_load_assignment(
         cluster_name, endpoints, inputs.port_name, inputs.subset_labels, inputs.tls.wire_mode

@@ -12,10 +12,12 @@ get a chain each, selected by the SNI of their hosts, with the TLS context of
 ``gateway_tls`` (certificates over SDS): HTTPS servers an HttpConnectionManager
 fetching ``https.<port>.<portName>.<gateway>.<namespace>``, TLS servers the
 first ``tcp`` route that applies. They share a listener with PASSTHROUGH
-servers of the port. AUTO_PASSTHROUGH is not served yet: such servers, and
-servers that conflict with the port's first one or repeat its SNI hosts, are
-logged and counted by Gateway (``meshpilot_policy_problems_total``); they get
-no chain, so nothing they name is served in plaintext.
+servers of the port. AUTO_PASSTHROUGH servers (east-west gateways) get a chain
+per SNI-DNAT cluster of the services within their hosts, chosen by the SNI of
+mesh mTLS, without any route (``auto_passthrough``). Servers that conflict
+with the port's first one or repeat its SNI hosts are logged and counted by
+Gateway (``meshpilot_policy_problems_total``); they get no chain, so nothing
+they name is served in plaintext.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from meshpilot.model.hosts import is_wildcard
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
+from meshpilot.networking import auto_passthrough, inbound_security, names
 from meshpilot.networking import endpoint as eds
-from meshpilot.networking import inbound_security, names
 from meshpilot.networking.filters import http_connection_manager
 from meshpilot.networking.gateway_tls import TERMINATING, downstream_context, https_route_name, sni_hosts
 from meshpilot.networking.listener import tls_inspector
@@ -75,9 +77,13 @@ def _listen_port(proxy: Proxy, port: int) -> int:
 
 def _kind(server: GatewayServer) -> str:
     """How a server is served: "http"; "https" or "tls" (TLS terminated here, then HTTP or the ``tcp``
-    routes); "passthrough" (TLS by SNI, not terminated); "tcp"; or "" (not yet)."""
+    routes); "passthrough" (TLS by SNI, not terminated); "auto" (AUTO_PASSTHROUGH: mesh mTLS by SNI to
+    SNI-DNAT clusters); "tcp"; or "" (not yet)."""
     if server.protocol.is_http:
         return "http"
+    if server.tls_mode == auto_passthrough.MODE:
+        # Any non-HTTP protocol, as istiod: the SNI, not the port's protocol, says where to go.
+        return "auto"
     if server.tls_mode in TERMINATING:
         if server.protocol is Protocol.HTTPS:
             return "https"
@@ -92,7 +98,15 @@ def _kind(server: GatewayServer) -> str:
 
 
 #: Kinds of server that share a listener: every TLS server of a port is told apart by SNI.
-_FAMILY = {"http": "http", "https": "tls", "tls": "tls", "passthrough": "tls", "tcp": "tcp", "": ""}
+_FAMILY = {
+    "http": "http",
+    "https": "tls",
+    "tls": "tls",
+    "passthrough": "tls",
+    "auto": "tls",
+    "tcp": "tcp",
+    "": "",
+}
 
 
 def _not_served(server: GatewayServer, why: str) -> None:
@@ -189,6 +203,11 @@ def _tls_chains(
             _not_served(server, f"duplicate host names {sorted(hosts & taken)} on the port")
             continue
         taken |= hosts
+        if kind == "auto":
+            # Without the gateway's authorization filters, as istiod: the destination's sidecar,
+            # which terminates this mTLS, enforces its own policies.
+            out.extend(auto_passthrough.filter_chains(proxy, server))
+            continue
         if kind == "https":
             hcm = http_connection_manager(
                 proxy,

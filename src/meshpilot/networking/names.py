@@ -38,14 +38,32 @@ def inbound_cluster(port: int) -> str:
 
 
 def sni_cluster(port: int, subset: str, host: str) -> str:
-    """``outbound_.9080_.v1_.reviews...``: the SNI of in-mesh mTLS."""
+    """``outbound_.9080_.v1_.reviews...``: the SNI of in-mesh mTLS, and the name of the SNI-DNAT
+    cluster an AUTO_PASSTHROUGH gateway forwards that SNI to."""
     return f"outbound_.{port}_.{subset}_.{host}"
 
 
+_SNI_PREFIXES = ("outbound_.", "inbound_.")
+
+
+def is_sni_cluster(name: str) -> bool:
+    """Whether ``name`` is in the ``outbound_.PORT_.SUBSET_.HOST`` form (istiod's DNS SRV key)."""
+    return name.startswith(_SNI_PREFIXES)
+
+
 def parse_cluster(name: str) -> tuple[str, int, str, str] | None:
-    """(direction, port, subset, host) of an ``outbound|...`` or ``inbound|...`` name."""
-    parts = name.split("|")
-    if len(parts) != 4 or parts[0] not in ("outbound", "inbound"):
+    """(direction, port, subset, host) of an ``outbound|...`` or ``inbound|...`` name, or of its SNI
+    form ``outbound_.PORT_.SUBSET_.HOST``, as istiod's ParseSubsetKey reads both."""
+    if is_sni_cluster(name):
+        # As istiod: a host holding "_." is not read as one (it finds no service either way).
+        parts = name.split("_.")
+        if len(parts) != 4:
+            return None
+    else:
+        parts = name.split("|")
+        if len(parts) != 4:
+            return None
+    if parts[0] not in ("outbound", "inbound"):
         return None
     try:
         port = int(parts[1])

@@ -159,10 +159,12 @@ def locality_groups(endpoints: Sequence[Endpoint], tls_mode: int) -> bytes:
 def locality_group(label: str, lb_endpoints: Iterable[bytes], weight: int, priority: int = 0) -> bytes:
     """One ``LocalityLbEndpoints`` (field 2 of a CLA) of encoded ``LbEndpoint`` messages.
 
-    Python only (the compiled module inlines it): the per-proxy locality path calls it too.
+    Python only (the compiled module inlines it): the per-proxy locality path calls it too. A weight
+    of 0 is left out, as istiod leaves it on a locality whose endpoints were all filtered away.
     """
     body = b"".join(_len(2, ep) for ep in lb_endpoints)
-    return _len(2, _locality(label) + body + _len(3, _uint(1, weight)) + _uint(5, priority))
+    weighted = _len(3, _uint(1, weight)) if weight else b""
+    return _len(2, _locality(label) + body + weighted + _uint(5, priority))
 
 
 def assignment(cluster_name: str, groups: Iterable[bytes]) -> bytes:

@@ -15,6 +15,13 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
+from meshpilot.networking.auto_passthrough import (
+    serves_auto_passthrough,
+    sni_dnat_cache_key,
+    sni_dnat_cluster,
+    sni_dnat_name,
+    sni_dnat_specs,
+)
 from meshpilot.networking.cluster import (
     ClusterInputs,
     OutboundSpec,
@@ -29,8 +36,9 @@ from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
 from meshpilot.xds.types import TypeUrl
 
+# Gateways are not skipped: an AUTO_PASSTHROUGH server adds a router's SNI-DNAT clusters (only routers
+# are pushed for Gateways, and an unchanged list is not sent).
 _SKIPPED = (
-    Kind.GATEWAY,
     Kind.WORKLOAD_ENTRY,
     Kind.WORKLOAD_GROUP,
     Kind.AUTHORIZATION_POLICY,
@@ -61,7 +69,15 @@ class ClusterGenerator:
         others_key = ("cds-in", proxy.capabilities, proxy.inbound_signature, scope.inbound_pool_key)
         if proxy.type is NodeType.ROUTER:
             # A gateway has no inbound side and nothing passes through it: BlackHoleCluster only.
-            others = push.memoized_lasting(("cds-gw",), lambda: _Others([Resource.of(*_blackhole(push))]))
+            others: ResourceList = push.memoized_lasting(
+                ("cds-gw",), lambda: _Others([Resource.of(*_blackhole(push))])
+            )
+            if serves_auto_passthrough(push.merged_gateway(proxy)):
+                sni_dnat = push.memoized(
+                    ("cds-sni-dnat", id(scope), proxy.capabilities, generation, locality),
+                    lambda: self._sni_dnat(ctx),
+                )
+                others = ResourceList.joined(others, sni_dnat)
         elif scope.has_ingress:
             # Sidecar ingress endpoints come from the scope and may name the proxy's own address.
             others = push.memoized((others_key, id(scope), proxy.ip), lambda: self._others(ctx))
@@ -94,6 +110,23 @@ class ClusterGenerator:
             if payload:
                 out.append(Resource(name, payload))
         return ResourceList(out), frozenset(r.name for r in out)
+
+    def _sni_dnat(self, ctx: GenerationContext) -> ResourceList:
+        """The SNI-DNAT clusters of an AUTO_PASSTHROUGH gateway, cached as the outbound ones."""
+        inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
+        cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
+        out: list[Resource] = []
+        for spec in sni_dnat_specs(ctx.proxy):
+            key = sni_dnat_cache_key(spec, inputs) if cache is not None else 0
+            payload = cache.get(key) if cache is not None else None
+            if payload is None:
+                cluster = sni_dnat_cluster(inputs, spec)
+                payload = Resource.of(cluster.name, cluster).payload if cluster is not None else b""
+                if cache is not None:
+                    cache.add(key, payload, spec.dependencies(), ctx.token)
+            if payload:
+                out.append(Resource(sni_dnat_name(spec), payload))
+        return ResourceList(out)
 
     def _others(self, ctx: GenerationContext) -> _Others:
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
