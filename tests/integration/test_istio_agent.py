@@ -27,14 +27,14 @@ and sends no bearer token.
    secure port), with the pod's token from a real API server's TokenRequest (audience istio-ca), which
    meshpilot has that API server review, and the mesh root as the ``istio-ca-root-cert`` ConfigMap
    meshpilot published: the agent's CA client gets the workload certificate from meshpilot's CA, its xDS
-   proxy the config over TLS, and its Envoy carries a request. Delta is off here (see 3).
+   proxy the config over TLS (delta, the default), and its Envoy carries a request.
 2. ``controlPlaneAuthPolicy: NONE``, the workload certificate mounted as files
    (``./var/run/secrets/workload-spiffe-credentials``: the agent skips the CA and serves Envoy's SDS from
    them) and ``ISTIO_DELTA_XDS=false``: the agent's Envoy gets its config from meshpilot through the agent's
    xDS proxy and routes a request to a backend.
 3. As 2 with ``ISTIO_DELTA_XDS`` at its default (true since Istio 1.22): the bootstrap says
    ``ads_config.api_type: DELTA_GRPC``, the xDS proxy relays Envoy's delta stream as
-   ``DeltaAggregatedResources`` to meshpilot, which answers UNIMPLEMENTED (issue 17). Expected to fail.
+   ``DeltaAggregatedResources`` to meshpilot, which serves it; the request is routed.
 
 What a real agent sends (test 2): node ID
 ``sidecar~<INSTANCE_IP>~<POD_NAME>.<POD_NAMESPACE>~<POD_NAMESPACE>.svc.cluster.local``, node cluster
@@ -68,7 +68,6 @@ from support.agent_harness import (
     POD_IP,
     POD_NAME,
     AgentRun,
-    EnvoyNeverReady,
     PilotAgent,
     SecureControlPlane,
     check_traffic,
@@ -100,7 +99,7 @@ CA_FAILURE = (
     re.compile(rf"citadelclient\tfailed to sign CSR: .*{NOT_TLS}"),
     re.compile(rf"xdsproxy\tfailed to create upstream grpc client: .*{NOT_TLS}"),
 )
-#: Test 3's failing step: the xDS proxy's delta stream to meshpilot ends UNIMPLEMENTED.
+#: The xDS proxy's delta stream to meshpilot ending UNIMPLEMENTED (as before meshpilot served delta).
 DELTA_FAILURE = (
     re.compile(r"xdsproxy\tconnected to delta upstream XDS server"),
     re.compile(r"xdsproxy\tupstream terminated with unexpected error rpc error: code = Unimplemented"),
@@ -191,7 +190,7 @@ def test_agent_with_istiod_defaults_gets_certificates_and_config(mesh, start_age
     """``controlPlaneAuthPolicy: MUTUAL_TLS``, ``CA_ADDR`` = discoveryAddress = meshpilot's secure port, the
     mesh root mounted as the istio-ca-root-cert ConfigMap is, the token as the projected istio-token
     volume: the agent's CA client gets the workload certificate from meshpilot's CA and its xDS proxy the
-    config over TLS (delta off here; see test 3)."""
+    config over TLS, over delta xDS (Istio's default)."""
     start_mesh(mesh, kubeconfig=token_kube.write_kubeconfig(mesh.tmp / "kubeconfig"))
     configmap = eventually(
         lambda: token_kube.get("configmaps", "default", "istio-ca-root-cert"), what="the mesh root published"
@@ -199,9 +198,9 @@ def test_agent_with_istiod_defaults_gets_certificates_and_config(mesh, start_age
     root = str(configmap["data"]["root-cert.pem"]).encode()
     run = start_agent(
         secure=SecureControlPlane(root, service_account_token(token_kube, "productpage", "default")),
-        extra_env={"ISTIO_DELTA_XDS": "false"},
     )
-    wait_ready(run.agent, CA_FAILURE)
+    wait_ready(run.agent, CA_FAILURE + DELTA_FAILURE)
+    assert "connected to delta upstream XDS server" in run.agent.log()
     check_traffic(mesh, run)
     # Envoy's workload certificate is the one meshpilot's CA issued for the pod's service account.
     certs = json.loads(run.agent.envoy().admin("/certs?format=json")[1])
@@ -242,16 +241,11 @@ def test_agent_with_plaintext_control_plane_and_mounted_certs(mesh, start_agent)
     assert metadata == json.loads(GOLDEN.read_text()), "UPDATE_GOLDEN=1 rewrites the recorded metadata"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=EnvoyNeverReady,
-    reason="meshpilot does not serve delta xDS yet (issue 17): with ISTIO_DELTA_XDS at its default (true) "
-    "the agent's xDS proxy relays Envoy's DELTA_GRPC stream and meshpilot ends it UNIMPLEMENTED "
-    "('xdsproxy upstream terminated with unexpected error rpc error: code = Unimplemented')",
-)
 def test_agent_with_delta_xds_default(mesh, start_agent) -> None:
     start_mesh(mesh)
     run = start_agent(proxy_config={"controlPlaneAuthPolicy": "NONE"}, mounted_certs=True)
     assert "ISTIO_DELTA_XDS" not in run.env
     wait_ready(run.agent, DELTA_FAILURE)
+    assert run.agent.bootstrap()["dynamic_resources"]["ads_config"]["api_type"] == "DELTA_GRPC"
     check_traffic(mesh, run)
+    assert f"connected to delta upstream XDS server: 127.0.0.1:{mesh.meshpilot.grpc_port}" in run.agent.log()
