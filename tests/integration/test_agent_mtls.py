@@ -13,13 +13,19 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from support.agent_harness import MESHPILOT_AGENT, PilotAgent, wait_ready
+from support.agent_harness import (
+    MESHPILOT_AGENT,
+    MeshWorkload,
+    PilotAgent,
+    SecureControlPlane,
+    start_workload_agent,
+    wait_ready,
+)
 from support.kube import egress_sidecar, endpoint_slice, istio, namespace, pod, service
-from support.processes import ENVOY_BIN, free_port, http_get
+from support.processes import http_get
 from support.real_kube import RealKubeApiServer, service_account_token
 from support.wait import eventually
 
@@ -113,45 +119,15 @@ def _agent(
     secret_ttl: str = "24h",
 ) -> PilotAgent:
     """``meshpilot agent proxy sidecar`` for one pod, as its istio-proxy container would run it."""
-    secure = f"127.0.0.1:{mesh.meshpilot.secure_grpc_port}"
-    ports = {p: free_port() for p in ("admin", "status", "envoy_status", "envoy_prometheus")}
-    root: Path = mesh.tmp / f"{name}-root"
-    for directory in ("etc/istio/pod", "etc/istio/proxy", "var/run/secrets/istio", "var/run/secrets/tokens"):
-        (root / directory).mkdir(parents=True, exist_ok=True)
-    (root / "etc/istio/pod/labels").write_text("\n".join(f'{k}="{v}"' for k, v in labels.items()))
-    (root / "etc/istio/pod/annotations").write_text("")
-    (root / "var/run/secrets/istio/root-cert.pem").write_bytes(root_pem)
-    (root / "var/run/secrets/tokens/istio-token").write_text(service_account_token(kube, account, "default"))
-    proxy_config = {
-        "binaryPath": str(ENVOY_BIN),
-        "discoveryAddress": secure,
-        "proxyAdminPort": ports["admin"],
-        "statusPort": ports["status"],
-        "concurrency": 1,
+    return start_workload_agent(
+        mesh,
+        MESHPILOT_AGENT,
+        MeshWorkload(name, ip, account, labels),
+        SecureControlPlane(root_pem, service_account_token(kube, account, "default")),
         # Istio's bootstrap keeps few of Envoy's stats; the TLS handshake counters are asked for.
-        "proxyStatsMatcher": {"inclusionSuffixes": ["ssl.handshake"]},
-    }
-    env = {
-        "POD_NAME": name,
-        "POD_NAMESPACE": "default",
-        "INSTANCE_IP": ip,
-        "SERVICE_ACCOUNT": account,
-        "CA_ADDR": secure,
-        "PILOT_CERT_PROVIDER": "istiod",
-        "PROXY_CONFIG": json.dumps(proxy_config),
-        "ISTIO_META_INTERCEPTION_MODE": "NONE",
-        "ISTIO_META_CLUSTER_ID": "Kubernetes",
-        "ISTIO_DELTA_XDS": "false",
-        "SECRET_TTL": secret_ttl,
-        "CLOUD_PLATFORM": "none",
-        "ENVOY_STATUS_PORT": str(ports["envoy_status"]),
-        "ENVOY_PROMETHEUS_PORT": str(ports["envoy_prometheus"]),
-    }
-    argv = [*MESHPILOT_AGENT, "proxy", "sidecar", "--domain", "default.svc.cluster.local"]
-    agent = PilotAgent(root, argv, env, ports["admin"], ports["status"], f"meshpilot-agent-{name}")
-    mesh.processes.append(agent)
-    agent.start()
-    return agent
+        proxy_config={"proxyStatsMatcher": {"inclusionSuffixes": ["ssl.handshake"]}},
+        extra_env={"SECRET_TTL": secret_ttl},
+    )
 
 
 def _start(mesh: Any, kube: RealKubeApiServer, *, secret_ttl: str = "24h") -> tuple[PilotAgent, PilotAgent]:

@@ -4,12 +4,11 @@ A server sidecar (``reviews``) binds its Sidecar ingress port to its pod address
 loopback app; client sidecars (``productpage``, and ``ratings`` where a second identity is needed)
 send through their egress listeners. The server carries the tlsMode label, so auto mutual TLS makes
 the clients present their SPIFFE certificates and the server's RBAC filter sees their principals.
-RequestAuthentication tokens are RS256 JWTs made here by hand from an RSA key made here.
+RequestAuthentication tokens are RS256 JWTs from ``support.jwt_signer``.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import json
@@ -21,8 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from support.jwt_signer import ISSUER, Signer
 from support.kube import egress_sidecar, endpoint_slice, istio, pod, service
 from support.processes import http_get
 from support.wait import eventually
@@ -41,7 +39,6 @@ JWKS_HOST = "127.0.16.31"
 PORT = 9080
 TCP_PORT = 9090
 SELECTOR = {"matchLabels": {"app": "reviews"}}
-ISSUER = "https://issuer.meshpilot.test"
 REVIEWS_CLUSTER = f"outbound|{PORT}||reviews.default.svc.cluster.local"
 
 
@@ -321,46 +318,6 @@ def test_a_new_deny_policy_reaches_the_running_envoy(mesh: Any) -> None:
 
 
 # -- RequestAuthentication ------------------------------------------------------------------------
-
-
-def b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _uint(n: int) -> str:
-    return b64url(n.to_bytes((n.bit_length() + 7) // 8, "big"))
-
-
-class Signer:
-    """An RSA key, its JWKS and RS256 tokens signed with it."""
-
-    def __init__(self, kid: str) -> None:
-        self.kid = kid
-        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-    @property
-    def modulus(self) -> str:
-        return _uint(self.key.public_key().public_numbers().n)
-
-    def jwks(self) -> str:
-        public = self.key.public_key().public_numbers()
-        jwk = {
-            "kty": "RSA",
-            "alg": "RS256",
-            "use": "sig",
-            "kid": self.kid,
-            "n": _uint(public.n),
-            "e": _uint(public.e),
-        }
-        return json.dumps({"keys": [jwk]})
-
-    def token(self, *, issuer: str = ISSUER, subject: str = "alice", ttl: int = 3600) -> str:
-        header = {"alg": "RS256", "typ": "JWT", "kid": self.kid}
-        now = int(time.time())
-        payload = {"iss": issuer, "sub": subject, "iat": now, "exp": now + ttl}
-        signing_input = f"{b64url(json.dumps(header).encode())}.{b64url(json.dumps(payload).encode())}"
-        signature = self.key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
-        return f"{signing_input}.{b64url(signature)}"
 
 
 @pytest.fixture(scope="module")

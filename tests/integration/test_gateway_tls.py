@@ -284,6 +284,8 @@ def test_an_https_gateway_serves_certificates_from_secrets_and_follows_their_rot
         )
 
     # Rotation: the Secret's file rewritten, a new handshake sees the new certificate; no restart.
+    before = envoy.stats()
+    pid = envoy.proc.pid if envoy.proc is not None else None
     rotated_cert, rotated_key = _certificate(["bookinfo.example.com"])
     mesh.write(
         "secrets.yaml",
@@ -300,7 +302,13 @@ def test_an_https_gateway_serves_certificates_from_secrets_and_follows_their_rot
         what="the rotated certificate served",
     )
     assert envoy.rejected_updates() == {}
-    assert envoy.running
+    # The same Envoy process, which got the new certificate as an update of the Secret it had asked for
+    # (SDS on its ADS stream) and kept its listeners (none modified, so no connection was drained).
+    assert envoy.running and envoy.proc is not None and envoy.proc.pid == pid
+    after = envoy.stats()
+    secret = "sds.kubernetes_bookinfo-cert.update_success"  # Envoy's stat name for kubernetes://bookinfo-cert
+    assert after[secret] > before[secret], (before[secret], after[secret])
+    assert after["listener_manager.listener_modified"] == before["listener_manager.listener_modified"]
     assert mp.metric("pilot_sds_certificate_errors_total") == 0
 
 

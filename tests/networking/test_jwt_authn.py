@@ -74,6 +74,8 @@ def test_jwt_filter_before_rbac_with_istiod_providers() -> None:
     assert b["forward"] is True
     assert b["payloadInMetadata"] == "payload"
     assert b["normalizePayloadInMetadata"] == {"spaceDelimitedClaims": ["permission", "scope"]}
+    # Only gateways re-pick their route after the filter (the golden case gateway-authz has it set).
+    assert "clearRouteCache" not in a and "clearRouteCache" not in b
     assert config["bypassCorsPreflight"] is True
     requires = config["rules"][0]["requires"]["requiresAny"]["requirements"]
     assert requires[:2] == [{"providerName": "origins-0"}, {"providerName": "origins-1"}]

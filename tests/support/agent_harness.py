@@ -375,3 +375,71 @@ def prepare_agent(
         spiffe = "spiffe://cluster.local/ns/default/sa/productpage"
         ca.issue(spiffe, root / "var/run/secrets/workload-spiffe-credentials")
     return AgentInputs(root, args, env, ports, injected)
+
+
+@dataclass(frozen=True)
+class MeshWorkload:
+    """A pod of the mesh whose istio-proxy container an agent runs outside a pod (interception ``NONE``)."""
+
+    pod: str
+    ip: str
+    service_account: str
+    labels: Mapping[str, str]
+    namespace: str = "default"
+
+
+def start_workload_agent(
+    mesh: Any,
+    command: list[str],
+    workload: MeshWorkload,
+    secure: SecureControlPlane,
+    *,
+    template: str | None = None,
+    proxy_config: Mapping[str, Any] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    name: str = "meshpilot-agent",
+) -> PilotAgent:
+    """``command proxy sidecar`` (``MESHPILOT_AGENT``, or Istio's pilot-agent with its bootstrap
+    ``template``) for ``workload``, as its injected istio-proxy container runs it against meshpilot's
+    secure port: the pod's token and the mesh root mounted, the workload certificate from meshpilot's CA.
+    ``extra_env`` adds to (or overrides) the pod's environment. The mesh stops the agent and its Envoy."""
+    address = f"127.0.0.1:{mesh.meshpilot.secure_grpc_port}"
+    ports = {p: free_port() for p in ("admin", "status", "envoy_status", "envoy_prometheus")}
+    root: Path = mesh.tmp / f"{workload.pod}-root"
+    for directory in ("etc/istio/pod", "etc/istio/proxy", "var/run/secrets/istio", "var/run/secrets/tokens"):
+        (root / directory).mkdir(parents=True, exist_ok=True)
+    (root / "etc/istio/pod/labels").write_text(_downward_api(workload.labels))
+    (root / "etc/istio/pod/annotations").write_text("")
+    (root / "var/run/secrets/istio/root-cert.pem").write_bytes(secure.root_pem)
+    (root / "var/run/secrets/tokens/istio-token").write_text(secure.token)
+    if template is not None:
+        (root / "var/lib/istio/envoy").mkdir(parents=True, exist_ok=True)
+        (root / "var/lib/istio/envoy/envoy_bootstrap_tmpl.json").write_text(template)
+    config = {
+        "binaryPath": str(ENVOY_BIN),
+        "discoveryAddress": address,
+        "proxyAdminPort": ports["admin"],
+        "statusPort": ports["status"],
+        "concurrency": 1,
+        **(proxy_config or {}),
+    }
+    env = {
+        "POD_NAME": workload.pod,
+        "POD_NAMESPACE": workload.namespace,
+        "INSTANCE_IP": workload.ip,
+        "SERVICE_ACCOUNT": workload.service_account,
+        "CA_ADDR": address,
+        "PILOT_CERT_PROVIDER": "istiod",
+        "PROXY_CONFIG": json.dumps(config),
+        "ISTIO_META_INTERCEPTION_MODE": "NONE",
+        "ISTIO_META_CLUSTER_ID": "Kubernetes",
+        "CLOUD_PLATFORM": "none",
+        "ENVOY_STATUS_PORT": str(ports["envoy_status"]),
+        "ENVOY_PROMETHEUS_PORT": str(ports["envoy_prometheus"]),
+        **(extra_env or {}),
+    }
+    argv = [*command, "proxy", "sidecar", "--domain", f"{workload.namespace}.svc.cluster.local"]
+    agent = PilotAgent(root, argv, env, ports["admin"], ports["status"], f"{name}-{workload.pod}")
+    mesh.processes.append(agent)
+    agent.start()
+    return agent

@@ -19,7 +19,7 @@ from meshpilot.model.authorization import (
 )
 from meshpilot.model.config import Config
 from meshpilot.model.jwks import JwksLookup
-from meshpilot.model.proxy import Proxy
+from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.networking import jwt_authn, rbac
 from meshpilot.networking.authz_rule import TrustDomains
@@ -35,11 +35,14 @@ class SecurityInputs:
     lookup: JwksLookup
     #: Fetched JWKS the filter will inline, in provider order.
     jwks: tuple[str, ...]
+    #: istiod's ``clear_route_cache`` on JWT providers: set for every proxy but a sidecar (a gateway
+    #: routes on headers the JWT filter may add, so its route is picked again after the filter).
+    clear_route_cache: bool = False
 
     @property
     def key(self) -> Hashable:
         ras = tuple((c.key, c.spec_hash) for c in self.request_authentications)
-        return (self.policies.fingerprint(), ras, self.trust, self.jwks)
+        return (self.policies.fingerprint(), ras, self.trust, self.jwks, self.clear_route_cache)
 
     @property
     def empty(self) -> bool:
@@ -55,6 +58,7 @@ def inputs(proxy: Proxy, push: PushContext) -> SecurityInputs:
         trust=rbac.trust_domains(push.mesh),
         lookup=lookup,
         jwks=jwt_authn.jwks_fingerprint(ras, lookup) if ras else (),
+        clear_route_cache=proxy.type is not NodeType.SIDECAR,
     )
 
 
@@ -72,7 +76,9 @@ def build(security: SecurityInputs) -> InboundSecurityFilters:
     if security.empty:
         return NO_FILTERS
     http: list[Any] = rbac.http_custom_filters(security.policies, security.trust)
-    jwt = jwt_authn.jwt_filter(security.request_authentications, security.lookup)
+    jwt = jwt_authn.jwt_filter(
+        security.request_authentications, security.lookup, clear_route_cache=security.clear_route_cache
+    )
     if jwt is not None:
         http.append(jwt)
     http += rbac.http_filters(security.policies, security.trust)
