@@ -62,6 +62,7 @@ class MeshHarness:
         locality: str = "",
         node_type: str = "sidecar",
         delta: bool = True,
+        xds_port: int | None = None,
     ) -> Envoy:
         """An Envoy as pilot-agent starts it; ``node_type="router"`` makes it a gateway; ``delta=False``
         speaks state-of-the-world ADS instead of delta."""
@@ -86,7 +87,7 @@ class MeshHarness:
             node_id=f"{node_type}~{ip}~{pod}.{namespace}~{namespace}.svc.cluster.local",
             metadata=metadata,
             admin_port=admin,
-            xds_port=self.meshpilot.grpc_port,
+            xds_port=xds_port or self.meshpilot.grpc_port,
             sds_socket=sds.socket,
             locality=locality,
             delta=delta,
