@@ -93,6 +93,9 @@ class AdsClient:
             request.error_detail.CopyFrom(status_pb2.Status(code=3, message=error))
         self._out.put_nowait(request)
 
+    def send_message(self, request: discovery_pb2.DiscoveryRequest) -> None:
+        self._out.put_nowait(request)
+
     def ack(self, response: discovery_pb2.DiscoveryResponse, names: list[str] | None = None) -> None:
         self.send(response.type_url, names, nonce=response.nonce, version=response.version_info)
 

@@ -84,7 +84,8 @@ def parse_version(text: str) -> int | None:
         return None
 
 
-def _check_names(names: Sequence[str]) -> None:
+def check_names(names: Sequence[str]) -> None:
+    """Refuse a request naming a resource longer than MAX_NAME_BYTES (both protocols)."""
     for name in names:
         if len(name) > MAX_NAME_BYTES // 4 and len(name.encode()) > MAX_NAME_BYTES:
             raise RefusedRequest(f"resource name of {len(name.encode())} bytes (at most {MAX_NAME_BYTES})")
@@ -108,9 +109,9 @@ def decide(
         if watch is not None:
             watch.last_error = error
         return Decision(Verdict.NACK, False)
-    _check_names(subscribe)
-    _check_names(unsubscribe)
-    _check_names(list(initial_versions))
+    check_names(subscribe)
+    check_names(unsubscribe)
+    check_names(list(initial_versions))
     wildcard_type = is_wildcard_type(type_url)
     if watch is None:
         return _first(conn, type_url, wildcard_type, subscribe, unsubscribe, initial_versions)

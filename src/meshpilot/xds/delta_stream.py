@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -26,14 +26,10 @@ from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.xds import delta_protocol
 from meshpilot.xds.delta_wire import delta_response
 from meshpilot.xds.generators.base import digest_of
-from meshpilot.xds.host import StreamHost
 from meshpilot.xds.stream import Stream
-from meshpilot.xds.types import TypeUrl, parse_type_url
+from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
-
-#: Distinct unserved type URLs logged per stream; more are only counted.
-_LOGGED_UNKNOWN_TYPES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +45,6 @@ class DeltaStream(Stream):
     """Serves one delta ADS stream."""
 
     protocol = "delta"
-
-    def __init__(
-        self, host: StreamHost, context: grpc.aio.ServicerContext, identities: tuple[str, ...] | None = None
-    ) -> None:
-        super().__init__(host, context, identities)
-        self._unknown_types: set[str] = set()
 
     async def _first(self, requests: AsyncIterator[bytes]) -> tuple[base_pb2.Node, _Request] | None:
         async for raw in requests:
@@ -94,12 +84,6 @@ class DeltaStream(Stream):
         watch.last_error = ""
         return True
 
-    async def _refuse(self, reason: str, code: grpc.StatusCode, message: str) -> NoReturn:
-        self.host.metrics.xds_refused.labels(reason).inc()
-        who = self.conn.id if self.conn is not None else self.context.peer()
-        log.warning("ADS (delta): refused %s: %s", who, message)
-        await self._abort(code, message)
-
     async def _handle_request(self, incoming: _Request | _Malformed) -> None:
         conn = self.conn
         assert conn is not None
@@ -110,14 +94,8 @@ class DeltaStream(Stream):
         type_url = incoming.type_url
         if type_url == TypeUrl.HEALTH:
             return
-        known = parse_type_url(type_url)
-        if known is None or known not in self.generators:
-            # Nothing here serves it: no watch is kept (a client cannot grow the stream's state with
-            # made-up types), and the client waits as it would for a resource that does not exist.
-            self.host.metrics.xds_refused.labels("unknown_type").inc()
-            if type_url not in self._unknown_types and len(self._unknown_types) < _LOGGED_UNKNOWN_TYPES:
-                self._unknown_types.add(type_url)
-                log.info("ADS (delta): %s asked for %r, which is not served", conn.id, type_url[:200])
+        known = self._served(type_url)
+        if known is None:
             return
         error = incoming.error_detail.message if incoming.HasField("error_detail") else None
         try:

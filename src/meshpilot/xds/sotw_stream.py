@@ -18,10 +18,10 @@ from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.networking import wire
 from meshpilot.xds import protocol, request_head
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.delta_protocol import MAX_SUBSCRIPTIONS
+from meshpilot.xds.delta_protocol import MAX_SUBSCRIPTIONS, RefusedRequest, check_names
 from meshpilot.xds.generators.base import digest_of, names_of
 from meshpilot.xds.stream import Stream
-from meshpilot.xds.types import TypeUrl, parse_type_url
+from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,9 @@ class SotwStream(Stream):
         try:
             return discovery_pb2.DiscoveryRequest.FromString(raw)
         except DecodeError as err:
-            self.host.metrics.xds_refused.labels("malformed").inc()
-            await self._abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed DiscoveryRequest: {err}")
+            await self._refuse(
+                "malformed", grpc.StatusCode.INVALID_ARGUMENT, f"malformed DiscoveryRequest: {err}"
+            )
 
     async def _handle_request(self, incoming: _Incoming) -> None:
         conn = self.conn
@@ -80,20 +81,24 @@ class SotwStream(Stream):
         type_url = request.type_url
         if type_url == TypeUrl.HEALTH:
             return
-        if len(request.resource_names) > MAX_SUBSCRIPTIONS:
-            self.host.metrics.xds_refused.labels("subscriptions").inc()
-            log.warning("ADS: %s asked for %d names of %s", conn.id, len(request.resource_names), type_url)
-            await self._abort(
+        known = self._served(type_url)
+        if known is None:
+            return
+        names = list(request.resource_names)
+        try:
+            check_names(names)
+        except RefusedRequest as err:
+            await self._refuse("names", grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if len(names) > MAX_SUBSCRIPTIONS:
+            await self._refuse(
+                "subscriptions",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{len(request.resource_names)} resource names (at most {MAX_SUBSCRIPTIONS})",
+                f"{len(names)} resource names for {type_url} (at most {MAX_SUBSCRIPTIONS})",
             )
         error = request.error_detail.message if request.HasField("error_detail") else None
-        decision = protocol.decide(
-            conn, type_url, list(request.resource_names), request.response_nonce, error, digest
-        )
+        decision = protocol.decide(conn, type_url, names, request.response_nonce, error, digest)
         metrics = self.host.metrics
-        known = parse_type_url(type_url)
-        short = known.short if known is not None else type_url
+        short = known.short
         if decision.verdict is protocol.Verdict.NACK:
             metrics.xds_rejects.labels(type=short).inc()
             log.warning(

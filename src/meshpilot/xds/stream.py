@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 # Requests are answered before pushes; the end of the stream queues like a request.
 _REQUEST, _PUSH, _END = 0, 1, 0
 _seq = itertools.count()
+#: Distinct unserved type URLs logged per stream; more are only counted.
+_LOGGED_UNKNOWN_TYPES = 8
 
 
 class Stream(abc.ABC):
@@ -57,6 +59,7 @@ class Stream(abc.ABC):
         #: Chosen once the node is known (its metadata may select other generators).
         self.generators: Mapping[TypeUrl, Generator] = {}
         self.closed = False
+        self._unknown_types: set[str] = set()
 
     # -- what a protocol adds ----------------------------------------------------------
 
@@ -108,6 +111,27 @@ class Stream(abc.ABC):
     async def _abort(self, code: grpc.StatusCode, message: str) -> NoReturn:
         await self.context.abort(code, message)
         raise AssertionError("abort returns only by raising")  # keeps type checkers informed
+
+    async def _refuse(self, reason: str, code: grpc.StatusCode, message: str) -> NoReturn:
+        """End the stream for a request it must not serve, logged and counted by ``reason``."""
+        self.host.metrics.xds_refused.labels(reason).inc()
+        who = self.conn.id if self.conn is not None else self.context.peer()
+        log.warning("ADS (%s): refused %s: %s", self.protocol, who, message)
+        await self._abort(code, message)
+
+    def _served(self, type_url: str) -> TypeUrl | None:
+        """The type if this stream serves it. Otherwise None, counted and (a few per stream) logged:
+        no watch is kept for it, so a client cannot grow the stream's state with made-up types, and
+        it waits as it would for a resource that does not exist."""
+        known = parse_type_url(type_url)
+        if known is not None and known in self.generators:
+            return known
+        self.host.metrics.xds_refused.labels("unknown_type").inc()
+        if type_url not in self._unknown_types and len(self._unknown_types) < _LOGGED_UNKNOWN_TYPES:
+            self._unknown_types.add(type_url)
+            who = self.conn.id if self.conn is not None else self.context.peer()
+            log.info("ADS (%s): %s asked for %r, which is not served", self.protocol, who, type_url[:200])
+        return None
 
     async def _connect(self, node: base_pb2.Node) -> Connection:
         if not node.id:
