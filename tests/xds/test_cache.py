@@ -344,3 +344,37 @@ def test_dns_clusters_are_shared_across_localities_when_nothing_reads_locality()
     assert "outbound|80||ext.example.com" in outputs[0]
     lists = [key for key in model.push._memo if isinstance(key, tuple) and key[0] == "cds-out"]
     assert len(lists) == 1, "one outbound list built for both localities"
+
+
+def test_fetch_builds_on_a_miss_and_verification_catches_a_key_that_misses_an_input() -> None:
+    metrics = Metrics()
+    cache = TypedCache(10, metrics, type_url=TypeUrl.CLUSTER, verify=True)
+    token = new_token()
+    built: list[bytes] = []
+
+    def build(value: bytes) -> bytes:
+        built.append(value)
+        return value
+
+    assert cache.fetch(7, lambda: build(b"v1"), lambda: frozenset({SE}), token) == b"v1"
+    assert cache.fetch(7, lambda: build(b"v1"), lambda: frozenset({SE}), token) == b"v1"
+    assert built == [b"v1", b"v1"], "a verifying cache builds again on a hit"
+    assert cache.mismatches == 0
+    # The input changed but the key did not: the hit is stale, and verification says so.
+    assert cache.fetch(7, lambda: build(b"v2"), lambda: frozenset({SE}), token) == b"v2", "the fresh value"
+    assert cache.mismatches == 1
+    assert metrics.registry.get_sample_value("meshpilot_xds_cache_mismatches_total", {"type": "cds"}) == 1
+
+
+def test_without_verification_a_hit_builds_nothing() -> None:
+    cache = TypedCache(10, None)
+    token = new_token()
+    cache.fetch(1, lambda: b"v1", frozenset, token)
+    assert cache.fetch(1, lambda: pytest.fail("built on a hit"), frozenset, token) == b"v1"
+
+
+def test_the_switch_is_istiods() -> None:
+    from meshpilot.xds.cache import assertions_enabled
+
+    assert assertions_enabled({"UNSAFE_PILOT_ENABLE_RUNTIME_ASSERTIONS": "true"})
+    assert not assertions_enabled({})

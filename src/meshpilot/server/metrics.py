@@ -157,6 +157,13 @@ class Metrics:
         self.cache_dependent_configs = Gauge(
             "xds_cache_dependent_config_size", "Current size of dependent configs", registry=r
         )
+        self.cache_mismatches = Counter(
+            "meshpilot_xds_cache_mismatches",
+            "Cache hits that differ from a fresh build, found with UNSAFE_PILOT_ENABLE_RUNTIME_ASSERTIONS "
+            "(meshpilot only).",
+            ["type"],
+            registry=r,
+        )
         self.rate_limited = Counter(
             "meshpilot_xds_rate_limited",
             "New xDS streams refused by the request rate limit (meshpilot only).",

@@ -4,22 +4,38 @@ One LRU per type (CDS, EDS, RDS), each entry remembering the configs it
 depends on, so a config change evicts only its dependents. Every write
 carries a token, the time the generation started; a write older than the
 last eviction is dropped, since it may hold what the eviction removed.
+
+A key that misses an input hands one proxy another's config. With
+``UNSAFE_PILOT_ENABLE_RUNTIME_ASSERTIONS`` (istiod's switch for its own
+cache assertions) every hit is built again and compared; a difference is
+logged with the key and counted (``meshpilot_xds_cache_mismatches``), and
+the fresh value is served. For tests and debugging: it costs every hit a build.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from meshpilot.model.config import ConfigKey
 from meshpilot.server.metrics import Metrics
 from meshpilot.xds.types import TypeUrl
 
+log = logging.getLogger(__name__)
+
 #: istiod's PILOT_XDS_CACHE_SIZE default.
 DEFAULT_SIZE = 60000
 CACHED_TYPES = (TypeUrl.CLUSTER, TypeUrl.ENDPOINT, TypeUrl.ROUTE)
+
+
+def assertions_enabled(environ: dict[str, str] | None = None) -> bool:
+    """istiod's UNSAFE_PILOT_ENABLE_RUNTIME_ASSERTIONS."""
+    value = (environ if environ is not None else os.environ).get("UNSAFE_PILOT_ENABLE_RUNTIME_ASSERTIONS", "")
+    return value.strip().lower() in ("1", "true", "yes")
 
 
 def new_token() -> int:
@@ -37,9 +53,15 @@ class _Entry:
 class TypedCache:
     """An LRU of serialized resources of one type."""
 
-    def __init__(self, capacity: int, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, capacity: int, metrics: Metrics | None = None, *, type_url: str = "", verify: bool = False
+    ) -> None:
         self.capacity = capacity
         self._metrics = metrics
+        self._type_url = type_url
+        #: Build again on every hit and compare (see the module's docstring).
+        self.verify = verify
+        self.mismatches = 0
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._by_config: dict[ConfigKey, set[int]] = {}
         #: Time of the last eviction by a config change; older writes are dropped.
@@ -58,6 +80,36 @@ class TypedCache:
         if self._metrics is not None:
             self._metrics.cache_reads.labels(type="hit").inc()
         return entry.value
+
+    def fetch(
+        self,
+        key: int,
+        build: Callable[[], bytes],
+        dependencies: Callable[[], frozenset[ConfigKey]],
+        token: int,
+    ) -> bytes:
+        """The value under ``key``, built (and stored with its dependencies) on a miss."""
+        value = self.get(key)
+        if value is None:
+            value = build()
+            self.add(key, value, dependencies(), token)
+            return value
+        if self.verify:
+            fresh = build()
+            if fresh != value:
+                self.mismatches += 1
+                if self._metrics is not None:
+                    self._metrics.cache_mismatches.labels(type=TypeUrl(self._type_url).short).inc()
+                log.error(
+                    "xDS cache: the %s entry under key %x differs from a fresh build (%d bytes cached, "
+                    "%d built): its key misses an input",
+                    self._type_url,
+                    key,
+                    len(value),
+                    len(fresh),
+                )
+                return fresh
+        return value
 
     def add(self, key: int, value: bytes, dependencies: frozenset[ConfigKey], token: int) -> bool:
         """Store ``value`` unless the generation that made it predates the last eviction."""
@@ -118,9 +170,13 @@ class TypedCache:
 class XdsCache:
     """The caches of the cached types, cleared together."""
 
-    def __init__(self, size: int = DEFAULT_SIZE, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, size: int = DEFAULT_SIZE, metrics: Metrics | None = None, *, verify: bool = False
+    ) -> None:
         self._metrics = metrics
-        self.types = {type_url: TypedCache(size, metrics) for type_url in CACHED_TYPES}
+        self.types = {
+            type_url: TypedCache(size, metrics, type_url=type_url, verify=verify) for type_url in CACHED_TYPES
+        }
 
     def for_type(self, type_url: TypeUrl) -> TypedCache | None:
         return self.types.get(type_url)

@@ -32,7 +32,7 @@ from meshpilot.push.debounce import DebounceOptions, debounce
 from meshpilot.push.environment import push_version
 from meshpilot.push.queue import PushQueue
 from meshpilot.server.metrics import Metrics
-from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, new_token
+from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, assertions_enabled, new_token
 from meshpilot.xds.connection import Connection
 from meshpilot.xds.delta_stream import DeltaStream
 from meshpilot.xds.generators import Generator, generators_by_metadata, sidecar_generators
@@ -94,7 +94,11 @@ class DiscoveryServer:
             metadata_generators if metadata_generators is not None else generators_by_metadata()
         )
         self.push_context: PushContext | None = None
-        self.cache = XdsCache(self.options.cache_size, metrics) if self.options.cache_size > 0 else None
+        self.cache = (
+            XdsCache(self.options.cache_size, metrics, verify=assertions_enabled())
+            if self.options.cache_size > 0
+            else None
+        )
         self._stream_limit = TokenBucket(self.options.max_requests_per_second or default_rate())
         self.connections: dict[str, Connection] = {}
         self._streams: dict[str, PushTarget] = {}
