@@ -1,4 +1,4 @@
-"""Config stored but not applied yet is logged by name and counted, never passed over in silence."""
+"""Config stored but not applied (in full) is logged by name and counted, never passed over in silence."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from meshpilot.config.store import ConfigStore
 from meshpilot.config.unapplied import UnappliedConfig
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.kind import Kind
+from meshpilot.networking.envoyfilter.patches import unapplied
 
 
 def _envoy_filter(name: str) -> Config:
@@ -23,9 +24,8 @@ def _envoy_filter(name: str) -> Config:
             "spec": {
                 "configPatches": [
                     {
-                        "applyTo": "CLUSTER",
-                        "match": {"context": "SIDECAR_OUTBOUND"},
-                        "patch": {"operation": "MERGE", "value": {"connect_timeout": "2s"}},
+                        "applyTo": "EXTENSION_CONFIG",
+                        "patch": {"operation": "ADD", "value": {"name": "ecds"}},
                     }
                 ]
             },
@@ -40,7 +40,7 @@ def test_an_envoy_filter_is_logged_by_name_and_counted(
 ) -> None:
     registry = CollectorRegistry()
     store = ConfigStore()
-    store.add_handler(UnappliedConfig(registry).on_event)
+    store.add_handler(UnappliedConfig(registry, {Kind.ENVOY_FILTER: unapplied}).on_event)
 
     def count() -> float | None:
         return registry.get_sample_value("meshpilot_unapplied_config", {"kind": "EnvoyFilter"})
@@ -50,6 +50,9 @@ def test_an_envoy_filter_is_logged_by_name_and_counted(
         store.upsert(_envoy_filter("timeouts"))
         store.upsert(_envoy_filter("more"))
     assert count() == 2
-    assert "EnvoyFilter shop/timeouts is stored but not applied" in caplog.text
+    assert (
+        "EnvoyFilter shop/timeouts is stored but not applied in full: patch 0 (EXTENSION_CONFIG"
+        in caplog.text
+    )
     store.delete(ConfigKey(Kind.ENVOY_FILTER, "timeouts", "shop"))
     assert count() == 1

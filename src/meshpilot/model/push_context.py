@@ -16,6 +16,7 @@ from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.confighash import hash_value
 from meshpilot.model.delegation import merge_delegates
 from meshpilot.model.destination_rules import DestinationRuleIndex, rule_selector
+from meshpilot.model.envoy_filters import EnvoyFilterIndex
 from meshpilot.model.gateways import MESH_GATEWAY, MergedGateway, binds_gateway, merge_gateways
 from meshpilot.model.hosts import resolve_short_name
 from meshpilot.model.jwks import JwksLookup, NoJwks
@@ -134,6 +135,8 @@ class PushContext:
         self.peer_authentication = PeerAuthenticationIndex(
             self.configs(Kind.PEER_AUTHENTICATION), mesh.root_namespace or "istio-system"
         )
+        #: EnvoyFilters by namespace, and the patches each proxy takes (empty: no proxy takes any).
+        self.envoy_filters = EnvoyFilterIndex(self.configs(Kind.ENVOY_FILTER), mesh.root_namespace)
         self._sidecars: dict[str, list[Config]] = defaultdict(list)
         for config in self.configs(Kind.SIDECAR):
             self._sidecars[config.namespace].append(config)

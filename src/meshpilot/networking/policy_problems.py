@@ -23,9 +23,15 @@ _LOGGED_LIMIT = 10000
 
 
 class PolicyProblems(Collector):
-    """A tally of policy problems, readable as Prometheus metrics."""
+    """A tally of problems by object, readable as Prometheus metrics (policy problems by default)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        metric: str = "meshpilot_policy_problems",
+        documentation: str = "Security policy problems met while generating Envoy config (meshpilot only).",
+    ) -> None:
+        self._metric = metric
+        self._documentation = documentation
         self._lock = threading.Lock()
         self._counts: Counter[tuple[str, str]] = Counter()
         self._logged: set[tuple[str, str, str]] = set()
@@ -48,8 +54,8 @@ class PolicyProblems(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(
-            "meshpilot_policy_problems",
-            "Security policy problems met while generating Envoy config (meshpilot only).",
+            self._metric,
+            self._documentation,
             labels=["kind", "name"],
         )
         with self._lock:

@@ -40,6 +40,8 @@ from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import apply_mesh_config, default_mesh_config
 from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.networking.envoyfilter.patches import unapplied as envoy_filter_unapplied
+from meshpilot.networking.envoyfilter.problems import PATCH_PROBLEMS
 from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.push.debounce import DebounceOptions
 from meshpilot.push.environment import MeshEnvironment
@@ -179,6 +181,7 @@ class DiscoveryApp:
         self.jwks = JwksResolver(self._jwks_changed)
         self.env.jwks = self.jwks
         PROBLEMS.register(self.metrics.registry)
+        PATCH_PROBLEMS.register(self.metrics.registry)
         trust_domain = mesh.trust_domain
         self.kube = self._make_registry(settings.cluster_id)
         self.service_entries = ServiceEntryRegistry(
@@ -191,7 +194,8 @@ class DiscoveryApp:
         self.registry.workloads.append(self.kube)
         self.registry.others.append(self.service_entries)
         self.store.add_handler(self._on_config)
-        self.store.add_handler(UnappliedConfig(self.metrics.registry).on_event)
+        unapplied = UnappliedConfig(self.metrics.registry, {Kind.ENVOY_FILTER: envoy_filter_unapplied})
+        self.store.add_handler(unapplied.on_event)
         self.sources: list[FileSource] = []
         if settings.config_dir is not None:
             self.sources.append(

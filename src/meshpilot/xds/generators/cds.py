@@ -32,8 +32,10 @@ from meshpilot.networking.cluster import (
 )
 from meshpilot.networking.cluster_wire import OutboundClusterEncoder
 from meshpilot.networking.endpoint import proxy_signature
+from meshpilot.networking.envoyfilter.patches import patch_set
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
+from meshpilot.xds.generators.envoy_filters import has_cluster_patches, patch_clusters
 from meshpilot.xds.types import TypeUrl
 
 # Gateways are not skipped: an AUTO_PASSTHROUGH server adds a router's SNI-DNAT clusters (only routers
@@ -84,6 +86,10 @@ class ClusterGenerator:
         else:
             # Without ingress listeners, these read only what the key names (and the mesh).
             others = push.memoized_lasting(others_key, lambda: self._others(ctx))
+        patches = patch_set(proxy, push)
+        if has_cluster_patches(patches):
+            assert patches is not None
+            return patch_clusters(proxy, push, outbound, others, patches)
         if seen.isdisjoint(others.names):
             return ResourceList.joined(outbound, others)
         return [*outbound, *(r for r in others if r.name not in seen)]

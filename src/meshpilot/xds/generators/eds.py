@@ -25,6 +25,8 @@ _SKIPPED = (
     Kind.AUTHORIZATION_POLICY,
     Kind.REQUEST_AUTHENTICATION,
     Kind.SECRET,
+    # Patches change clusters, listeners and routes; a cluster an ADD brings is asked for by name.
+    Kind.ENVOY_FILTER,
 )
 
 

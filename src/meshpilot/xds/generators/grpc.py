@@ -25,6 +25,7 @@ from meshpilot.networking.grpc_listeners import inbound_listeners, outbound_list
 from meshpilot.networking.grpc_routes import build_grpc_route_configuration
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
+from meshpilot.xds.generators.envoy_filters import report_proxyless
 from meshpilot.xds.types import TypeUrl
 
 #: Kinds that cannot change what each type holds for a gRPC client.
@@ -71,6 +72,7 @@ class GrpcListenerGenerator:
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
         request = parse_listener_names(_wanted(watch, names), ctx.proxy)
+        report_proxyless(ctx.proxy, ctx.push)
         built = outbound_listeners(ctx.proxy, request)
         if request.inbound:
             mtls = _workload_mtls(ctx)

@@ -13,12 +13,14 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import inbound_security
+from meshpilot.networking.envoyfilter.patches import Context, patch_set
 from meshpilot.networking.gateway import gateway_listeners, service_port_map
 from meshpilot.networking.listener import build_outbound_listeners
 from meshpilot.networking.listener_inbound import build_inbound_listeners, workload_mtls
 from meshpilot.networking.tcp_routes import source_label_key
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
+from meshpilot.xds.generators.envoy_filters import has_listener_patches, patch_listeners
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,12 @@ class ListenerGenerator:
         else:
             # Without a Sidecar, inbound listeners read only what the key names (and the mesh).
             inbound = push.memoized_lasting(inbound_key, build_inbound)
+        patches = patch_set(proxy, push)
+        if patches is not None:
+            if has_listener_patches(patches, inbound=False):
+                outbound = patch_listeners(push, outbound, patches, Context.SIDECAR_OUTBOUND)
+            if has_listener_patches(patches, inbound=True):
+                inbound = patch_listeners(push, inbound, patches, Context.SIDECAR_INBOUND)
         taken = {r.name for r in inbound}
         outbound_names = {r.name for r in outbound}
         if len(outbound_names) == len(outbound) and outbound_names.isdisjoint(taken):
@@ -94,6 +102,11 @@ class ListenerGenerator:
         # Service ports that map Gateway ports. Gateway replicas share all of it.
         ports = service_port_map(proxy)
         key = ("lds-gw", frozenset(proxy.labels.items()), proxy.config_namespace, proxy.capabilities, ports)
-        return push.memoized(
+        generated = push.memoized(
             key, lambda: ResourceList(Resource.of(li.name, li) for li in gateway_listeners(proxy, push))
         )
+        patches = patch_set(proxy, push)
+        if has_listener_patches(patches, inbound=False):
+            assert patches is not None
+            return patch_listeners(push, generated, patches, Context.GATEWAY)
+        return generated

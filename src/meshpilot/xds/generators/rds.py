@@ -15,6 +15,7 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
+from meshpilot.networking.envoyfilter.patches import patch_set
 from meshpilot.networking.gateway import gateway_route_configuration, service_port_map
 from meshpilot.networking.route import (
     RouteCacheParts,
@@ -25,6 +26,7 @@ from meshpilot.networking.route import (
 from meshpilot.xds.cache import TypedCache
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
+from meshpilot.xds.generators.envoy_filters import has_route_patches, patch_route_resources
 from meshpilot.xds.types import TypeUrl
 
 _SKIPPED = (
@@ -45,7 +47,14 @@ class RouteGenerator:
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
     ) -> list[Resource] | None:
-        wanted = names if names is not None else watch.names
+        generated = self._generate(ctx, names if names is not None else watch.names)
+        patches = patch_set(ctx.proxy, ctx.push)
+        if has_route_patches(patches):
+            assert patches is not None
+            return patch_route_resources(ctx.proxy, ctx.push, generated, patches)
+        return generated
+
+    def _generate(self, ctx: GenerationContext, wanted: frozenset[str]) -> list[Resource]:
         if ctx.proxy.type is NodeType.ROUTER:
             return [self._gateway(ctx, name) for name in sorted(wanted)]
         cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
