@@ -8,6 +8,7 @@ client its listeners first) and every resource must match byte for byte.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +22,7 @@ from envoy.config.route.v3 import route_pb2
 from google.protobuf import json_format
 from support.ads_client import AdsClient, DeltaClient
 from support.golden import agent_metadata, rds_names, route_clusters
+from support.kube import istio, write
 from support.xds_server import running, settings_for
 
 from meshpilot.xds.types import TypeUrl
@@ -107,7 +109,10 @@ async def _ask(ask: Any, spec: dict[str, Any]) -> dict[str, dict[str, bytes]]:
 
 
 @pytest.mark.parametrize("case", _cases())
-async def test_sotw_and_delta_send_the_same_resources(case: Path, tmp_path: Path) -> None:
+async def test_sotw_and_delta_send_the_same_resources(
+    case: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UNSAFE_PILOT_ENABLE_RUNTIME_ASSERTIONS", "true")
     config = tmp_path / "config"
     config.mkdir()
     shutil.copy(case / "config.yaml", config / "config.yaml")
@@ -115,16 +120,55 @@ async def test_sotw_and_delta_send_the_same_resources(case: Path, tmp_path: Path
     proxies: dict[str, Any] = yaml.safe_load((case / "proxies.yaml").read_text())
     async with running(settings_for(config, mesh_config=mesh if mesh.exists() else None)) as app:
         target = str(app.settings.grpc_addr)
+        nodes = {
+            name: agent_metadata(spec["id"], spec.get("metadata") or {}) for name, spec in proxies.items()
+        }
+        over_sotw: dict[str, dict[str, dict[str, bytes]]] = {}
         for name, spec in proxies.items():
-            metadata = agent_metadata(spec["id"], spec.get("metadata") or {})
-            sotw, delta = _Sotw(target, spec["id"], metadata), _Delta(target, spec["id"], metadata)
+            sotw = _Sotw(target, spec["id"], nodes[name])
             try:
-                over_sotw = await _ask(sotw, spec)
-                over_delta = await _ask(delta, spec)
+                over_sotw[name] = await _ask(sotw, spec)
             finally:
                 await sotw.client.close()
+        # A new snapshot that changes nothing the case's proxies see (a policy of another namespace): the
+        # delta clients are then served from the XdsCache, not the snapshot's memo, and every hit is
+        # built again and compared (UNSAFE_PILOT_ENABLE_RUNTIME_ASSERTIONS above).
+        first = app.server.push_context
+        write(
+            config / "unrelated.yaml",
+            [
+                istio(
+                    "PeerAuthentication",
+                    "strict",
+                    "unrelated",
+                    {"mtls": {"mode": "STRICT"}},
+                    group="security",
+                )
+            ],
+        )
+        for _ in range(250):
+            if app.server.push_context is not first:
+                break
+            await asyncio.sleep(0.02)
+        assert app.server.push_context is not first, "no new snapshot"
+        for name, spec in proxies.items():
+            delta = _Delta(target, spec["id"], nodes[name])
+            try:
+                over_delta = await _ask(delta, spec)
+            finally:
                 await delta.client.close()
-            assert over_sotw.keys() == over_delta.keys(), name
-            assert any(over_sotw.values()), f"{name}: nothing at all: the comparison would show nothing"
-            for short, resources in over_sotw.items():
+            assert over_sotw[name].keys() == over_delta.keys(), name
+            assert any(over_delta.values()), f"{name}: nothing at all: the comparison would show nothing"
+            for short, resources in over_sotw[name].items():
                 assert resources == over_delta[short], f"{name}: {short} differ between the protocols"
+        registry = app.metrics.registry
+        if any(not spec.get("listeners") for spec in proxies.values()):  # proxyless gRPC is not cached
+            assert (registry.get_sample_value("xds_cache_reads_total", {"type": "hit"}) or 0) > 0, "verified"
+        mismatches = [
+            sample
+            for metric in registry.collect()
+            if metric.name == "meshpilot_xds_cache_mismatches"
+            for sample in metric.samples
+            if sample.value
+        ]
+        assert not mismatches, f"cache keys that miss an input: {mismatches}"

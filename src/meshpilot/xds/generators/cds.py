@@ -9,6 +9,7 @@ by the proxies that serve the same ports.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from meshpilot.model.kind import Kind
@@ -113,6 +114,8 @@ class ClusterGenerator:
                 payload = _outbound_payload(encoder, spec)
                 if cache is not None:
                     cache.add(key, payload, spec.dependencies(), token)
+            elif cache is not None and cache.verify:
+                payload = cache.check(key, payload, _outbound_payload(encoder, spec))
             if payload:
                 out.append(Resource(name, payload))
         return ResourceList(out), frozenset(r.name for r in out)
@@ -123,13 +126,13 @@ class ClusterGenerator:
         cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
         out: list[Resource] = []
         for spec in sni_dnat_specs(ctx.proxy):
-            key = sni_dnat_cache_key(spec, inputs) if cache is not None else 0
-            payload = cache.get(key) if cache is not None else None
-            if payload is None:
-                cluster = sni_dnat_cluster(inputs, spec)
-                payload = Resource.of(cluster.name, cluster).payload if cluster is not None else b""
-                if cache is not None:
-                    cache.add(key, payload, spec.dependencies(), ctx.token)
+            if cache is None:
+                payload = _sni_dnat_payload(inputs, spec)
+            else:
+                key = sni_dnat_cache_key(spec, inputs)
+                payload = cache.fetch(
+                    key, partial(_sni_dnat_payload, inputs, spec), spec.dependencies, ctx.token
+                )
             if payload:
                 out.append(Resource(sni_dnat_name(spec), payload))
         return ResourceList(out)
@@ -148,6 +151,11 @@ class _Others(ResourceList):
 def _blackhole(push: PushContext) -> tuple[str, Any]:
     cluster = blackhole_cluster(push.mesh)
     return cluster.name, cluster
+
+
+def _sni_dnat_payload(inputs: ClusterInputs, spec: OutboundSpec) -> bytes:
+    cluster = sni_dnat_cluster(inputs, spec)
+    return Resource.of(cluster.name, cluster).payload if cluster is not None else b""
 
 
 def _outbound_payload(encoder: OutboundClusterEncoder, spec: OutboundSpec) -> bytes:

@@ -78,6 +78,9 @@ class EndpointGenerator:
                 if cached is None:
                     payload = wire.any_bytes(self.type_url, encode_from_inputs(name, inputs, ctx.index))
                     cache.add(key, payload, inputs.dependencies(), token)
+                elif cache.verify:
+                    fresh = wire.any_bytes(self.type_url, encode_from_inputs(name, inputs, ctx.index))
+                    payload = cache.check(key, cached, fresh)
                 else:
                     payload = cached
             out.append(Resource(name, payload))

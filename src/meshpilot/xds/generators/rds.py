@@ -88,6 +88,8 @@ class RouteGenerator:
         if payload is None:
             payload = _any(encode_route_configuration(ctx.proxy, ctx.push, name))
             cache.add(key, payload, parts.dependencies, token)
+        elif cache.verify:
+            payload = cache.check(key, payload, _any(encode_route_configuration(ctx.proxy, ctx.push, name)))
         return payload
 
     def _gateway(self, ctx: GenerationContext, name: str) -> Resource:
