@@ -2,9 +2,10 @@
 
 Each simulated sidecar behaves as Envoy does on a state-of-the-world stream:
 CDS, then EDS for the clusters it got, then LDS, then RDS for its route
-names, ACKing every response with its nonce. The runner can "arm" a marker
-(bytes that a change will put into a response of some type); every stream
-then records when a response containing it arrives, which is when that
+names, ACKing every response with its nonce. With ``protocol="delta"`` the
+sidecars speak delta xDS instead (``bench.fleet_delta``). The runner can "arm"
+a marker (bytes that a change will put into a response of some type); every
+stream then records when a response containing it arrives, which is when that
 proxy has converged (it ACKs at once).
 """
 
@@ -16,79 +17,34 @@ import multiprocessing.connection
 import os
 import random
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import grpc
-from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
-from google.protobuf import struct_pb2
 
+from bench.fleet_delta import DeltaProxy, run_delta_proxy
 from bench.server import process_cpu_seconds
+from bench.sidecar import (
+    CDS,
+    EDS,
+    ENVOY_STREAM_WINDOW,
+    LDS,
+    PROTOCOLS,
+    RDS,
+    ProxySpec,
+    SimProxy,
+    identity,
+    length_delimited,
+    record_end,
+    retrieve_outcome,
+    send,
+)
 from bench.wirescan import resource_name, scan_response
-from meshpilot.networking.wire_py import varint
 from meshpilot.server import gc_tuning
 
 ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
-CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
-RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
-TYPES = (CDS, EDS, LDS, RDS)
-#: Envoy's default initial_stream_window_size.
-ENVOY_STREAM_WINDOW = 256 * 1024 * 1024
-RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
-
-
-@dataclass
-class ProxySpec:
-    node_id: str
-    metadata: dict[str, Any]
-
-
-@dataclass
-class SimProxy:
-    spec: ProxySpec
-    route_names: list[str]
-    acked: set[str] = field(default_factory=set)
-    eds_names: list[str] = field(default_factory=list)
-    nonces: dict[str, str] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)
-    marker: bytes = b""
-    marker_type: str = ""
-    marker_seen: float | None = None
-    connects: int = 0
-    #: When the current stream was opened (time.time()).
-    connected_at: float = 0.0
-    empty_configs: int = 0
-    #: Streams that ended with a status, by code (Envoy retries them all, with backoff).
-    ended: dict[str, int] = field(default_factory=dict)
-    #: The details of the first few, for the report.
-    samples: list[str] = field(default_factory=list)
-    bytes_received: int = 0
-    stopping: bool = False
-    #: By type: the names list last requested and its encoded resource_names fields.
-    names_encoded: dict[str, tuple[list[str], bytes]] = field(default_factory=dict)
-    #: By type: how many resources the first response on the current stream held.
-    counts: dict[str, int] = field(default_factory=dict)
-    #: By type: the names of those resources, kept only where ``record_names`` (one proxy a worker).
-    names: dict[str, list[str]] = field(default_factory=dict)
-    record_names: bool = False
-
-    @property
-    def synced(self) -> bool:
-        wanted = {CDS, EDS, LDS} | ({RDS} if self.route_names else set())
-        return wanted <= self.acked
-
-
-def _identity(payload: bytes) -> bytes:
-    return payload
-
-
-def _field(number: int, value: bytes) -> bytes:
-    """One length-delimited protobuf field (tag and length as varints)."""
-    return varint((number << 3) | 2) + varint(len(value)) + value
+_field = length_delimited
 
 
 def _names_field(proxy: SimProxy, type_url: str, names: list[str]) -> bytes:
@@ -116,14 +72,12 @@ def _request(proxy: SimProxy, type_url: str, names: list[str], first: bool) -> b
     version = proxy.versions.get(type_url, "")
     nonce = proxy.nonces.get(type_url, "")
     if first:
-        meta = struct_pb2.Struct()
-        meta.update(proxy.spec.metadata)
         request = discovery_pb2.DiscoveryRequest(
             type_url=type_url,
             resource_names=names,
             response_nonce=nonce,
             version_info=version,
-            node=base_pb2.Node(id=proxy.spec.node_id, cluster="bench", metadata=meta),
+            node=proxy.spec.node(),
         )
         data: bytes = request.SerializeToString()
         return data
@@ -137,19 +91,14 @@ def _request(proxy: SimProxy, type_url: str, names: list[str], first: bool) -> b
     )
 
 
-def retrieve_outcome(task: asyncio.Task[None]) -> None:
-    """Mark a failed opening write as seen: the stream's read reports the failure."""
-    if not task.cancelled():
-        task.exception()
-
-
 async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
     """Keep one proxy's stream up, reconnecting with backoff as Envoy does."""
     backoff = 0.5
     while not proxy.stopping:
         # Requests are written from this loop, as Envoy does from its one thread: no request
         # iterator, no queue and no task between reading a response and sending its ACK.
-        call = channel.stream_stream(ADS, request_serializer=_identity, response_deserializer=_identity)()
+        call = channel.stream_stream(ADS, request_serializer=identity, response_deserializer=identity)()
+
         proxy.connects += 1
         proxy.connected_at = time.time()
         proxy.acked.clear()
@@ -161,7 +110,7 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
         first_cds = True
         # Not awaited here: a write before the stream is up waits for its headers to go out,
         # which never happens if the server is down; the read below sees the failure instead.
-        opening = asyncio.create_task(call.write(_request(proxy, CDS, [], first=True)))
+        opening = asyncio.create_task(send(proxy, call, _request(proxy, CDS, [], first=True)))
         opening.add_done_callback(retrieve_outcome)
         try:
             while True:
@@ -178,44 +127,31 @@ async def run_proxy(proxy: SimProxy, channel: grpc.aio.Channel) -> None:
                     proxy.counts[type_url] = len(spans)
                     if proxy.record_names:
                         proxy.names[type_url] = sorted(resource_name(data, s) for s in spans)
-                if (
-                    proxy.marker
-                    and proxy.marker_seen is None
-                    and type_url == proxy.marker_type
-                    and proxy.marker in data
-                ):
-                    proxy.marker_seen = now
+                proxy.saw(type_url, data, now)
                 if type_url == CDS:
                     names = [resource_name(data, s) for s in spans]
                     eds = sorted(n for n in names if n.startswith("outbound|"))
                     if first_cds and not eds:
                         proxy.empty_configs += 1
-                    await call.write(_request(proxy, CDS, [], first=False))
+                    await send(proxy, call, _request(proxy, CDS, [], first=False))
                     if eds != proxy.eds_names or first_cds:
                         proxy.eds_names = eds
-                        await call.write(_request(proxy, EDS, eds, first=False))
+                        await send(proxy, call, _request(proxy, EDS, eds, first=False))
                     first_cds = False
                 elif type_url == EDS:
-                    await call.write(_request(proxy, EDS, proxy.eds_names, first=False))
+                    await send(proxy, call, _request(proxy, EDS, proxy.eds_names, first=False))
                     if LDS not in proxy.acked and LDS not in proxy.nonces:
-                        await call.write(_request(proxy, LDS, [], first=False))
+                        await send(proxy, call, _request(proxy, LDS, [], first=False))
                 elif type_url == LDS:
-                    await call.write(_request(proxy, LDS, [], first=False))
+                    await send(proxy, call, _request(proxy, LDS, [], first=False))
                     if proxy.route_names and RDS not in proxy.nonces:
-                        await call.write(_request(proxy, RDS, proxy.route_names, first=False))
+                        await send(proxy, call, _request(proxy, RDS, proxy.route_names, first=False))
                 elif type_url == RDS:
-                    await call.write(_request(proxy, RDS, proxy.route_names, first=False))
+                    await send(proxy, call, _request(proxy, RDS, proxy.route_names, first=False))
                 proxy.acked.add(type_url)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
-            # A write to a stream the server already ended raises InvalidStateError; the
-            # status is the call's.
             if not proxy.stopping:
-                status = err.code() if isinstance(err, grpc.aio.AioRpcError) else await call.code()
-                details = err.details() if isinstance(err, grpc.aio.AioRpcError) else await call.details()
-                code = status.name
-                proxy.ended[code] = proxy.ended.get(code, 0) + 1
-                if len(proxy.samples) < 3 and status not in RETRY_CODES:
-                    proxy.samples.append(f"{code}: {details}")
+                await record_end(proxy, call, err)
         finally:
             opening.cancel()
             call.cancel()
@@ -235,6 +171,10 @@ def _sum_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
     return out
 
 
+#: How a proxy's stream is kept up, by protocol.
+Runner = Callable[[Any, grpc.aio.Channel], Coroutine[Any, Any, None]]
+
+
 class Worker:
     """The proxies of one worker process, driven by commands from the runner."""
 
@@ -245,9 +185,19 @@ class Worker:
         route_names: list[str],
         per_channel: int,
         own_connections: bool = False,
+        protocol: str = "sotw",
     ) -> None:
+        """``route_names`` are the RDS names a state-of-the-world proxy asks for; a delta proxy
+        subscribes to the names its listeners hold instead, as Envoy does."""
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown xDS protocol {protocol!r}")
         self.target = target
-        self.proxies = [SimProxy(spec, route_names) for spec in specs]
+        self.protocol = protocol
+        self.proxies: list[SimProxy] = [
+            DeltaProxy(spec, route_names) if protocol == "delta" else SimProxy(spec, route_names)
+            for spec in specs
+        ]
+        self.runner: Runner = run_delta_proxy if protocol == "delta" else run_proxy
         if self.proxies:
             self.proxies[0].record_names = True
         self.per_channel = per_channel
@@ -272,7 +222,7 @@ class Worker:
             if i % self.per_channel == 0:
                 self.channels.append(grpc.aio.insecure_channel(self.target, options=options))
             proxy.stopping = False
-            self.tasks.append(asyncio.create_task(run_proxy(proxy, self.channels[-1])))
+            self.tasks.append(asyncio.create_task(self.runner(proxy, self.channels[-1])))
 
     async def stop(self) -> None:
         for proxy in self.proxies:
@@ -293,15 +243,20 @@ class Worker:
             "ended": _sum_counts(p.ended for p in self.proxies),
             "samples": [e for p in self.proxies for e in p.samples][:5],
             "bytes": sum(p.bytes_received for p in self.proxies),
+            "bytes_sent": sum(p.bytes_sent for p in self.proxies),
             # What the EDS ACKs repeat, which bench.run's floor sends as its ACKs.
             "eds_names_bytes": sum(len(p.names_encoded.get(EDS, ([], b""))[1]) for p in self.proxies),
             # The first proxy's resources on its stream: what a server gave one sidecar.
-            "resources": [dict(self.proxies[0].counts)] if self.proxies else [],
+            "resources": [self.proxies[0].resource_counts()] if self.proxies else [],
+            # Delta only: resources received and removals, by type, over every stream.
+            "received": _sum_counts(getattr(p, "received", {}) for p in self.proxies),
+            "removed": _sum_counts(getattr(p, "removed", {}) for p in self.proxies),
         }
 
     def names(self) -> dict[str, list[str]]:
-        """The resource names the first proxy got in the first response of each type on its stream."""
-        return dict(self.proxies[0].names) if self.proxies else {}
+        """The resource names the first proxy holds of each type (state-of-the-world: the first
+        response of each type on its stream)."""
+        return self.proxies[0].resource_names() if self.proxies else {}
 
     def arm(self, marker: bytes, type_url: str) -> None:
         for proxy in self.proxies:
@@ -347,13 +302,15 @@ def _worker_main(
     route_names: list[str],
     per_channel: int,
     own_connections: bool,
+    protocol: str,
 ) -> None:
     # A worker's thousands of streams live as long as the run. With CPython's default thresholds
     # the collector scanned them all, collecting nothing, in full collections of 0.1-0.6 s, also
     # while a push fanned out: ACKs, and so the convergence being measured, waited for it. The
     # server's thresholds make full collections rare here too.
     gc_tuning.configure()
-    asyncio.run(_serve(conn, Worker(target, specs, route_names, per_channel, own_connections)))
+    worker = Worker(target, specs, route_names, per_channel, own_connections, protocol)
+    asyncio.run(_serve(conn, worker))
 
 
 class Fleet:
@@ -368,10 +325,15 @@ class Fleet:
         workers: int = 0,
         per_channel: int = 1,
         own_connections: bool = False,
+        protocol: str = "sotw",
     ) -> None:
         """``per_channel`` streams share a gRPC channel. Channels share one HTTP/2 connection per
         worker process unless ``own_connections``: then each channel has its own, as real sidecars do
-        (the server then does more work per push; see bench/notes.md)."""
+        (the server then does more work per push; see bench/notes.md). ``protocol`` is "sotw"
+        (StreamAggregatedResources) or "delta" (DeltaAggregatedResources, see bench.fleet_delta)."""
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"unknown xDS protocol {protocol!r}")
+        self.protocol = protocol
         count = workers or max(1, min(os.cpu_count() or 1, len(specs) // 200 + 1))
         ctx = multiprocessing.get_context("spawn")
         self.conns: list[multiprocessing.connection.Connection] = []
@@ -381,7 +343,7 @@ class Fleet:
             share = specs[w::count]
             process = ctx.Process(
                 target=_worker_main,
-                args=(child, target, share, route_names, per_channel, own_connections),
+                args=(child, target, share, route_names, per_channel, own_connections, protocol),
                 daemon=True,
             )
             process.start()
@@ -411,8 +373,8 @@ class Fleet:
         out: dict[str, Any] = {"samples": []}
         for reply in replies:
             for key, value in reply.items():
-                if key == "ended":
-                    out["ended"] = _sum_counts([out.get("ended", {}), value])
+                if key in ("ended", "received", "removed"):
+                    out[key] = _sum_counts([out.get(key, {}), value])
                 elif key == "resources":
                     out["resources"] = out.get("resources", []) + value
                 else:
@@ -428,6 +390,19 @@ class Fleet:
                 return time.time() - started
             time.sleep(0.2)
         raise TimeoutError(f"fleet not synced after {timeout}s: {self.status(since)}")
+
+    def wait_quiet(self, quiet: float, timeout: float) -> float:
+        """Seconds until no proxy has received a byte for ``quiet`` seconds (less that quiet spell)."""
+        started = time.time()
+        last, last_change = -1, started
+        while time.time() - started < timeout:
+            received = self.status()["bytes"]
+            if received != last:
+                last, last_change = received, time.time()
+            elif time.time() - last_change >= quiet:
+                return last_change - started
+            time.sleep(0.2)
+        raise TimeoutError(f"fleet still receiving after {timeout}s")
 
     def arm(self, marker: bytes, type_url: str) -> None:
         self._all("arm", marker, type_url)

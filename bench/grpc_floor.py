@@ -25,8 +25,8 @@ from typing import Any
 
 import grpc
 
-from bench.fleet import ENVOY_STREAM_WINDOW, retrieve_outcome
 from bench.server import free_port, process_cpu_seconds
+from bench.sidecar import ENVOY_STREAM_WINDOW, retrieve_outcome
 
 _METHOD = "/bench.Floor/Stream"
 

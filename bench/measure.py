@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from bench.fleet import ProxySpec
 from bench.scenario import Scenario
+from bench.sidecar import ProxySpec
 
 #: Every server in the bench, meshpilot or istiod, debounces changes this long.
 DEBOUNCE = "100ms"

@@ -166,14 +166,13 @@ def endpoint_index_update() -> dict[str, Any]:
     return row
 
 
-def generators() -> dict[str, Any]:
-    """Uncached CDS per cluster, RDS per virtual host, and the cached CDS path, from a 200-service model."""
+def _cds_figures(services: int, destination_rules: int) -> dict[str, float]:
+    """Uncached CDS, protobuf CDS and the CDS cache key, µs per outbound cluster, and the cluster count."""
     from bench.model_fixture import build_model
     from meshpilot.networking.cluster import ClusterInputs, build_outbound_cluster, outbound_specs
     from meshpilot.networking.cluster_wire import OutboundClusterEncoder
-    from meshpilot.networking.route import build_route_configuration, encode_route_configuration
 
-    model, proxy = build_model(services=200, endpoints=10)
+    model, proxy = build_model(services=services, endpoints=10, destination_rules=destination_rules)
     inputs = ClusterInputs(proxy, model.push, model.index)
     specs = outbound_specs(proxy)
 
@@ -194,6 +193,27 @@ def generators() -> dict[str, Any]:
         for s in specs:
             s.cache_key(inputs)
 
+    return {
+        "uncached": per_call(cds, min_time=0.5, repeats=3) / len(specs) * 1e6,
+        "protobuf": per_call(cds_protobuf, min_time=0.5, repeats=3) / len(specs) * 1e6,
+        "key": per_call(cds_keys) / len(specs) * 1e6,
+        "clusters": len(specs),
+    }
+
+
+def generators() -> dict[str, Any]:
+    """Uncached CDS per cluster, RDS per virtual host, and the cached CDS path, from a 200-service model.
+
+    The ``cds_dr_*`` figures are CDS again with a DestinationRule per service (two subsets and a
+    traffic policy, ``Scenario.destination_rule``): every rule is its own cluster class, so each
+    service's three clusters build their own templates. Without rules every cluster of the model
+    reuses one template, which is the best case of the encoder.
+    """
+    from bench.model_fixture import build_model
+    from meshpilot.networking.route import build_route_configuration, encode_route_configuration
+
+    plain, with_rules = _cds_figures(200, 0), _cds_figures(200, 200)
+    model, proxy = build_model(services=200, endpoints=10)
     route = build_route_configuration(proxy, model.push, "8080")
     vhosts = len(route.virtual_hosts)
 
@@ -202,9 +222,12 @@ def generators() -> dict[str, Any]:
         encode_route_configuration(proxy, model.push, "8080")
 
     return {
-        "cds_uncached_us_per_cluster": per_call(cds, min_time=0.5, repeats=3) / len(specs) * 1e6,
-        "cds_protobuf_us_per_cluster": per_call(cds_protobuf, min_time=0.5, repeats=3) / len(specs) * 1e6,
-        "cds_key_us_per_cluster": per_call(cds_keys) / len(specs) * 1e6,
+        "cds_uncached_us_per_cluster": plain["uncached"],
+        "cds_protobuf_us_per_cluster": plain["protobuf"],
+        "cds_key_us_per_cluster": plain["key"],
+        "cds_dr_uncached_us_per_cluster": with_rules["uncached"],
+        "cds_dr_protobuf_us_per_cluster": with_rules["protobuf"],
+        "cds_dr_key_us_per_cluster": with_rules["key"],
         "rds_uncached_us_per_vhost": per_call(rds, min_time=0.5, repeats=3) / vhosts * 1e6,
         "rds_protobuf_us_per_vhost": per_call(
             lambda: build_route_configuration(proxy, model.push, "8080").SerializeToString(),
@@ -213,7 +236,8 @@ def generators() -> dict[str, Any]:
         )
         / vhosts
         * 1e6,
-        "clusters": len(specs),
+        "clusters": int(plain["clusters"]),
+        "dr_clusters": int(with_rules["clusters"]),
         "vhosts": vhosts,
     }
 

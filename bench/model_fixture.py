@@ -35,8 +35,15 @@ class _Updater:
         pass
 
 
-def build_model(*, services: int, endpoints: int) -> tuple[Any, Proxy]:
-    scenario = Scenario("micro", services=services, endpoints_per_service=endpoints, proxies=1)
+def build_model(*, services: int, endpoints: int, destination_rules: int = 0) -> tuple[Any, Proxy]:
+    """The scenario's model and its first sidecar; ``destination_rules`` services get the scenario's rule."""
+    scenario = Scenario(
+        "micro",
+        services=services,
+        endpoints_per_service=endpoints,
+        proxies=1,
+        destination_rules=destination_rules,
+    )
     store, index = ConfigStore(), EndpointIndex()
     updater = _Updater(index)
     kube = KubeRegistry(updater)

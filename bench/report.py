@@ -8,22 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import ca as ca_bench
+from bench import report_delta
 from bench.report_peer import peer_section
-from bench.tables import fmt, get, table
+from bench.tables import fleet_run, fmt, get, goal_row, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 IMAGES = ROOT / "docs" / "img" / "benchmarks"
 #: The hand-written analysis, appended as it is.
 NOTES = ROOT / "bench" / "notes.md"
-
-
-def _fleet(results: dict[str, Any], scenario: str, variant: str = "compiled") -> dict[str, Any] | None:
-    """The first run of the scenario (or its scaled-down form, "http-200") with the variant."""
-    for run in results.get("fleet", []):
-        if run["scenario"].split("-")[0] == scenario and run["variant"] == variant:
-            return dict(run)
-    return None
+#: The name's end of the plot of a push's CPU against the floor's (report_delta).
+PUSH_FLOOR_IMAGE = "-push-floor.png"
 
 
 def goals(results: dict[str, Any]) -> list[list[Any]]:
@@ -34,13 +29,7 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
     def row(
         goal: str, target: float, measured: float | None, unit: str, higher_is_better: bool = False
     ) -> None:
-        if measured is None:
-            rows.append([goal, f"{target:g} {unit}", "not measured", "-"])
-            return
-        met = measured >= target if higher_is_better else measured <= target
-        margin = measured / target if target else 0.0
-        verdict = "met" if met else f"missed ({margin:.2f}x the target)"
-        rows.append([goal, f"{target:g} {unit}", f"{fmt(measured)} {unit}", verdict])
+        rows.append(goal_row(goal, target, measured, unit, higher_is_better))
 
     eds = micro.get("eds_encoding") or []
     for entry in eds:
@@ -49,10 +38,21 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
     row(
         "EDS encoding, compiled vs pure-Python twin (worst case)", 20, worst_ratio, "x", higher_is_better=True
     )
-    row("CDS uncached generation", 5.0, get(micro, "generators", "cds_uncached_us_per_cluster"), "µs/cluster")
+    row(
+        "CDS uncached generation (no DestinationRules: one template, the best case)",
+        5.0,
+        get(micro, "generators", "cds_uncached_us_per_cluster"),
+        "µs/cluster",
+    )
+    row(
+        "CDS uncached generation, a DestinationRule per service",
+        5.0,
+        get(micro, "generators", "cds_dr_uncached_us_per_cluster"),
+        "µs/cluster",
+    )
     row("RDS uncached generation", 3.0, get(micro, "generators", "rds_uncached_us_per_vhost"), "µs/vhost")
     row("Sending a cached ClusterLoadAssignment", 5.0, get(micro, "cached_cla_send", "compiled_us"), "µs")
-    http = _fleet(results, "http")
+    http = fleet_run(results, "http")
     if http is not None:
         scale = f"{http['scenario_spec']['proxies']} sidecars, {http['scenario_spec']['services']} services"
         row(f"Steady-state CPU ({scale})", 0.5, http.get("steady_vcpu"), "vCPU")
@@ -113,14 +113,28 @@ def micro_section(results: dict[str, Any]) -> list[str]:
     )
     gen_c, gen_p = compiled.get("generators") or {}, pure.get("generators") or {}
     out += ["**Generation without the cache**", ""]
+    out.append(
+        "A 200-service model. The first CDS row is the encoder's best case: with no DestinationRules "
+        "every outbound cluster is one template plus its name, metadata and TLS. The second gives "
+        "each service a DestinationRule (two subsets; connection pool, outlier detection, load "
+        "balancer), so each service's clusters build their own templates with the reference builder, "
+        "as a mesh whose services each have a rule does after any config change."
+    )
+    out.append("")
     out += table(
         ["what", "protobuf objects", "pure-Python build", "compiled build"],
         [
             [
-                "CDS, µs per outbound cluster",
+                "CDS, µs per outbound cluster (no DestinationRules, the best case)",
                 gen_c.get("cds_protobuf_us_per_cluster"),
                 gen_p.get("cds_uncached_us_per_cluster"),
                 gen_c.get("cds_uncached_us_per_cluster"),
+            ],
+            [
+                "CDS, µs per outbound cluster, a DestinationRule per service",
+                gen_c.get("cds_dr_protobuf_us_per_cluster"),
+                gen_p.get("cds_dr_uncached_us_per_cluster"),
+                gen_c.get("cds_dr_uncached_us_per_cluster"),
             ],
             [
                 "RDS, µs per virtual host",
@@ -184,7 +198,13 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
         "file and the 100 ms debounce; 'fan-out' is measured from the first proxy's copy, so it shows "
         "the push itself. Server CPU is user+system time from /proc, and sim CPU the simulator's over "
         "the same span: both share this machine's cores, so their sum over the core count is the least "
-        "wall time the change could take here. RSS is resident memory (peak: VmHWM, over the whole run)."
+        "wall time the change could take here. RSS is resident memory (peak: VmHWM, over the whole run). "
+        "The protocol column says whether the sidecars spoke state-of-the-world (`sotw`, "
+        "StreamAggregatedResources) or delta xDS (`delta`, DeltaAggregatedResources, as a stock Istio "
+        "sidecar does since 1.22). The http, tcp and scoped scenarios have no DestinationRules, so "
+        "every outbound cluster comes from one template: that is the best case for CDS. http-dr is "
+        "the http shape with a DestinationRule per service (two subsets and a traffic policy), "
+        "which is closer to a mesh that configures its services."
     )
     out.append("")
     rows = []
@@ -196,6 +216,7 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
                 run["scenario"],
                 f"{spec['services']}/{spec['endpoints_per_service']}/{spec['proxies']}",
                 run["variant"],
+                run.get("protocol", "sotw"),
                 run.get("sync_seconds"),
                 run.get("sync_server_cpu_seconds"),
                 run.get("steady_vcpu"),
@@ -217,6 +238,7 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
             "scenario",
             "services/endpoints/proxies",
             "server",
+            "protocol",
             "sync s",
             "sync CPU s",
             "steady vCPU",
@@ -243,6 +265,7 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
                     [
                         run["scenario"],
                         run["variant"],
+                        run.get("protocol", "sotw"),
                         change.replace("_", " "),
                         ", ".join(f"{k} {int(v)}" for k, v in sorted((server.get("pushes") or {}).items())),
                         ", ".join(
@@ -259,7 +282,16 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
             "",
         ]
         out += table(
-            ["scenario", "server", "change", "sent", "unchanged, not sent", "mean push ms", "mean send ms"],
+            [
+                "scenario",
+                "server",
+                "protocol",
+                "change",
+                "sent",
+                "unchanged, not sent",
+                "mean push ms",
+                "mean send ms",
+            ],
             skipped,
         )
     for image in images:
@@ -378,7 +410,10 @@ def plots(results: dict[str, Any], suite: str) -> list[str]:
     ):
         runs = [*results.get("fleet", []), *(get(results, "peer", "runs") or [])]
         curves = [
-            (f"{r['scenario']} · {r['variant']}", get(r, change, "latencies_ms"))
+            (
+                f"{r['scenario']} · {r['variant']} · {r.get('protocol', 'sotw')}",
+                get(r, change, "latencies_ms"),
+            )
             for r in runs
             if get(r, change, "latencies_ms")
         ]
@@ -397,6 +432,9 @@ def plots(results: dict[str, Any], suite: str) -> list[str]:
         path = IMAGES / f"{suite}-{change.replace('_', '-')}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
+        made.append(str(path.relative_to(DOC.parent)))
+    path = IMAGES / f"{suite}{PUSH_FLOOR_IMAGE}"
+    if report_delta.push_floor_plot(results, path):
         made.append(str(path.relative_to(DOC.parent)))
     return made
 
@@ -427,11 +465,18 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         )
         out.append("")
         out += ["### Goals", ""]
-        out += table(["goal", "target", "measured", "verdict"], goals(results) + ca_bench.goals(results))
+        out += table(
+            ["goal", "target", "measured", "verdict"],
+            goals(results) + report_delta.goals(results) + ca_bench.goals(results),
+        )
         out += micro_section(results)
-        out += fleet_section(results, plots(results, suite))
+        images = plots(results, suite)
+        floor_image = next((i for i in images if i.endswith(PUSH_FLOOR_IMAGE)), None)
+        out += fleet_section(results, [i for i in images if i != floor_image])
+        out += report_delta.protocol_section(results)
         out += peer_section(results)
         out += floor_section(results)
+        out += report_delta.push_floor_section(results, floor_image)
         out += storm_section(results)
         out += ca_bench.section(results)
     kube = all_results.get("kube")
@@ -453,8 +498,11 @@ def floor_section(results: dict[str, Any]) -> list[str]:
         f"`python -m bench.grpc_floor`: a server process with {first['streams']} streams, each on its own "
         "connection from two client processes written like the simulator's. A round writes one "
         "pre-serialized message to every stream at once and ends when every client has answered with "
-        "an ACK of the size the simulator sends for that type (an EDS ACK names every cluster again). "
-        "Nothing is generated or recorded: this is what gRPC and asyncio alone cost on this machine, so "
+        "an ACK of the size the simulator sends for that type and protocol (a state-of-the-world EDS ACK "
+        "names every cluster again; a delta ACK carries only the type and the nonce). The sizes are "
+        "those the simulator measured in this run's fleet run of the same push and protocol where there "
+        "was one ('sized from'), else the estimate written in `bench/run.py`. Nothing is generated or "
+        "recorded: this is what gRPC and asyncio alone cost on this machine, so "
         "a push of that size to as many proxies cannot fan out faster. The clients share the server's "
         f"{cpus} cores, as the simulator does: the CPU of both over the core count is the least wall "
         "time such a round can take here, whoever the server is."
@@ -463,6 +511,8 @@ def floor_section(results: dict[str, Any]) -> list[str]:
     rows = [
         [
             floor.get("stands_for", ""),
+            floor.get("protocol", "sotw"),
+            floor.get("sized_from", "estimate"),
             floor["message_bytes"],
             floor.get("ack_bytes"),
             i + 1,
@@ -479,6 +529,8 @@ def floor_section(results: dict[str, Any]) -> list[str]:
     out += table(
         [
             "stands for",
+            "protocol",
+            "sized from",
             "message bytes",
             "ACK bytes",
             "round",

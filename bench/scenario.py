@@ -120,6 +120,14 @@ class Scenario:
         node_id = f"sidecar~{ip}~{pod}.{namespace}~{namespace}.svc.cluster.local"
         return node_id, ip, namespace, {"app": self.service_name(service), "version": "v1"}
 
+    def proxies_seeing(self, service: int) -> int:
+        """How many proxies hold service ``service`` in their config: every one, or with ``scoped``
+        (egress limited to the proxy's own namespace) those of the service's namespace."""
+        if not self.scoped:
+            return self.proxies
+        namespace = self.namespace(service)
+        return sum(1 for i in range(self.proxies) if self.proxy(i)[2] == namespace)
+
     def outbound_clusters(self) -> list[str]:
         """The outbound clusters (EDS names) of a sidecar that sees every service."""
         subsets = [("", "v1", "v2") if s < self.destination_rules else ("",) for s in range(self.services)]
@@ -279,15 +287,40 @@ class Scenario:
         }
 
     def destination_rule(self, s: int) -> dict[str, Any]:
+        """Two subsets and a traffic policy of the kinds real meshes set (connection pool, outlier
+        detection, load balancer), v2 overriding the load balancer. Every rule is its own cluster
+        class, so CDS cannot share one template across services (the benchmark's best case)."""
         return {
             "apiVersion": "networking.istio.io/v1",
             "kind": "DestinationRule",
             "metadata": {"name": self.service_name(s), "namespace": self.namespace(s)},
             "spec": {
                 "host": self.hostname(s),
+                "trafficPolicy": {
+                    "connectionPool": {
+                        "tcp": {"maxConnections": 100 + s % 10, "connectTimeout": "5s"},
+                        "http": {
+                            "http1MaxPendingRequests": 64,
+                            "http2MaxRequests": 1000,
+                            "maxRequestsPerConnection": 10,
+                            "idleTimeout": "300s",
+                        },
+                    },
+                    "outlierDetection": {
+                        "consecutive5xxErrors": 5,
+                        "interval": "10s",
+                        "baseEjectionTime": "30s",
+                        "maxEjectionPercent": 50,
+                    },
+                    "loadBalancer": {"simple": "LEAST_REQUEST"},
+                },
                 "subsets": [
                     {"name": "v1", "labels": {"version": "v1"}},
-                    {"name": "v2", "labels": {"version": "v2"}},
+                    {
+                        "name": "v2",
+                        "labels": {"version": "v2"},
+                        "trafficPolicy": {"loadBalancer": {"simple": "ROUND_ROBIN"}},
+                    },
                 ],
             },
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +29,40 @@ def get(data: dict[str, Any], *path: str) -> Any:
             return None
         data = data[key]
     return data
+
+
+def fleet_run(
+    results: dict[str, Any], scenario: str, variant: str = "compiled", protocol: str = "sotw"
+) -> dict[str, Any] | None:
+    """The first fleet run of the scenario (or its scaled-down form, "http-200") with the variant and
+    protocol. Runs from before delta xDS have no protocol: they were state-of-the-world."""
+    for run in results.get("fleet", []):
+        if (
+            re.fullmatch(rf"{re.escape(scenario)}(-\d+)?", run["scenario"])
+            and run["variant"] == variant
+            and run.get("protocol", "sotw") == protocol
+        ):
+            return dict(run)
+    return None
+
+
+def ratio(value: Any, reference: Any) -> str:
+    """``value`` over ``reference`` as '0.42x'; '-' where either is missing or the reference is 0."""
+    if not isinstance(value, int | float) or not isinstance(reference, int | float) or not reference:
+        return "-"
+    return f"{value / reference:.2f}x"
+
+
+def goal_row(
+    goal: str, target: float, measured: float | None, unit: str, higher_is_better: bool = False
+) -> list[Any]:
+    """(goal, target, measured, verdict)."""
+    if measured is None:
+        return [goal, f"{target:g} {unit}", "not measured", "-"]
+    met = measured >= target if higher_is_better else measured <= target
+    margin = measured / target if target else 0.0
+    verdict = "met" if met else f"missed ({margin:.2f}x the target)"
+    return [goal, f"{target:g} {unit}", f"{fmt(measured)} {unit}", verdict]
 
 
 # -- goals -----------------------------------------------------------------------------

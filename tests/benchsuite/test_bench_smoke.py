@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bench import report
-from bench.fleet import EDS, Fleet, ProxySpec, SimProxy, _names_field
+from bench import report, report_delta
+from bench.fleet import Fleet, _names_field
+from bench.fleet_run import COMPILED, FleetJob, run_fleet
 from bench.measure import fleet_specs
-from bench.run import COMPILED, FleetJob, run_fleet
 from bench.scenario import Scenario
 from bench.server import ServerProcess
+from bench.sidecar import EDS, ProxySpec, SimProxy
 from bench.storm import StormJob, run_storm
 
 pytestmark = pytest.mark.integration
@@ -41,6 +42,37 @@ def test_fleet_run_measures_both_changes_and_reports_them(tmp_path: Path) -> Non
     rendered = "\n".join(report.fleet_section(results, []))
     assert "| tiny | 3/2/4 | compiled |" in rendered
     assert report.goals(results), "the goal rows read the fleet results"
+
+
+@pytest.mark.timeout(240)
+def test_delta_fleet_converges_on_what_sotw_gets_and_a_reconnect_is_sent_nothing(tmp_path: Path) -> None:
+    job = FleetJob(TINY, (COMPILED,), delta=(COMPILED,), steady_seconds=0.5, reconnect=True)
+    runs = {
+        protocol: run_fleet(job, variant, tmp_path / protocol, protocol=protocol)
+        for variant, protocol in job.runs()
+    }
+    sotw, delta = runs["sotw"], runs["delta"]
+
+    assert delta["exit_code"] == 0 and delta["empty_configs"] == 0
+    assert delta["protocol"] == "delta"
+    # The same resources, whichever protocol carried them (RDS names read from the listeners).
+    assert delta["resource_names_digest"] == sotw["resource_names_digest"]
+    assert delta["resources_per_proxy"] == sotw["resources_per_proxy"]
+    for change in ("endpoint_added", "virtual_service_changed"):
+        assert delta[change]["converged"] == TINY.proxies, change
+    assert delta["endpoint_added"]["server"]["pushes"] == {'type="eds"': TINY.proxies}
+    assert delta["endpoint_added"]["resources_received_per_proxy"] == {"eds": 1.0}
+    # A delta ACK is the type and the nonce; a state-of-the-world EDS ACK names every cluster.
+    assert delta["endpoint_added"]["sent_bytes_per_proxy"] < sotw["endpoint_added"]["sent_bytes_per_proxy"]
+    # Reconnecting with what it holds, a delta sidecar is sent no resource again.
+    assert delta["reconnect"]["streams_opened"] == TINY.proxies
+    assert delta["reconnect"]["resources_received_per_proxy"] == {}
+    assert delta["reconnect"]["bytes_per_proxy"] < sotw["reconnect"]["bytes_per_proxy"] / 10
+
+    results = {"fleet": [{"scenario_spec": TINY.__dict__, **r} for r in runs.values()]}
+    rendered = "\n".join(report.fleet_section(results, []) + report_delta.protocol_section(results))
+    assert "| tiny | 3/2/4 | compiled | delta |" in rendered
+    assert "| same resource names over both | - | yes | - |" in rendered
 
 
 @pytest.mark.timeout(180)
@@ -132,7 +164,8 @@ def test_simulated_requests_are_what_protobuf_writes() -> None:
     """The simulator encodes ACKs by hand; they must be the bytes protobuf writes for the same request."""
     from envoy.service.discovery.v3 import discovery_pb2
 
-    from bench.fleet import EDS, LDS, SimProxy, _request
+    from bench.fleet import _request
+    from bench.sidecar import LDS
 
     proxy = SimProxy(ProxySpec("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", {}), ["80"])
     names = [f"outbound|80||svc-{i}.ns.svc.cluster.local" for i in range(300)]
