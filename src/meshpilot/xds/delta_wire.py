@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from meshpilot.networking.wire_py import varint
 from meshpilot.xds.delta_protocol import Changes, version_text
+from meshpilot.xds.generators.base import Resource
 
 # DeltaDiscoveryResponse: system_version_info 1, resources 2, type_url 4, nonce 5, removed_resources 6.
 # Resource: version 1, resource 2 (Any), name 3.
@@ -23,20 +24,26 @@ def _field(tag: bytes, payload: bytes) -> Iterable[bytes]:
     return (tag, varint(len(payload)), payload)
 
 
-def _resource(name: str, version: int, payload: bytes) -> bytes:
-    return b"".join(
-        [
-            *_field(_TAG_RES_NAME, name.encode()),
-            *_field(_TAG_RES_VERSION, version_text(version).encode()),
-            *_field(_TAG_RES_ANY, payload),
-        ]
-    )
+def _entry(resource: Resource, version: int) -> bytes:
+    """The resource's ``resources`` field, kept on the (shared, immutable) resource: its version is
+    its payload's hash, so the entry never changes for that object."""
+    entry = resource.delta_entry
+    if entry is None:
+        body = b"".join(
+            [
+                *_field(_TAG_RES_NAME, resource.name.encode()),
+                *_field(_TAG_RES_VERSION, version_text(version).encode()),
+                *_field(_TAG_RES_ANY, resource.payload),
+            ]
+        )
+        entry = b"".join(_field(_TAG_RESOURCES, body))
+        object.__setattr__(resource, "delta_entry", entry)  # a cache on a frozen object
+    return entry
 
 
 def delta_response(system_version: str, type_url: str, nonce: str, changes: Changes) -> bytes:
     parts: list[bytes] = [*_field(_TAG_VERSION, system_version.encode())]
-    for resource, version in changes.updated:
-        parts.extend(_field(_TAG_RESOURCES, _resource(resource.name, version, resource.payload)))
+    parts.extend([_entry(resource, version) for resource, version in changes.updated])
     parts.extend(_field(_TAG_TYPE, type_url.encode()))
     parts.extend(_field(_TAG_NONCE, nonce.encode()))
     for name in changes.removed:

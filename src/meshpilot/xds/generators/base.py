@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from google.protobuf import any_pb2
@@ -25,6 +25,9 @@ class Resource:
     name: str
     #: The resource as a serialized ``google.protobuf.Any``, ready for a DiscoveryResponse.
     payload: bytes
+    #: Its delta envelope (a ``Resource`` entry with name and version), written once by
+    #: ``delta_wire`` and reused for every proxy the same object is sent to.
+    delta_entry: bytes | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, name: str, message: Any) -> Resource:
