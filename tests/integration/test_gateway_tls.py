@@ -8,11 +8,6 @@ of the config directory; rewriting one reaches the gateway without a restart.
 
 from __future__ import annotations
 
-import base64
-import datetime
-import json
-import socket
-import ssl
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +15,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from integration.conftest import MeshHarness
 from support.ads_client import AdsClient, Secure
+from support.gateway_tls import REFUSED, attempt, certificate, https_get, pem_key, tls_secret, write_pair
 from support.kube import istio, namespace, pod, workload
 from support.processes import Envoy, Meshpilot, Sds, free_port, sidecar_bootstrap
 from support.wait import eventually
@@ -34,54 +29,6 @@ pytestmark = [pytest.mark.envoy, pytest.mark.integration]
 
 GATEWAY_IP = "127.0.0.90"
 IDENTITY = "spiffe://cluster.local/ns/istio-system/sa/istio-ingressgateway"
-
-
-def _pem_key(key: Any) -> bytes:
-    return bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-
-
-def _certificate(
-    names: list[str], issuer: tuple[Any, Any] | None = None, *, ca: bool = False
-) -> tuple[Any, Any]:
-    """(certificate, key): self-signed unless ``issuer`` (certificate, key) is given."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer[0].subject if issuer else subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=2))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if not ca:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False
-        )
-    return builder.sign(issuer[1] if issuer else key, hashes.SHA256()), key
-
-
-def _secret(name: str, cert: Any, key: Any, ca: Any | None = None) -> dict[str, Any]:
-    data = {
-        "tls.crt": cert.public_bytes(serialization.Encoding.PEM),
-        "tls.key": _pem_key(key),
-    }
-    if ca is not None:
-        data["ca.crt"] = ca.public_bytes(serialization.Encoding.PEM)
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": "istio-system"},
-        "type": "kubernetes.io/tls",
-        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
-    }
 
 
 def _gateway(simple_port: int, mutual_port: int) -> dict[str, Any]:
@@ -137,7 +84,7 @@ def _mesh_client_certificate_for(mp: Meshpilot, directory: Path, identity: str) 
     directory.mkdir(parents=True, exist_ok=True)
     paths = directory / "cert-chain.pem", directory / "key.pem", directory / "root-cert.pem"
     paths[0].write_text("".join(issued[:-1]))
-    paths[1].write_bytes(_pem_key(key))
+    paths[1].write_bytes(pem_key(key))
     paths[2].write_bytes((mp.ca_dir / "root-cert.pem").read_bytes())
     return paths
 
@@ -194,44 +141,16 @@ def _secure_gateway(mesh: MeshHarness, mp: Meshpilot, cert_port: int) -> Envoy:
 def _https(
     port: int, sni: str, client: tuple[Path, Path] | None = None, timeout: float = 5.0
 ) -> tuple[int, str, int]:
-    """GET / over TLS with ``sni``: (status, the backend's name, the server certificate's serial)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # the serial is what is checked
-    if client is not None:
-        context.load_cert_chain(*client)
-    with (
-        socket.create_connection((GATEWAY_IP, port), timeout=timeout) as raw,
-        context.wrap_socket(raw, server_hostname=sni) as conn,
-    ):
-        peer = conn.getpeercert(binary_form=True)
-        assert peer is not None
-        serial = x509.load_der_x509_certificate(peer).serial_number
-        request = f"GET / HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n"
-        conn.sendall(request.encode())
-        data = b""
-        while chunk := conn.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    name = str(json.loads(body)["name"]) if status == 200 else body.decode(errors="replace")
-    return status, name, serial
-
-
-def _try(call: Any) -> Any:
-    try:
-        return call()
-    except (OSError, ssl.SSLError, ValueError, IndexError):
-        return None
+    return https_get(GATEWAY_IP, port, sni, client, timeout)
 
 
 def test_an_https_gateway_serves_certificates_from_secrets_and_follows_their_rotation(
     mesh: MeshHarness,
 ) -> None:
     simple_port, mutual_port = free_port(GATEWAY_IP), free_port(GATEWAY_IP)
-    server_cert, server_key = _certificate(["bookinfo.example.com"])
-    client_ca = _certificate(["client-ca"], ca=True)
-    secure_cert, secure_key = _certificate(["secure.example.com"])
+    server_cert, server_key = certificate(["bookinfo.example.com"])
+    client_ca = certificate(["client-ca"], ca=True)
+    secure_cert, secure_key = certificate(["secure.example.com"])
     mesh.write("namespaces.yaml", [namespace("default"), namespace("istio-system")])
     mesh.write(
         "productpage.yaml",
@@ -243,8 +162,8 @@ def test_an_https_gateway_serves_certificates_from_secrets_and_follows_their_rot
     mesh.write(
         "secrets.yaml",
         [
-            _secret("bookinfo-cert", server_cert, server_key),
-            _secret("secure-cert", secure_cert, secure_key, ca=client_ca[0]),
+            tls_secret("bookinfo-cert", (server_cert, server_key)),
+            tls_secret("secure-cert", (secure_cert, secure_key), client_ca[0]),
         ],
     )
     cert_port = free_port()
@@ -254,49 +173,40 @@ def test_an_https_gateway_serves_certificates_from_secrets_and_follows_their_rot
     # SIMPLE: HTTPS by SNI with the Secret's certificate.
     eventually(
         lambda: (
-            _try(lambda: _https(simple_port, "bookinfo.example.com"))
+            attempt(lambda: _https(simple_port, "bookinfo.example.com"))
             == (200, "productpage-v1", server_cert.serial_number)
         ),
         what="HTTPS with the certificate of Secret bookinfo-cert",
     )
     # MUTUAL: a client without a certificate is refused; one the Secret's CA signed is served.
-    client_cert, client_key = _certificate(["client.example.com"], issuer=client_ca)
-    client_dir = mesh.tmp / "client"
-    client_dir.mkdir()
-    (client_dir / "cert.pem").write_bytes(client_cert.public_bytes(serialization.Encoding.PEM))
-    (client_dir / "key.pem").write_bytes(_pem_key(client_key))
-    client = (client_dir / "cert.pem", client_dir / "key.pem")
+    client = write_pair(mesh.tmp / "client", "cert", certificate(["client.example.com"], issuer=client_ca))
     eventually(
         lambda: (
-            _try(lambda: _https(mutual_port, "secure.example.com", client))
+            attempt(lambda: _https(mutual_port, "secure.example.com", client))
             == (200, "productpage-v1", secure_cert.serial_number)
         ),
         what="mutual TLS with a client certificate of the Secret's CA",
     )
-    with pytest.raises((ssl.SSLError, OSError, IndexError, ValueError)):
+    with pytest.raises(REFUSED):
         _https(mutual_port, "secure.example.com")
-    stranger = _certificate(["stranger.example.com"])
-    (client_dir / "stranger.pem").write_bytes(stranger[0].public_bytes(serialization.Encoding.PEM))
-    (client_dir / "stranger-key.pem").write_bytes(_pem_key(stranger[1]))
-    with pytest.raises((ssl.SSLError, OSError, IndexError, ValueError)):
-        _https(
-            mutual_port, "secure.example.com", (client_dir / "stranger.pem", client_dir / "stranger-key.pem")
-        )
+    stranger = write_pair(mesh.tmp / "client", "stranger", certificate(["stranger.example.com"]))
+    with pytest.raises(REFUSED):
+        _https(mutual_port, "secure.example.com", stranger)
 
     # Rotation: the Secret's file rewritten, a new handshake sees the new certificate; no restart.
     before = envoy.stats()
     pid = envoy.proc.pid if envoy.proc is not None else None
-    rotated_cert, rotated_key = _certificate(["bookinfo.example.com"])
+    rotated_cert, rotated_key = certificate(["bookinfo.example.com"])
     mesh.write(
         "secrets.yaml",
         [
-            _secret("bookinfo-cert", rotated_cert, rotated_key),
-            _secret("secure-cert", secure_cert, secure_key, ca=client_ca[0]),
+            tls_secret("bookinfo-cert", (rotated_cert, rotated_key)),
+            tls_secret("secure-cert", (secure_cert, secure_key), client_ca[0]),
         ],
     )
     eventually(
         lambda: (
-            _try(lambda: _https(simple_port, "bookinfo.example.com"))
+            attempt(lambda: _https(simple_port, "bookinfo.example.com"))
             == (200, "productpage-v1", rotated_cert.serial_number)
         ),
         what="the rotated certificate served",
@@ -314,9 +224,9 @@ def test_an_https_gateway_serves_certificates_from_secrets_and_follows_their_rot
 
 async def test_secrets_go_only_to_verified_proxies_of_their_namespace(mesh: MeshHarness) -> None:
     sds_type = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
-    cert, key = _certificate(["bookinfo.example.com"])
+    cert, key = certificate(["bookinfo.example.com"])
     mesh.write("namespaces.yaml", [namespace("default"), namespace("istio-system")])
-    mesh.write("secrets.yaml", [_secret("bookinfo-cert", cert, key)])
+    mesh.write("secrets.yaml", [tls_secret("bookinfo-cert", (cert, key))])
     cert_port = free_port()
     mp = mesh.start_meshpilot(extra=["--secure-grpc-client-cert-addr", f"127.0.0.1:{cert_port}"])
 

@@ -16,7 +16,8 @@ TLS, to the server's inbound listener. A plaintext client is a bare request to t
 One control plane and the three agents serve the whole module. Each test rewrites the policy file,
 waits until the server's Envoy has the inbound listeners those policies make (from its config_dump:
 which transport protocols each port's filter chains accept, which policies its RBAC filters name,
-whether the JWT filter is there), then sends its traffic.
+whether the JWT filter is there), then sends its traffic. A RequestAuthentication with a ``jwksUri`` has
+its keys served by an HTTP server of the test on loopback, which meshpilot fetches and inlines.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from support.agent_harness import (
     wait_ready,
 )
 from support.backends import Backend
+from support.jwks_server import JwksServer
 from support.jwt_signer import ISSUER, Signer
 from support.kube import egress_sidecar, endpoint_slice, istio, namespace, pod, service
 from support.processes import free_port, http_get
@@ -57,6 +59,8 @@ PRODUCTPAGE = MeshWorkload("productpage-v1", "127.0.64.11", "productpage", {"app
 PRODUCTPAGE_EGRESS = "127.0.64.12"
 RATINGS = MeshWorkload("ratings-v1", "127.0.64.13", "ratings", {"app": "ratings"})
 RATINGS_EGRESS = "127.0.64.14"
+#: Where the JWKS of a RequestAuthentication's jwksUri is served, for meshpilot to fetch.
+JWKS_HOST = "127.0.64.31"
 #: The server's two HTTP ports; each forwards to an app of its own.
 MAIN, SIDE = 9080, 9081
 SELECTOR = {"matchLabels": {"app": "reviews"}}
@@ -480,4 +484,63 @@ def test_request_authentication_with_inline_jwks_and_required_request_principals
     # The same from outside the mesh: the token is all that counts (the port is PERMISSIVE).
     status, _, _ = http_get(SERVER.ip, MAIN, "/valid", {"Host": "reviews", **bearer(signer.token())})
     assert status == 200
+    agent_mesh.no_rejected_updates()
+
+
+def test_request_authentication_with_a_jwks_uri_fetched_by_meshpilot(agent_mesh: AgentMesh) -> None:
+    signer, stranger = Signer("uri-key"), Signer("uri-key")
+    jwks = JwksServer(JWKS_HOST, signer.jwks())
+    try:
+        docs = [
+            istio(
+                "RequestAuthentication",
+                "jwt-uri",
+                "default",
+                # The fetch's own timeout (istiod's default is 5s) outlasts the time the server holds it.
+                {
+                    "selector": SELECTOR,
+                    "jwtRules": [{"issuer": ISSUER, "jwksUri": jwks.uri, "timeout": "30s"}],
+                },
+                group="security",
+            ),
+            authz(
+                "require-alice-uri",
+                {
+                    "action": "ALLOW",
+                    "rules": [{"from": [{"source": {"requestPrincipals": [f"{ISSUER}/alice"]}}]}],
+                },
+            ),
+        ]
+        expected = Listener(PERMISSIVE, frozenset({"require-alice-uri"}), jwt=True)
+        agent_mesh.apply(docs, {MAIN: expected, SIDE: expected})
+        # meshpilot asked for the keys and has not got them: the server's Envoy has istiod's fail-closed
+        # JWKS, so even a valid token is refused.
+        eventually(lambda: jwks.requests >= 1, timeout=10, what="meshpilot fetching the JWKS")
+        assert signer.modulus not in json.dumps(agent_mesh.server.envoy().config_dump())
+        assert call(PRODUCTPAGE_EGRESS, "/valid", headers=bearer(signer.token()))[0] == 401
+        # The keys arrive: meshpilot inlines them and pushes the server's Envoy again.
+        jwks.release()
+        eventually(
+            lambda: call(PRODUCTPAGE_EGRESS, "/valid", headers=bearer(signer.token()))[0] == 200,
+            timeout=20,
+            what="a valid token accepted once meshpilot fetched the JWKS",
+        )
+        assert signer.modulus in json.dumps(agent_mesh.server.envoy().config_dump())
+        app_requests = len(agent_mesh.apps[MAIN].requests)
+        for egress, account in CLIENTS:
+            for what, token in (
+                ("wrong signature", stranger.token()),
+                ("expired", signer.token(ttl=-600)),
+                ("not a JWT", "not.a.jwt"),
+            ):
+                status, body = call(egress, "/bad-token", headers=bearer(token))
+                assert status == 401, (egress, what, status, body)
+            assert call(egress, "/no-token") == (403, DENIED)
+            assert len(agent_mesh.apps[MAIN].requests) == app_requests
+            status, body = call(egress, "/valid", headers=bearer(signer.token()))
+            assert status == 200, (egress, body)
+            assert f"URI={spiffe(account)}" in client_certificate(app_saw(body))
+            app_requests += 1
+    finally:
+        jwks.close()
     agent_mesh.no_rejected_updates()

@@ -398,11 +398,14 @@ def start_workload_agent(
     proxy_config: Mapping[str, Any] | None = None,
     extra_env: Mapping[str, str] | None = None,
     name: str = "meshpilot-agent",
+    node_type: str = "sidecar",
 ) -> PilotAgent:
     """``command proxy sidecar`` (``MESHPILOT_AGENT``, or Istio's pilot-agent with its bootstrap
     ``template``) for ``workload``, as its injected istio-proxy container runs it against meshpilot's
     secure port: the pod's token and the mesh root mounted, the workload certificate from meshpilot's CA.
-    ``extra_env`` adds to (or overrides) the pod's environment. The mesh stops the agent and its Envoy."""
+    ``node_type="router"`` runs it as a gateway (``proxy router``, as Istio's gateway chart does; no
+    interception mode, which only sidecars have). ``extra_env`` adds to (or overrides) the pod's
+    environment. The mesh stops the agent and its Envoy."""
     address = f"127.0.0.1:{mesh.meshpilot.secure_grpc_port}"
     ports = {p: free_port() for p in ("admin", "status", "envoy_status", "envoy_prometheus")}
     root: Path = mesh.tmp / f"{workload.pod}-root"
@@ -431,14 +434,14 @@ def start_workload_agent(
         "CA_ADDR": address,
         "PILOT_CERT_PROVIDER": "istiod",
         "PROXY_CONFIG": json.dumps(config),
-        "ISTIO_META_INTERCEPTION_MODE": "NONE",
+        **({"ISTIO_META_INTERCEPTION_MODE": "NONE"} if node_type == "sidecar" else {}),
         "ISTIO_META_CLUSTER_ID": "Kubernetes",
         "CLOUD_PLATFORM": "none",
         "ENVOY_STATUS_PORT": str(ports["envoy_status"]),
         "ENVOY_PROMETHEUS_PORT": str(ports["envoy_prometheus"]),
         **(extra_env or {}),
     }
-    argv = [*command, "proxy", "sidecar", "--domain", f"{workload.namespace}.svc.cluster.local"]
+    argv = [*command, "proxy", node_type, "--domain", f"{workload.namespace}.svc.cluster.local"]
     agent = PilotAgent(root, argv, env, ports["admin"], ports["status"], f"{name}-{workload.pod}")
     mesh.processes.append(agent)
     agent.start()
