@@ -1,9 +1,10 @@
 """The security filters of a sidecar's inbound chains, from the policies that select it.
 
-istiod's order in an inbound HTTP connection manager: metadata exchange, CUSTOM authorization,
-``jwt_authn``, then RBAC (AUDIT, DENY, ALLOW), then the rest. Inbound TCP chains get the network
-RBAC filters before ``tcp_proxy``. ``inputs`` is computed first; the cache key of the inbound
-listeners includes its ``key`` (policy specs, annotations and the fetched JWKS the filter inlines).
+istiod's order in an inbound HTTP connection manager: metadata exchange, CUSTOM authorization (RBAC
+and ``ext_authz``), ``jwt_authn``, then RBAC (AUDIT, DENY, ALLOW), then the rest. Inbound TCP chains
+get the CUSTOM and RBAC network filters before ``tcp_proxy``. ``inputs`` is computed first; the cache
+key of the inbound listeners includes its ``key`` (policy specs, annotations, the fetched JWKS the
+filter inlines, and the resolved ext_authz providers when CUSTOM policies apply).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from meshpilot.model.config import Config
 from meshpilot.model.jwks import JwksLookup
 from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.push_context import PushContext
-from meshpilot.networking import jwt_authn, rbac
+from meshpilot.networking import authz_custom, ext_authz, jwt_authn, rbac
 from meshpilot.networking.authz_rule import TrustDomains
 
 
@@ -38,11 +39,21 @@ class SecurityInputs:
     #: istiod's ``clear_route_cache`` on JWT providers: set for every proxy but a sidecar (a gateway
     #: routes on headers the JWT filter may add, so its route is picked again after the filter).
     clear_route_cache: bool = False
+    #: The MeshConfig's ext_authz providers, resolved against the services; only read (and only
+    #: resolved) when a CUSTOM policy applies, so other proxies' keys do not follow them.
+    providers: ext_authz.ExtAuthzProviders = ext_authz.NO_PROVIDERS
 
     @property
     def key(self) -> Hashable:
         ras = tuple((c.key, c.spec_hash) for c in self.request_authentications)
-        return (self.policies.fingerprint(), ras, self.trust, self.jwks, self.clear_route_cache)
+        return (
+            self.policies.fingerprint(),
+            ras,
+            self.trust,
+            self.jwks,
+            self.clear_route_cache,
+            self.providers.key,
+        )
 
     @property
     def empty(self) -> bool:
@@ -52,13 +63,15 @@ class SecurityInputs:
 def inputs(proxy: Proxy, push: PushContext) -> SecurityInputs:
     ras = request_authentications(push, proxy)
     lookup = push.jwks
+    policies = authorization_policies(push, proxy)
     return SecurityInputs(
-        policies=authorization_policies(push, proxy),
+        policies=policies,
         request_authentications=ras,
         trust=rbac.trust_domains(push.mesh),
         lookup=lookup,
         jwks=jwt_authn.jwks_fingerprint(ras, lookup) if ras else (),
         clear_route_cache=proxy.type is not NodeType.SIDECAR,
+        providers=ext_authz.providers(push) if policies.custom else ext_authz.NO_PROVIDERS,
     )
 
 
@@ -72,17 +85,20 @@ NO_FILTERS = InboundSecurityFilters((), ())
 
 
 def build(security: SecurityInputs) -> InboundSecurityFilters:
-    """The HTTP filters (CUSTOM, JWT, RBAC) and the network filters (RBAC) of inbound chains."""
+    """The HTTP filters (CUSTOM, JWT, RBAC) and the network filters (CUSTOM, RBAC) of inbound chains."""
     if security.empty:
         return NO_FILTERS
-    http: list[Any] = rbac.http_custom_filters(security.policies, security.trust)
+    custom = security.policies.custom
+    http: list[Any] = authz_custom.http_filters(custom, security.providers, security.trust) if custom else []
     jwt = jwt_authn.jwt_filter(
         security.request_authentications, security.lookup, clear_route_cache=security.clear_route_cache
     )
     if jwt is not None:
         http.append(jwt)
     http += rbac.http_filters(security.policies, security.trust)
-    return InboundSecurityFilters(tuple(http), tuple(rbac.tcp_filters(security.policies, security.trust)))
+    tcp: list[Any] = authz_custom.tcp_filters(custom, security.providers, security.trust) if custom else []
+    tcp += rbac.tcp_filters(security.policies, security.trust)
+    return InboundSecurityFilters(tuple(http), tuple(tcp))
 
 
 def filters(proxy: Proxy, push: PushContext) -> InboundSecurityFilters:

@@ -10,10 +10,8 @@ does: in an ALLOW policy the whole rule is dropped (it can then allow less), in 
 policy only that field is dropped (it then denies more). An ALLOW or DENY policy without rules
 gets a policy that never matches, so an ALLOW one denies everything.
 
-Filters come in istiod's order: CUSTOM (before JWT), then AUDIT, DENY, ALLOW. CUSTOM needs an
-ext_authz provider from MeshConfig, which meshpilot does not build: such a policy gets the deny
-filter istiod emits for an unusable provider (``-deny-due-to-bad-CUSTOM-action``), so it fails
-closed, and the problem is logged and counted.
+Filters come in istiod's order: CUSTOM (before JWT, built by ``authz_custom``), then AUDIT, DENY,
+ALLOW.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ from meshpilot.networking.authz_rule import (
     never_matching,
     rule_policy,
 )
+from meshpilot.networking.ext_authz import POLICY_PREFIX
 from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.networking.protobuf import pack
 
@@ -48,7 +47,6 @@ TCP_RBAC = "envoy.filters.network.rbac"
 TCP_STAT_PREFIX = "tcp."
 DRY_RUN_ANNOTATION = "istio.io/dry-run"
 _SHADOW_PREFIX = {rbac_pb2.RBAC.ALLOW: "istio_dry_run_allow_", rbac_pb2.RBAC.DENY: "istio_dry_run_deny_"}
-_EXT_AUTHZ_PREFIX = "istio-ext-authz"
 BAD_CUSTOM_SUFFIX = "-deny-due-to-bad-CUSTOM-action"
 _KIND = "AuthorizationPolicy"
 
@@ -56,7 +54,7 @@ _KIND = "AuthorizationPolicy"
 def policy_name(namespace: str, name: str, rule: int, provider: str | None = None) -> str:
     prefix = ""
     if provider is not None:
-        prefix = f"{_EXT_AUTHZ_PREFIX}-{provider}-" if provider else f"{_EXT_AUTHZ_PREFIX}-"
+        prefix = f"{POLICY_PREFIX}-{provider}-" if provider else f"{POLICY_PREFIX}-"
     return f"{prefix}ns[{namespace}]-policy[{name}]-rule[{rule}]"
 
 
@@ -66,24 +64,28 @@ def dry_run(config: Config) -> bool:
         return False
     parsed = {"1": True, "t": True, "true": True, "0": False, "f": False, "false": False}.get(value.lower())
     if parsed is None:
-        _report(config, f"failed to parse the value of {DRY_RUN_ANNOTATION}: {value!r}")
+        report(config, f"failed to parse the value of {DRY_RUN_ANNOTATION}: {value!r}")
         return False
     return parsed
 
 
-def _report(config: Config, message: str) -> None:
+def report(config: Config, message: str) -> None:
+    """Log and count a problem of one AuthorizationPolicy."""
     PROBLEMS.record(_KIND, f"{config.namespace}/{config.name}", message)
 
 
 @dataclass(slots=True)
-class _Built:
+class BuiltRules:
+    """The RBAC rules of a group of policies: enforced, and dry-run (``istio.io/dry-run``); each
+    None when no policy of the group is of that kind."""
+
     rules: Any | None
     shadow: Any | None
 
 
-def _build(
+def build_rules(
     configs: Sequence[Config], action: int, trust: TrustDomains, *, for_tcp: bool, custom: bool = False
-) -> _Built | None:
+) -> BuiltRules | None:
     if not configs:
         return None
     enforce = rbac_pb2.RBAC(action=action)
@@ -103,31 +105,31 @@ def _build(
             except Skip as err:
                 # istiod logs this at debug level for TCP chains; an invalid rule is an error there.
                 if not for_tcp:
-                    _report(config, f"skipped rule {name}: {err}")
+                    report(config, f"skipped rule {name}: {err}")
                 continue
             target.policies[name].CopyFrom(generated)
         if not spec.rules:
             never = policy_name(config.namespace, config.name, 0, provider)
             target.policies[never].CopyFrom(never_matching())
-    return _Built(enforce if has_enforce else None, shadow if has_shadow else None)
+    return BuiltRules(enforce if has_enforce else None, shadow if has_shadow else None)
 
 
-def _http_filter(config: Any) -> Any:
+def http_filter(config: Any) -> Any:
     return hcm_pb2.HttpFilter(name=HTTP_RBAC, typed_config=pack(config))
 
 
-def _tcp_filter(config: Any) -> Any:
+def tcp_filter(config: Any) -> Any:
     return listener_components_pb2.Filter(name=TCP_RBAC, typed_config=pack(config))
 
 
-def _shadow_prefix(built: _Built) -> str:
+def _shadow_prefix(built: BuiltRules) -> str:
     """istiod reads the action of absent shadow rules as ALLOW's (the proto default), so its
     filters always carry a shadow stat prefix."""
     action = built.shadow.action if built.shadow is not None else rbac_pb2.RBAC.ALLOW
     return _SHADOW_PREFIX.get(action, "")
 
 
-def _http_rbac(built: _Built) -> Any:
+def _http_rbac(built: BuiltRules) -> Any:
     config = http_rbac_pb2.RBAC()
     if built.rules is not None:
         config.rules.CopyFrom(built.rules)
@@ -137,7 +139,7 @@ def _http_rbac(built: _Built) -> Any:
     return config
 
 
-def _tcp_rbac(built: _Built) -> Any:
+def _tcp_rbac(built: BuiltRules) -> Any:
     config = tcp_rbac_pb2.RBAC(stat_prefix=TCP_STAT_PREFIX)
     if built.rules is not None:
         config.rules.CopyFrom(built.rules)
@@ -147,34 +149,6 @@ def _tcp_rbac(built: _Built) -> Any:
     return config
 
 
-def _bad_custom(configs: Sequence[Config], trust: TrustDomains, *, for_tcp: bool) -> list[Any]:
-    """CUSTOM policies as istiod emits them when their provider cannot be used: DENY filters,
-    one per provider, whose policies carry the ``-deny-due-to-bad-CUSTOM-action`` suffix."""
-    by_provider: dict[str, list[Config]] = {}
-    for config in configs:
-        by_provider.setdefault(config.spec.provider.name, []).append(config)
-    out = []
-    for provider in sorted(by_provider):
-        group = by_provider[provider]
-        for config in group:
-            _report(
-                config,
-                f"CUSTOM action with provider {provider!r}: meshpilot does not build ext_authz filters; "
-                "requests this policy matches are denied",
-            )
-        built = _build(group, rbac_pb2.RBAC.DENY, trust, for_tcp=for_tcp, custom=True)
-        assert built is not None
-        rules = rbac_pb2.RBAC(action=rbac_pb2.RBAC.DENY)
-        if built.rules is not None:
-            for name in sorted(built.rules.policies):
-                rules.policies[name + BAD_CUSTOM_SUFFIX].CopyFrom(built.rules.policies[name])
-        if for_tcp:
-            out.append(_tcp_filter(tcp_rbac_pb2.RBAC(rules=rules, stat_prefix=TCP_STAT_PREFIX)))
-        else:
-            out.append(_http_filter(http_rbac_pb2.RBAC(rules=rules)))
-    return out
-
-
 def _local(policies: AuthorizationPolicies, trust: TrustDomains, *, for_tcp: bool) -> list[Any]:
     out = []
     for configs, action in (
@@ -182,15 +156,10 @@ def _local(policies: AuthorizationPolicies, trust: TrustDomains, *, for_tcp: boo
         (policies.deny, rbac_pb2.RBAC.DENY),
         (policies.allow, rbac_pb2.RBAC.ALLOW),
     ):
-        built = _build(configs, action, trust, for_tcp=for_tcp)
+        built = build_rules(configs, action, trust, for_tcp=for_tcp)
         if built is not None:
-            out.append(_tcp_filter(_tcp_rbac(built)) if for_tcp else _http_filter(_http_rbac(built)))
+            out.append(tcp_filter(_tcp_rbac(built)) if for_tcp else http_filter(_http_rbac(built)))
     return out
-
-
-def http_custom_filters(policies: AuthorizationPolicies, trust: TrustDomains) -> list[Any]:
-    """The HTTP filters of CUSTOM policies (they go before the JWT filter)."""
-    return _bad_custom(policies.custom, trust, for_tcp=False) if policies.custom else []
 
 
 def http_filters(policies: AuthorizationPolicies, trust: TrustDomains) -> list[Any]:
@@ -199,9 +168,8 @@ def http_filters(policies: AuthorizationPolicies, trust: TrustDomains) -> list[A
 
 
 def tcp_filters(policies: AuthorizationPolicies, trust: TrustDomains) -> list[Any]:
-    """The network RBAC filters of an inbound TCP chain: CUSTOM, AUDIT, DENY, ALLOW."""
-    out = _bad_custom(policies.custom, trust, for_tcp=True) if policies.custom else []
-    return out + _local(policies, trust, for_tcp=True)
+    """The network RBAC filters of AUDIT, DENY and ALLOW policies, in that order (CUSTOM's go first)."""
+    return _local(policies, trust, for_tcp=True)
 
 
 def trust_domains(mesh: Any) -> TrustDomains:
