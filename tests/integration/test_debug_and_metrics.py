@@ -6,6 +6,8 @@ import pytest
 from support.kube import istio, workload
 from support.wait import eventually
 
+from meshpilot import __version__
+
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
 
 
@@ -55,9 +57,19 @@ def test_config_dump_matches_what_envoy_has(live):
     assert status == 400
     assert mp.get("/debug/config_dump?proxyID=nobody")[0] == 404
     dump = mp.get_json("/debug/config_dump?proxyID=reviews-v1.default&include_eds")
-    types = [c["@type"].rsplit(".", 1)[1] for c in dump["configs"]]
-    assert types == ["ClustersConfigDump", "ListenersConfigDump", "RoutesConfigDump", "EndpointsConfigDump"]
-    ours = {c["cluster"]["name"] for c in dump["configs"][0]["dynamic_active_clusters"]}
+    sections = {c["@type"].rsplit(".", 1)[1]: c for c in dump["configs"]}
+    # istiod's sections, in its order.
+    assert list(sections) == [
+        "BootstrapConfigDump",
+        "ClustersConfigDump",
+        "EndpointsConfigDump",
+        "ListenersConfigDump",
+        "ScopedRoutesConfigDump",
+        "RoutesConfigDump",
+        "SecretsConfigDump",
+        "EcdsConfigDump",
+    ]
+    ours = {c["cluster"]["name"] for c in sections["ClustersConfigDump"]["dynamic_active_clusters"]}
     assert ours == envoy.dynamic_clusters()
 
 
@@ -112,6 +124,11 @@ def test_metrics_have_istiod_names(live):
     )
     assert not any("_created" in key for key in metrics), "istiod exports no _created series"
     assert "sidecar_injection_requests_total" in metrics, "the injector's counters keep their _total"
+    # What the control-plane dashboard reads besides pilot_*: the build and the process.
+    assert metrics[f'istio_build{{component="pilot",tag="{__version__}"}}'] == 1
+    assert metrics["process_cpu_seconds_total"] > 0, "the process collector's counter keeps its _total"
+    assert metrics["process_resident_memory_bytes"] > 0
+    assert metrics["process_open_fds"] > 0
     before = metrics.get('pilot_push_triggers{type="debug"}', 0)
     assert mp.get("/debug/adsz?push=true")[0] == 200
     eventually(lambda: mp.metric('pilot_push_triggers{type="debug"}') > before, what="forced push counted")

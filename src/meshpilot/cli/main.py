@@ -99,6 +99,13 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="address for /metrics and /debug (default :15014)",
     )
     p.add_argument(
+        "--debug-on-http",
+        action=argparse.BooleanOptionalAction,
+        default=env_default("ENABLE_DEBUG_ON_HTTP", "true").lower() != "false",
+        help="serve /debug on the HTTP port too; either port answers loopback callers, others only "
+        "with a token the xDS authenticators accept ($ENABLE_DEBUG_ON_HTTP)",
+    )
+    p.add_argument(
         "--webhook-addr",
         "--httpsAddr",
         type=_optional_address,
@@ -189,6 +196,13 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="new xDS streams per second; 0 means min(15+5*CPUs, 100) ($PILOT_MAX_REQUESTS_PER_SECOND)",
     )
     p.add_argument(
+        "--debug-endpoint-auth",
+        action=argparse.BooleanOptionalAction,
+        default=env_default("ENABLE_DEBUG_ENDPOINT_AUTH", "true").lower() != "false",
+        help="xDS debug types only for verified identities, scoped to their namespace outside the system "
+        "one; --no-debug-endpoint-auth serves them on the plaintext port ($ENABLE_DEBUG_ENDPOINT_AUTH)",
+    )
+    p.add_argument(
         "--log-level",
         "--log_output_level",
         default="info",
@@ -217,6 +231,7 @@ def _run_discovery(args: argparse.Namespace) -> int:
             algorithm=args.ca_key_algorithm,
         ),
         http_addr=args.http_addr,
+        debug_on_http=args.debug_on_http,
         monitoring_addr=args.monitoring_addr,
         webhook_addr=args.webhook_addr,
         tls_cert_file=args.tls_cert_file,
@@ -235,6 +250,11 @@ def _run_discovery(args: argparse.Namespace) -> int:
         push_throttle=args.push_throttle,
         xds_cache_size=args.xds_cache_size,
         max_requests_per_second=args.max_requests_per_second,
+        debug_endpoint_auth=args.debug_endpoint_auth,
+        debug_auth_allowed_namespaces=frozenset(
+            n for n in env_default("DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES", "").split(",") if n
+        ),
+        pod_name=env_default("POD_NAME", ""),
         log_level=args.log_level,
     )
     from meshpilot.server.app import serve

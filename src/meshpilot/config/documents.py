@@ -3,11 +3,17 @@
 A file may hold several YAML documents and ``kind: List`` objects. Each
 document is parsed on its own, so a syntax error in one leaves the others
 readable. Timestamps stay strings, as the Kubernetes API sends them.
+
+A file over a limit of ``FileLimits`` (size, documents) is one rejected
+"document" for the whole file (index ``WHOLE_FILE``); a document that nests
+too deep or aliases too much is rejected alone.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,7 @@ import orjson
 import yaml
 
 from meshpilot.config.errors import ConfigError
+from meshpilot.config.file_limits import DEFAULT_LIMITS, FileLimits, LimitExceeded, check_value
 
 #: File suffixes the config directory reads.
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
@@ -35,6 +42,9 @@ _Loader.yaml_implicit_resolvers = {
 # A line that starts a new YAML document; anything after the marker belongs to it.
 _DOC_START = re.compile(r"^---(?=\s|$)", re.MULTILINE)
 
+#: The index of a Document that stands for the whole file (rejected before its documents were read).
+WHOLE_FILE = -1
+
 
 @dataclass(frozen=True, slots=True)
 class Document:
@@ -50,7 +60,9 @@ class Document:
 
     @property
     def where(self) -> str:
-        """``file.yaml[doc 2]`` or ``file.yaml[doc 0, item 3]``, for messages."""
+        """``file.yaml[doc 2]`` or ``file.yaml[doc 0, item 3]`` (``file.yaml``: the whole file)."""
+        if self.index == WHOLE_FILE:
+            return self.source
         if self.item is None:
             return f"{self.source}[doc {self.index}]"
         return f"{self.source}[doc {self.index}, item {self.item}]"
@@ -60,12 +72,16 @@ def split_yaml(text: str) -> list[tuple[str, int]]:
     """The YAML documents of a stream, each with the file line it starts on (0-based)."""
     starts = [0] + [m.start() for m in _DOC_START.finditer(text)]
     chunks = []
+    line = 0
     for i, begin in enumerate(starts):
         end = starts[i + 1] if i + 1 < len(starts) else len(text)
         chunk = text[begin:end]
         if i > 0:
             chunk = chunk[3:]  # the "---" marker itself
-        chunks.append((chunk, text.count("\n", 0, begin)))
+        chunks.append((chunk, line))
+        # Counted chunk by chunk: counting from the start of the text for each document was
+        # quadratic in the number of documents.
+        line += text.count("\n", begin, end)
     # Text before the first marker is a document only if it holds something.
     if len(chunks) > 1 and not _has_content(chunks[0][0]):
         chunks = chunks[1:]
@@ -76,7 +92,9 @@ def _has_content(text: str) -> bool:
     return any(line.strip() and not line.lstrip().startswith(("#", "%")) for line in text.splitlines())
 
 
-def parse_text(text: str, source: str, *, json: bool = False) -> list[Document]:
+def parse_text(
+    text: str, source: str, *, json: bool = False, limits: FileLimits = DEFAULT_LIMITS
+) -> list[Document]:
     """Documents of a YAML (or JSON) text; empty documents are skipped."""
     docs: list[Document] = []
     if json:
@@ -84,28 +102,77 @@ def parse_text(text: str, source: str, *, json: bool = False) -> list[Document]:
             data = orjson.loads(text)
         except orjson.JSONDecodeError as err:
             return [Document(source, 0, error=ConfigError(f"invalid JSON: {err}"))]
-        return _expand(data, source, 0)
-    for index, (chunk, first_line) in enumerate(split_yaml(text)):
+        return _checked(data, source, 0, limits)
+    chunks = split_yaml(text)
+    if len(chunks) > limits.max_documents:
+        return [_too_many(source, limits)]
+    for index, (chunk, first_line) in enumerate(chunks):
         try:
             data = yaml.load(chunk, Loader=_Loader)
         except yaml.YAMLError as err:
             reason = _yaml_reason(err, first_line)
             docs.append(Document(source, index, error=ConfigError(f"invalid YAML: {reason}")))
             continue
-        docs.extend(_expand(data, source, index))
+        except RecursionError:  # a safety net: libyaml and check_value bound nesting first
+            docs.append(Document(source, index, error=LimitExceeded("nested too deep to parse")))
+            continue
+        docs.extend(_checked(data, source, index, limits))
+        if len(docs) > limits.max_documents:
+            return [_too_many(source, limits)]
     return docs
 
 
-def read_file(path: Path) -> list[Document]:
+def read_file(path: Path, limits: FileLimits = DEFAULT_LIMITS) -> list[Document]:
+    source = str(path)
     try:
-        raw = path.read_bytes()
+        raw = _read_bounded(path, limits.max_bytes)
+    except LimitExceeded as err:
+        return [Document(source, WHOLE_FILE, error=err)]
     except OSError as err:
-        return [Document(str(path), 0, error=ConfigError(f"cannot read file: {err.strerror or err}"))]
+        return [Document(source, 0, error=ConfigError(f"cannot read file: {err.strerror or err}"))]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return [Document(str(path), 0, error=ConfigError("file is not UTF-8 text"))]
-    return parse_text(text, str(path), json=path.suffix == ".json")
+        return [Document(source, 0, error=ConfigError("file is not UTF-8 text"))]
+    return parse_text(text, source, json=path.suffix == ".json", limits=limits)
+
+
+def _read_bounded(path: Path, max_bytes: int) -> bytes:
+    """The file's bytes; LimitExceeded if it is larger than ``max_bytes`` or not a regular file.
+
+    The size is checked before reading and the read stops after the limit: a
+    file may grow meanwhile, and a link to /dev/zero has size 0 and no end.
+    """
+    with open(path, "rb", opener=_open_nonblocking) as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise LimitExceeded("not a regular file")
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise LimitExceeded(f"file is {size:,} bytes, over the limit of {max_bytes:,} bytes")
+        raw = f.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise LimitExceeded(f"file is over the limit of {max_bytes:,} bytes")
+    return raw
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    # Opening a FIFO for reading blocks until a writer comes; with O_NONBLOCK it returns at once
+    # and the regular-file check rejects it.
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
+def _too_many(source: str, limits: FileLimits) -> Document:
+    reason = f"more than the limit of {limits.max_documents:,} documents"
+    return Document(source, WHOLE_FILE, error=LimitExceeded(reason))
+
+
+def _checked(data: Any, source: str, index: int, limits: FileLimits) -> list[Document]:
+    try:
+        check_value(data, limits)
+    except LimitExceeded as err:
+        return [Document(source, index, error=err)]
+    return _expand(data, source, index)
 
 
 def _expand(data: Any, source: str, index: int) -> list[Document]:

@@ -8,6 +8,14 @@ stays in place, so a typo never takes config away from proxies.
 
 If two files define the same object, the file whose path sorts first wins
 and the other definition is reported.
+
+While serving (``refresh``, ``run``) files are read and decoded by a
+``FileLoader``, by default a child process (``loader_process``) with the
+limits of ``FileLimits``: the event loop only applies decoded objects, in
+slices, so no file stalls pushes or probes. A file over a limit is rejected
+as a whole and what it defined before stays. The directory is walked
+following symlinks (Kubernetes mounts ConfigMaps through them), each real
+directory once, so links that loop are walked once.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +31,29 @@ from typing import Protocol
 
 import watchfiles
 
-from meshpilot.config.decode import Decoded, decode_object, identify
-from meshpilot.config.documents import CONFIG_SUFFIXES, Document, read_file
-from meshpilot.config.errors import ConfigError
-from meshpilot.config.schemas import SCHEMAS, lookup
+from meshpilot.config.decode import Decoded
+from meshpilot.config.documents import CONFIG_SUFFIXES
+from meshpilot.config.file_limits import DEFAULT_LIMITS, FileLimits
+from meshpilot.config.file_loader import (
+    FileLoader,
+    InlineLoader,
+    LoadedDocument,
+    ObjectKey,
+    Rejection,
+    describe,
+    object_key,
+)
+from meshpilot.config.loader_process import ProcessLoader
 from meshpilot.model.kind import Kind
 
 log = logging.getLogger(__name__)
 
-ObjectKey = tuple[Kind, str, str]  # kind, namespace, name
+__all__ = ["FileSource", "ObjectKey", "ObjectSink", "Rejection", "config_files", "object_key"]
+
+Signature = tuple[int, int, int]  # mtime_ns, size, inode
+
+#: Objects applied between two yields to the event loop while a change is applied.
+_SLICE = 256
 
 
 class ObjectSink(Protocol):
@@ -46,22 +68,9 @@ class ObjectSink(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """An object (or document) that was not applied, and why."""
-
-    where: str
-    object: str
-    reason: str
-
-
-def object_key(obj: Decoded) -> ObjectKey:
-    return (obj.kind, obj.meta.namespace, obj.meta.name)
-
-
 @dataclass(slots=True)
 class _FileState:
-    signature: tuple[int, int, int]
+    signature: Signature
     objects: dict[ObjectKey, Decoded]
     rejections: list[Rejection]
 
@@ -69,14 +78,27 @@ class _FileState:
 class FileSource:
     """Loads a directory tree of config files into a sink and keeps it in sync."""
 
-    def __init__(self, root: Path, sink: ObjectSink, *, default_namespace: str = "default") -> None:
+    def __init__(
+        self,
+        root: Path,
+        sink: ObjectSink,
+        *,
+        default_namespace: str = "default",
+        limits: FileLimits = DEFAULT_LIMITS,
+        loader: FileLoader | None = None,
+    ) -> None:
         self.root = root
         self._sink = sink
         self._default_namespace = default_namespace
+        self.limits = limits
+        #: Loads for ``refresh`` and ``run``; ``sync`` loads in the caller's thread.
+        self.loader: FileLoader = loader or ProcessLoader(limits, default_namespace)
+        self._inline = InlineLoader(limits, default_namespace)
         self._files: dict[Path, _FileState] = {}
         #: The files defining each object, so settling a key does not visit every file.
         self._defined_in: dict[ObjectKey, set[Path]] = {}
         self._effective: dict[ObjectKey, tuple[Path, Decoded]] = {}
+        self._lock = asyncio.Lock()
 
     @property
     def rejections(self) -> list[Rejection]:
@@ -87,33 +109,61 @@ class FileSource:
         return len(self._effective)
 
     def sync(self) -> bool:
-        """Read every new or changed file and apply the differences; True if any."""
+        """Read every new or changed file in this thread and apply the differences; True if any.
+
+        For tools and tests: a server uses ``refresh``, which keeps files off its event loop.
+        """
         found = dict(self._scan())
-        changed: set[Path] = set()
-        for path in set(self._files) - set(found):
-            changed.add(path)
-        for path, signature in found.items():
-            state = self._files.get(path)
-            if state is None or state.signature != signature:
-                changed.add(path)
+        changed = self._changed(found)
         if not changed:
             return False
-        self._reload(changed, found)
+        loaded = {path: self._inline.load_now(path) for path in sorted(changed) if path in found}
+        touched = self._take(changed, found, loaded)
+        with self._sink.batch():
+            for key in touched:
+                self._settle(key)
         return True
 
+    async def refresh(self) -> bool:
+        """``sync`` for a server: the walk on a thread, files through the loader, the objects
+        applied a slice at a time; True if anything changed.
+
+        Each file is applied as soon as it is loaded, removed files first and then the smallest:
+        a large file (seconds in the loader) does not hold back the small edits made with it.
+        """
+        async with self._lock:
+            found = dict(await asyncio.to_thread(lambda: list(self._scan())))
+            changed = self._changed(found)
+            if not changed:
+                return False
+            order = sorted(changed, key=lambda p: (p in found, found[p][1] if p in found else 0, p))
+            for path in order:
+                loaded = {path: await self.loader.load(path)} if path in found else {}
+                touched = self._take({path}, found, loaded)
+                with self._sink.batch():
+                    for i, key in enumerate(touched):
+                        self._settle(key)
+                        if i % _SLICE == _SLICE - 1:
+                            await asyncio.sleep(0)
+            return True
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Watch the directory and sync on every change until ``stop`` is set."""
+        """Watch the directory and refresh on every change until ``stop`` is set."""
         async for _ in watchfiles.awatch(
             self.root, stop_event=stop, debounce=50, step=25, recursive=True, ignore_permission_denied=True
         ):
             try:
-                self.sync()
+                await self.refresh()
             except Exception:  # a bug here must not stop watching
                 log.exception("config directory %s: sync failed", self.root)
 
+    async def close(self) -> None:
+        """Stop the loader (a file being read is abandoned)."""
+        await self.loader.close()
+
     # -- internals -----------------------------------------------------------
 
-    def _scan(self) -> Iterable[tuple[Path, tuple[int, int, int]]]:
+    def _scan(self) -> Iterable[tuple[Path, Signature]]:
         for path in config_files(self.root):
             try:
                 st = path.stat()
@@ -121,7 +171,21 @@ class FileSource:
                 continue
             yield path, (st.st_mtime_ns, st.st_size, st.st_ino)
 
-    def _reload(self, paths: set[Path], found: dict[Path, tuple[int, int, int]]) -> None:
+    def _changed(self, found: Mapping[Path, Signature]) -> set[Path]:
+        changed = set(self._files) - set(found)
+        for path, signature in found.items():
+            state = self._files.get(path)
+            if state is None or state.signature != signature:
+                changed.add(path)
+        return changed
+
+    def _take(
+        self,
+        paths: set[Path],
+        found: Mapping[Path, Signature],
+        loaded: Mapping[Path, list[LoadedDocument]],
+    ) -> list[ObjectKey]:
+        """Record the new state of ``paths``; the keys to settle, in order."""
         touched: set[ObjectKey] = set()
         for path in sorted(paths):
             old = self._files.pop(path, None)
@@ -132,68 +196,44 @@ class FileSource:
             if path not in found:
                 log.info("config file %s removed", path)
                 continue
-            state = self._read(path, found[path], old)
+            state = self._read(found[path], loaded[path], old)
             self._files[path] = state
             touched.update(state.objects)
             for key in state.objects:
                 self._defined_in.setdefault(key, set()).add(path)
-        with self._sink.batch():
-            for key in sorted(touched, key=lambda k: (k[0].value, k[1], k[2])):
-                self._settle(key)
+        return sorted(touched, key=lambda k: (k[0].value, k[1], k[2]))
 
-    def _read(self, path: Path, signature: tuple[int, int, int], old: _FileState | None) -> _FileState:
+    def _read(self, signature: Signature, docs: list[LoadedDocument], old: _FileState | None) -> _FileState:
         previous = old.objects if old is not None else {}
         objects: dict[ObjectKey, Decoded] = {}
         rejections: list[Rejection] = []
         unreadable = False
-        for doc in read_file(path):
-            key, obj, rejection = self._decode(doc)
+        for doc in docs:
+            key, obj, rejection = doc.key, doc.obj, doc.rejection
             if rejection is not None:
                 rejections.append(rejection)
                 log.error("config %s: %s rejected: %s", rejection.where, rejection.object, rejection.reason)
+            for warning in doc.warnings:
+                log.warning("config %s: %s", doc.where, warning)
             if obj is not None and key is not None:
                 if key in objects:
                     reason = "defined twice in the same file; the first definition is used"
-                    rejections.append(Rejection(doc.where, _describe(key), reason))
-                    log.error("config %s: %s %s", doc.where, _describe(key), reason)
+                    rejections.append(Rejection(doc.where, describe(key), reason))
+                    log.error("config %s: %s %s", doc.where, describe(key), reason)
                     continue
                 objects[key] = obj
             elif key is not None and key in previous and key not in objects:
                 objects[key] = previous[key]
-                log.warning("config %s: keeping the last valid version of %s", doc.where, _describe(key))
+                log.warning("config %s: keeping the last valid version of %s", doc.where, describe(key))
             elif key is None:
                 unreadable = True
         if unreadable:
-            # Documents that could not even be identified may be the ones that
-            # held the objects this file used to define: keep those.
+            # Documents that could not even be identified (or a file rejected whole) may be the
+            # ones that held the objects this file used to define: keep those.
             for key, obj in previous.items():
                 if key not in objects:
                     objects[key] = obj
         return _FileState(signature, objects, rejections)
-
-    def _decode(self, doc: Document) -> tuple[ObjectKey | None, Decoded | None, Rejection | None]:
-        if doc.error is not None or doc.raw is None:
-            error = doc.error or ConfigError("empty document")
-            return None, None, Rejection(doc.where, "document", error.args[0])
-        kind_text, namespace, name = identify(doc.raw)
-        key: ObjectKey | None = None
-        try:
-            kind = lookup(str(doc.raw.get("apiVersion", "")), kind_text).kind
-            if name:
-                key = (kind, namespace or self._namespace_for(kind), name)
-        except ConfigError:
-            pass
-        described = f"{kind_text or 'object'} {namespace + '/' if namespace else ''}{name}".strip()
-        try:
-            result = decode_object(doc.raw, default_namespace=self._default_namespace)
-        except ConfigError as err:
-            return key, None, Rejection(doc.where, described, err.args[0])
-        for warning in result.warnings:
-            log.warning("config %s: %s: %s", doc.where, described, warning)
-        return object_key(result.obj), result.obj, None
-
-    def _namespace_for(self, kind: Kind) -> str:
-        return "" if SCHEMAS[kind].cluster_scoped else self._default_namespace
 
     def _settle(self, key: ObjectKey) -> None:
         """Make the sink hold the winning definition of ``key``, or nothing."""
@@ -209,7 +249,7 @@ class FileSource:
             return
         path, obj = definitions[0]
         for other, _ in definitions[1:]:
-            log.error("config %s: %s is also defined in %s, which wins", other, _describe(key), path)
+            log.error("config %s: %s is also defined in %s, which wins", other, describe(key), path)
         if current is None or current[1] != obj:
             self._effective[key] = (path, obj)
             self._sink.upsert(obj)
@@ -221,15 +261,23 @@ def config_files(root: Path) -> Iterable[Path]:
     """The YAML and JSON files under ``root``, in sorted order.
 
     Hidden entries are skipped: Kubernetes ConfigMap volumes keep the real
-    files in "..data"-style directories behind visible symlinks.
+    files in "..data"-style directories behind visible symlinks. Directory
+    symlinks are followed, but each real directory is walked once: links that
+    point back up the tree (two links to "." grew the walk without end) are
+    skipped.
     """
+    seen: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             if not name.startswith(".") and name.endswith(CONFIG_SUFFIXES):
                 yield Path(dirpath, name)
-
-
-def _describe(key: ObjectKey) -> str:
-    kind, namespace, name = key
-    return f"{kind.value} {namespace}/{name}" if namespace else f"{kind.value} {name}"

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from meshpilot.bounded_logs import clip
+from meshpilot.input_limits import MAX_METADATA_JSON_CHARS, MAX_NODE_ID_CHARS, InputRejected, load_json
 from meshpilot.model.endpoint import Locality
 
 if TYPE_CHECKING:
@@ -80,15 +81,15 @@ class NodeMetadata:
             mode = InterceptionMode(mode_text)
         except ValueError:
             raise InvalidNode(
-                f"node metadata INTERCEPTION_MODE {mode_text!r} is not one of REDIRECT, TPROXY, NONE"
+                f"node metadata INTERCEPTION_MODE '{clip(mode_text)}' is not one of REDIRECT, TPROXY, NONE"
             ) from None
         ips = tuple(ip.strip() for ip in text("INSTANCE_IPS").split(",") if ip.strip())
         pod_ports: tuple[dict[str, Any], ...] = ()
         if text("POD_PORTS"):
             try:
-                parsed = json.loads(text("POD_PORTS"))
-            except ValueError as err:
-                raise InvalidNode(f"node metadata POD_PORTS is not JSON: {err}") from None
+                parsed = load_json(text("POD_PORTS"), "node metadata POD_PORTS", MAX_METADATA_JSON_CHARS)
+            except InputRejected as err:
+                raise InvalidNode(str(err)) from None
             if isinstance(parsed, list):
                 pod_ports = tuple(p for p in parsed if isinstance(p, dict))
         return cls(
@@ -203,15 +204,17 @@ def parse_proxy(
     locality: str = "",
 ) -> Proxy:
     """Parse ``TYPE~IP~ID~DOMAIN`` as istiod does; raises InvalidNode."""
+    if len(node_id) > MAX_NODE_ID_CHARS:
+        raise InvalidNode(f"node id of {len(node_id)} characters, at most {MAX_NODE_ID_CHARS}")
     parts = node_id.split("~")
     if len(parts) != 4:
-        raise InvalidNode(f"missing parts in the service node {node_id!r}")
+        raise InvalidNode(f"missing parts in the service node '{clip(node_id)}'")
     try:
         node_type = NodeType(parts[0])
     except ValueError:
         valid = ", ".join(t.value for t in NodeType)
         raise InvalidNode(
-            f"invalid node type (valid types: {valid}) in the service node {node_id!r}"
+            f"invalid node type (valid types: {valid}) in the service node '{clip(node_id)}'"
         ) from None
     if metadata.instance_ips and all(_is_ip(ip) for ip in metadata.instance_ips):
         ips = metadata.instance_ips

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from meshpilot.model.push_request import PushRequest
+from meshpilot.model.push_request import PushRequest, merge_all
 
 PushFn = Callable[[PushRequest], Coroutine[Any, Any, None]]
 
@@ -40,8 +40,8 @@ async def debounce(
     ``clock`` and ``sleep`` measure and wait in the same time, so a test can
     pass a fake pair.
     """
-    pending: PushRequest | None = None
-    merged = 0
+    #: The burst so far, merged when it is pushed (merge_all: one union, not one per event).
+    pending: list[PushRequest] = []
     first_at = last_at = 0.0
     running: asyncio.Task[None] | None = None
     getter: asyncio.Task[PushRequest] | None = None
@@ -49,14 +49,14 @@ async def debounce(
     try:
         while True:
             timeout: float | None = None
-            if pending is not None and running is None:
+            if pending and running is None:
                 now = clock()
                 due = min(last_at + options.quiet, first_at + options.max_delay)
                 if now >= due:
                     if on_debounced is not None:
-                        on_debounced(now - first_at, merged)
-                    running = asyncio.create_task(push(pending))
-                    pending, merged = None, 0
+                        on_debounced(now - first_at, len(pending))
+                    running = asyncio.create_task(push(merge_all(pending)))
+                    pending = []
                     continue
                 timeout = due - now
             if getter is None:
@@ -79,11 +79,12 @@ async def debounce(
                 request = getter.result()
                 getter = None
                 last_at = clock()
-                if pending is None:
-                    pending, merged, first_at = request, 1, last_at
-                else:
-                    pending = pending.merge(request)
-                    merged += 1
+                if not pending:
+                    first_at = last_at
+                pending.append(request)
+                # Take what else is queued now: one wake-up per burst, not one task per event.
+                while not events.empty():
+                    pending.append(events.get_nowait())
     finally:
         for task in (running, getter, timer):
             if task is not None:

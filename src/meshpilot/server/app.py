@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import grpc
+from aiohttp.typedefs import Middleware
 from prometheus_client import Counter as Counter_
 
 from meshpilot import __version__
@@ -50,7 +51,10 @@ from meshpilot.registry.aggregate import AggregateRegistry
 from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
 from meshpilot.server import gc_tuning
+from meshpilot.server.build_info import control_plane_identifier
 from meshpilot.server.debug import DebugHandlers, DebugSources
+from meshpilot.server.debug_access import debug_access
+from meshpilot.server.heartbeat import LoopHeartbeat
 from meshpilot.server.http import ThreadedSite, http_app, monitoring_app, on_loop, start_site
 from meshpilot.server.identity import IdentityPlane
 from meshpilot.server.metrics import Metrics
@@ -59,7 +63,9 @@ from meshpilot.webhooks.inject.config import InjectionError
 from meshpilot.webhooks.inject.review import InjectionHandler, InjectionMetrics
 from meshpilot.webhooks.inject.source import InjectConfigSource
 from meshpilot.webhooks.server import WebhookServer
+from meshpilot.xds.debug_access import DebugAccess
 from meshpilot.xds.generators import SecretGenerator, sidecar_generators
+from meshpilot.xds.generators.debug import debug_generators
 from meshpilot.xds.server import DiscoveryOptions, DiscoveryServer
 
 log = logging.getLogger(__name__)
@@ -172,6 +178,7 @@ class DiscoveryApp:
                 cluster_id=settings.cluster_id,
                 cache_size=settings.xds_cache_size,
                 max_requests_per_second=settings.max_requests_per_second,
+                control_plane=control_plane_identifier(settings.pod_name),
             ),
             generators=sidecar_generators(
                 SecretGenerator(self.credentials, self.secret_access, sds_errors.inc)
@@ -222,7 +229,12 @@ class DiscoveryApp:
         self.metrics.config_rejections.set_function(self._rejection_count)
         debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
         self.debug = debug
+        # istioctl's xDS types read the same pages and connections the HTTP debug port shows.
+        access = DebugAccess(settings.debug_endpoint_auth, settings.debug_auth_allowed_namespaces)
+        self.server.generators.update(debug_generators(self.server, debug, access))
         self._stop = asyncio.Event()
+        #: The main loop's heartbeat, which /ready and /healthz/live read (started by run()).
+        self.heartbeat = LoopHeartbeat()
         self.grpc_server: grpc.aio.Server | None = None
         #: The secure ports' server, started once the CA is loaded.
         self.secure_server: grpc.aio.Server | None = None
@@ -245,6 +257,16 @@ class DiscoveryApp:
             handler = InjectionHandler(inject_config, InjectionMetrics.create(self.metrics.registry))
             self.webhooks.add_review_handler("/inject", handler)
             self.inject_source = InjectConfigSource(handler, settings.inject_config)
+
+    def _debug_access(self) -> Middleware:
+        """Who may read /debug on the HTTP and monitoring ports (istiod's rules: ``debug_access``)."""
+        settings = self.settings
+        return debug_access(
+            lambda: self.server.authenticators,
+            settings.istio_namespace,
+            allowed_namespaces=settings.debug_auth_allowed_namespaces,
+            authorize=settings.debug_endpoint_auth,
+        )
 
     def _jwks_changed(self, owners: frozenset[ConfigKey]) -> None:
         self.server.config_update(
@@ -331,7 +353,7 @@ class DiscoveryApp:
             log.info("waiting for the initial lists from the Kubernetes API")
             await self.kube_controller.wait_synced()
         for source in self.sources:
-            source.sync()
+            await source.refresh()  # files are read off the loop: a stop still gets through
             log.info(
                 "loaded %d objects from %s (%d rejected)",
                 source.object_count(),
@@ -362,8 +384,17 @@ class DiscoveryApp:
         runners = []
         tasks: list[asyncio.Task[Any]] = []
         # The HTTP port (/ready, debug) on its own thread: probes must not queue behind pushes.
+        # The probes read the main loop's heartbeat: a frozen loop makes /ready fail (heartbeat.py).
+        heartbeat = self.heartbeat
+        heartbeat.start()
         http = ThreadedSite(
-            http_app(lambda: self.server.ready, self.debug, on_loop(asyncio.get_running_loop())),
+            http_app(
+                lambda: self.server.ready and heartbeat.moving(),
+                self.debug if settings.debug_on_http else None,
+                on_loop(asyncio.get_running_loop()),
+                self._debug_access(),
+                live=heartbeat.alive,
+            ),
             settings.http_addr,
             "http",
         )
@@ -371,7 +402,8 @@ class DiscoveryApp:
             await http.start()
             runners.append(
                 await start_site(
-                    monitoring_app(self.metrics, self.debug, __version__), settings.monitoring_addr
+                    monitoring_app(self.metrics, self.debug, __version__, self._debug_access()),
+                    settings.monitoring_addr,
                 )
             )
             if self.webhooks is not None and not self.webhooks.serves_mesh_certificate:
@@ -417,6 +449,9 @@ class DiscoveryApp:
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            for source in self.sources:
+                await source.close()  # stops its loader process, also mid-file
+            heartbeat.stop()
 
     async def _serve_identity(self, identity: IdentityPlane) -> None:
         """With the CA loaded: the webhooks that serve its certificate, the secure ports, the root

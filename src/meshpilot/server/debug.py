@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import datetime
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
-from envoy.admin.v3 import config_dump_pb2, config_dump_shared_pb2
-from envoy.config.listener.v3 import listener_pb2
 from google.protobuf import json_format
 
 from meshpilot.config.schemas import SCHEMAS
 from meshpilot.config.store import ConfigStore
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex
-from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.model.push_request import TriggerReason
 from meshpilot.model.service import Resolution, Service
-from meshpilot.networking.protobuf import pack
+from meshpilot.server.redaction import adsz_metadata, redact
+from meshpilot.xds.config_dump import config_dump
 from meshpilot.xds.connection import Connection
-from meshpilot.xds.generators.base import GenerationContext
+from meshpilot.xds.introspect import find_connection, sorted_connections
 from meshpilot.xds.server import DiscoveryServer
 from meshpilot.xds.types import TypeUrl
 
@@ -153,39 +151,52 @@ def config_json(config: Any) -> dict[str, Any]:
     }
 
 
-def _unpack_name(packed: Any, message_type: Any) -> str:
-    message = message_type()
-    packed.Unpack(message)
-    return str(message.name)
+#: A debug page: the query and the namespace the caller is limited to ("" for all) in, a response out.
+Page = Callable[[Mapping[str, str], str], web.Response]
 
 
 class DebugHandlers:
+    """The pages, served over HTTP (``routes``) and by name over xDS (``render``, ``istio.io/debug``)."""
+
     def __init__(self, sources: DebugSources) -> None:
         self.sources = sources
+        self.pages: dict[str, Page] = {
+            "syncz": self.syncz,
+            "config_dump": self.config_dump,
+            "configz": self.configz,
+            "registryz": self.registryz,
+            "endpointz": self.endpointz,
+            "endpointShardz": self.endpointz,
+            "adsz": self.adsz,
+            "connections": self.connections,
+            "list": self.list_pages,
+        }
 
     def routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/debug/syncz", self.syncz),
-            web.get("/debug/config_dump", self.config_dump),
-            web.get("/debug/configz", self.configz),
-            web.get("/debug/registryz", self.registryz),
-            web.get("/debug/endpointz", self.endpointz),
-            web.get("/debug/endpointShardz", self.endpointz),
-            web.get("/debug/adsz", self.adsz),
-        ]
+        return [web.get(f"/debug/{name}", _http(page)) for name, page in self.pages.items()]
 
-    async def syncz(self, request: web.Request) -> web.Response:
-        namespace = request.query.get("namespace", "")
-        conns = sorted(self.sources.server.connections.values(), key=lambda c: c.id)
-        return _json(
-            [sync_status(c) for c in conns if not namespace or c.proxy.config_namespace == namespace]
-        )
+    def render(self, page: str, query: Mapping[str, str], scope: str) -> tuple[int, bytes]:
+        """``/debug/<page>?<query>`` as the xDS debug type carries it (``generators.debug.DebugPages``)."""
+        found = self.pages.get(page)
+        if found is None:
+            # The text istioctl looks for before it lists the pages.
+            return 404, b"404 page not found\n"
+        response = found(query, scope)
+        body = response.body
+        return response.status, body if isinstance(body, bytes) else b""
 
-    async def registryz(self, request: web.Request) -> web.Response:
+    def syncz(self, query: Mapping[str, str], scope: str = "") -> web.Response:
+        namespace = query.get("namespace", "")
+        if scope and namespace not in ("", scope):
+            return _json([])
+        conns = sorted_connections(self.sources.server, namespace or scope)
+        return _json([sync_status(c) for c in conns])
+
+    def registryz(self, query: Mapping[str, str], scope: str = "") -> web.Response:
         services = sorted(self.sources.services(), key=lambda s: (s.hostname, s.namespace))
         return _json([service_json(s) for s in services])
 
-    async def endpointz(self, request: web.Request) -> web.Response:
+    def endpointz(self, query: Mapping[str, str], scope: str = "") -> web.Response:
         out: dict[str, dict[str, Any]] = {}
         for hostname, namespace, shards in self.sources.index.services():
             out.setdefault(hostname, {})[namespace] = {
@@ -196,18 +207,30 @@ class DebugHandlers:
             }
         return _json(out)
 
-    async def configz(self, request: web.Request) -> web.Response:
+    def configz(self, query: Mapping[str, str], scope: str = "") -> web.Response:
         store = self.sources.store
         configs = [c for kind in store.kinds() for c in store.configs(kind)]
-        return _json([config_json(c) for c in configs])
+        return _json(redact([config_json(c) for c in configs]))
 
-    async def adsz(self, request: web.Request) -> web.Response:
+    def connections(self, query: Mapping[str, str], scope: str = "") -> web.Response:
+        conns = sorted_connections(self.sources.server, scope)
+        out: dict[str, Any] = {"totalClients": len(conns)}
+        if conns:
+            out["clients"] = [
+                {"connectionId": c.id, "connectedAt": _iso(c.connected_at), "address": c.peer} for c in conns
+            ]
+        return _json(out)
+
+    def list_pages(self, query: Mapping[str, str], scope: str = "") -> web.Response:
+        return _json(sorted(name for name in self.pages if name != "list"))
+
+    def adsz(self, query: Mapping[str, str], scope: str = "") -> web.Response:
         server = self.sources.server
-        if request.query.get("push") == "true":
+        if query.get("push") == "true":
             server.push_all(TriggerReason.DEBUG)
-        wanted = request.query.get("proxyID", "")
+        wanted = query.get("proxyID", "")
         clients = []
-        for conn in sorted(server.connections.values(), key=lambda c: c.id):
+        for conn in sorted_connections(server, scope):
             if wanted and wanted not in conn.id:
                 continue
             proxy = conn.proxy
@@ -217,7 +240,7 @@ class DebugHandlers:
                     "connectedAt": _iso(conn.connected_at),
                     "address": conn.peer,
                     "labels": proxy.labels or None,
-                    "metadata": proxy.metadata.raw,
+                    "metadata": adsz_metadata(proxy.metadata.raw),
                     "locality": {
                         k: v
                         for k, v in zip(
@@ -233,54 +256,28 @@ class DebugHandlers:
             )
         return _json({"totalClients": len(clients), "clients": clients})
 
-    async def config_dump(self, request: web.Request) -> web.Response:
-        proxy_id = request.query.get("proxyID", "")
+    def config_dump(self, query: Mapping[str, str], scope: str = "") -> web.Response:
+        proxy_id = query.get("proxyID", "")
         if not proxy_id:
             return web.Response(status=400, text="You must provide a proxyID in the query string\n")
         server = self.sources.server
-        conn = next((c for c in server.connections.values() if proxy_id in c.id), None)
+        conn = find_connection(server, proxy_id, scope)
         push = server.push_context
         if conn is None or push is None:
             return web.Response(
                 status=404,
                 text="Proxy not connected to this Pilot instance. It may be connected to another instance.\n",
             )
-        include_eds = "include_eds" in request.query
-        ctx = GenerationContext(
-            conn.proxy,
-            push,
-            server.env.index,
-            PushRequest(full=True, forced=True, reasons=Counter(), push=push),
-        )
-        dump = config_dump_pb2.ConfigDump()
-
-        def generate(type_url: TypeUrl) -> list[Any]:
-            watch = conn.watched.get(type_url)
-            generator = server.generators_for(conn.proxy).get(type_url)
-            if watch is None or generator is None:
-                return []
-            return [r.message() for r in generator.generate(ctx, watch, None) or []]
-
-        version = push.version
-        clusters = config_dump_shared_pb2.ClustersConfigDump(version_info=version)
-        for cluster in generate(TypeUrl.CLUSTER):
-            clusters.dynamic_active_clusters.add(version_info=version, cluster=cluster)
-        dump.configs.append(pack(clusters))
-        listeners = config_dump_shared_pb2.ListenersConfigDump(version_info=version)
-        for listener in generate(TypeUrl.LISTENER):
-            entry = listeners.dynamic_listeners.add(name=_unpack_name(listener, listener_pb2.Listener))
-            entry.active_state.version_info = version
-            entry.active_state.listener.CopyFrom(listener)
-        dump.configs.append(pack(listeners))
-        routes = config_dump_shared_pb2.RoutesConfigDump()
-        for route in generate(TypeUrl.ROUTE):
-            routes.dynamic_route_configs.add(version_info=version, route_config=route)
-        dump.configs.append(pack(routes))
-        if include_eds:
-            endpoints = config_dump_shared_pb2.EndpointsConfigDump()
-            for cla in generate(TypeUrl.ENDPOINT):
-                endpoints.dynamic_endpoint_configs.add(version_info=version, endpoint_config=cla)
-            dump.configs.append(pack(endpoints))
+        dump = config_dump(server, conn, push, include_eds="include_eds" in query)
         # Field names as Envoy's own /config_dump writes them, so the two can be diffed.
-        text = json_format.MessageToJson(dump, indent=2, preserving_proto_field_name=True)
-        return web.Response(text=text, content_type="application/json")
+        # An EnvoyFilter may have inlined a private key into a listener: redacted, as Envoy's own dump does.
+        return _json(redact(json_format.MessageToDict(dump, preserving_proto_field_name=True)))
+
+
+def _http(page: Page) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``page`` as an aiohttp handler: it reads only the query. The HTTP pages are unscoped here."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return page(request.query, "")
+
+    return handler

@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from meshpilot.server.debug import DebugHandlers
 from meshpilot.server.metrics import Metrics
@@ -28,16 +29,27 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Handler = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
 T = TypeVar("T")
 
+#: The liveness probe on the HTTP port (istiod has none; docs/reliability.md shows its use).
+LIVE_PATH = "/healthz/live"
+
 #: How long ThreadedSite.stop waits for its thread to end.
 _JOIN_SECONDS = 5.0
 
 
 def http_app(
-    ready: Callable[[], bool], debug: DebugHandlers, forward: Callable[[Handler], Handler]
+    ready: Callable[[], bool],
+    debug: DebugHandlers | None,
+    forward: Callable[[Handler], Handler],
+    access: Middleware | None = None,
+    *,
+    live: Callable[[], bool] = lambda: True,
 ) -> web.Application:
-    """/ready and the debug pages, ``forward`` wrapping the debug handlers (see on_loop).
+    """/ready, the liveness probe (``LIVE_PATH``) and the debug pages (None: not served here,
+    istiod's ENABLE_DEBUG_ON_HTTP=false), ``forward`` wrapping the debug handlers (see on_loop),
+    ``access`` deciding who may read them (``debug_access``).
 
-    ``ready`` is called on the thread serving the app, so it must only read.
+    ``ready`` and ``live`` are called on the thread serving the app, so they must only read
+    (``heartbeat.LoopHeartbeat`` tells them whether the main loop still moves).
     """
 
     async def ready_handler(request: web.Request) -> web.Response:
@@ -45,20 +57,28 @@ def http_app(
             return web.Response(text="")
         return web.Response(status=503, text="not ready\n")
 
-    routes = [web.route(r.method, r.path, forward(r.handler), **r.kwargs) for r in debug.routes()]  # type: ignore[arg-type]
-    app = web.Application()
-    app.add_routes([web.get("/ready", ready_handler), *routes])
+    async def live_handler(request: web.Request) -> web.Response:
+        if live():
+            return web.Response(text="")
+        return web.Response(status=503, text="event loop stalled\n")
+
+    pages = debug.routes() if debug is not None else []
+    routes = [web.route(r.method, r.path, forward(r.handler), **r.kwargs) for r in pages]  # type: ignore[arg-type]
+    app = web.Application(middlewares=[access] if access is not None else [])
+    app.add_routes([web.get("/ready", ready_handler), web.get(LIVE_PATH, live_handler), *routes])
     return app
 
 
-def monitoring_app(metrics: Metrics, debug: DebugHandlers, version: str) -> web.Application:
+def monitoring_app(
+    metrics: Metrics, debug: DebugHandlers, version: str, access: Middleware | None = None
+) -> web.Application:
     async def metrics_handler(request: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
     async def version_handler(request: web.Request) -> web.Response:
         return web.Response(text=version)
 
-    app = web.Application()
+    app = web.Application(middlewares=[access] if access is not None else [])
     app.add_routes(
         [web.get("/metrics", metrics_handler), web.get("/version", version_handler), *debug.routes()]
     )

@@ -16,10 +16,13 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.registry import Collector
+
+from meshpilot import __version__
 
 # istiod exports no "<name>_created" series for counters and histograms; prometheus-client's switch
 # for that is process-wide, and every metric of this process is meshpilot's.
@@ -48,6 +51,11 @@ class Metrics:
         self._by_type: dict[str, TypeMetrics] = {}
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
+        # What the control-plane dashboard reads besides pilot_*: the build (one series, 1) and
+        # the process (process_cpu_seconds_total, process_resident_memory_bytes, ...).
+        self.build = Gauge("istio_build", "Istio component build info", ["component", "tag"], registry=r)
+        self.build.labels(component="pilot", tag=__version__).set(1)
+        ProcessCollector(registry=r)
         self.xds_clients = Gauge(
             "pilot_xds", "Number of endpoints connected to this pilot using XDS.", ["version"], registry=r
         )
@@ -222,8 +230,9 @@ class Metrics:
         return _rename_counters(text, self.registry).encode()
 
 
-# Counters istiod itself names with "_total" (the injector's, SDS's): they keep the suffix.
-_KEEP_TOTAL_PREFIXES = ("sidecar_injection_", "pilot_sds_certificate_errors")
+# Counters istiod itself names with "_total" (the injector's, SDS's, the process collector's
+# process_cpu_seconds_total): they keep the suffix.
+_KEEP_TOTAL_PREFIXES = ("sidecar_injection_", "pilot_sds_certificate_errors", "process_")
 
 
 def _rename_counters(text: str, registry: CollectorRegistry) -> str:

@@ -59,6 +59,10 @@ class DiscoverySettings:
     #: Where the CA's key comes from.
     ca: CaSettings = field(default_factory=CaSettings)
     http_addr: Address = Address("", 8080)
+    #: ENABLE_DEBUG_ON_HTTP: /debug also on the HTTP port (istiod's default). Either port answers
+    #: loopback callers, and others only with a token the xDS authenticators accept
+    #: (``server.debug_access``).
+    debug_on_http: bool = True
     monitoring_addr: Address = Address("", 15014)
     #: HTTPS address of the admission webhooks; None turns them off.
     webhook_addr: Address | None = Address("", 15017)
@@ -88,6 +92,13 @@ class DiscoverySettings:
     xds_cache_size: int = 60000
     #: New streams per second (PILOT_MAX_REQUESTS_PER_SECOND); 0 is istiod's automatic value.
     max_requests_per_second: float = 0.0
+    #: ENABLE_DEBUG_ENDPOINT_AUTH: xDS sync status and config dumps only for verified identities,
+    #: outside the system namespace only about their own namespace (``xds.debug_access``).
+    debug_endpoint_auth: bool = True
+    #: DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES: namespaces that may read debug data like the system one.
+    debug_auth_allowed_namespaces: frozenset[str] = frozenset()
+    #: POD_NAME: this instance's name in sync status responses (what ``istioctl version`` shows).
+    pod_name: str = ""
     #: Grace period for open streams on shutdown, in seconds.
     shutdown_grace: float = 2.0
     log_level: str = "info"

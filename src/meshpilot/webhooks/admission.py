@@ -14,6 +14,9 @@ from typing import Any
 
 import orjson
 
+from meshpilot.bounded_logs import DENIAL_CHARS, STATUS_CHARS, clip, truncate
+from meshpilot.input_limits import InputRejected, check_nesting
+
 log = logging.getLogger(__name__)
 
 #: A handler of one review path: the ``request`` of a review in, the ``response`` out.
@@ -38,7 +41,7 @@ def denied(message: str) -> dict[str, Any]:
     The message goes in ``status`` (Go's ``Result`` field is ``json:"status"``): the API server shows
     that to the user, and ignores a ``result`` key (shown by a real kube-apiserver calling /validate).
     """
-    return {"allowed": False, "status": {"message": message}}
+    return {"allowed": False, "status": {"message": truncate(message, DENIAL_CHARS)}}
 
 
 def decode_review(body: bytes) -> tuple[str, dict[str, Any]]:
@@ -49,6 +52,11 @@ def decode_review(body: bytes) -> tuple[str, dict[str, Any]]:
         raise ReviewDecodeError(f"could not decode body: {err}") from None
     if not isinstance(data, dict):
         raise ReviewDecodeError("could not decode body: not a JSON object")
+    try:
+        # Everything after this walks the object recursively (decoding, templates, the patch diff).
+        check_nesting(data, "could not decode body")
+    except InputRejected as err:
+        raise ReviewDecodeError(str(err)) from None
     api_version = data.get("apiVersion")
     kind = data.get("kind")
     if not isinstance(api_version, str) or not isinstance(kind, str) or not api_version or not kind:
@@ -85,7 +93,7 @@ def answer(body: bytes, handler: ReviewHandler) -> bytes:
         response = handler(request)
     except Exception as err:  # reported to the caller, see above
         log.exception("admission handler failed")
-        response = denied(f"internal error: {type(err).__name__}: {err}")
+        response = denied(clip(f"internal error: {type(err).__name__}: {err}", STATUS_CHARS))
     uid = request.get("uid")
     response = {"uid": uid if isinstance(uid, str) else "", **response}
     return orjson.dumps({"apiVersion": api_version, "kind": REVIEW_KIND, "response": response})

@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from meshpilot.bounded_logs import DETAIL_CHARS, clip
 from meshpilot.config.decode import decode_object
 from meshpilot.config.errors import ConfigError, ValidationError
 from meshpilot.config.schemas import SCHEMAS, Schema
+from meshpilot.metric_labels import admission_resource
 from meshpilot.server.metrics import Metrics
 from meshpilot.webhooks.admission import denied
 
@@ -54,7 +56,10 @@ class ValidationHandler:
 
     def __call__(self, request: dict[str, Any]) -> dict[str, Any]:
         resource = request.get("resource")
-        labels = (_text(resource, "group"), _text(resource, "version"), _text(resource, "resource"))
+        # Label values are the caller's to choose: mapped onto Istio's resources, else "other".
+        labels = admission_resource(
+            _text(resource, "group"), _text(resource, "version"), _text(resource, "resource")
+        )
         # istiod counts nothing for dry runs (kubectl --dry-run=server).
         dry_run = request.get("dryRun") is True
         suffix = " (dry run)" if dry_run else ""
@@ -62,7 +67,7 @@ class ValidationHandler:
         def fail(reason: str, message: str) -> dict[str, Any]:
             if not dry_run:
                 self.metrics.validation_failed.labels(*labels, reason).inc()
-            log.info("%s%s", message, suffix)
+            log.info("%s%s", clip(message, DETAIL_CHARS), suffix)
             return denied(message)
 
         operation = request.get("operation")

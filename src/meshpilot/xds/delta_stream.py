@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +22,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf.message import DecodeError
 
+from meshpilot.bounded_logs import DETAIL_CHARS, clip
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.xds import delta_protocol
 from meshpilot.xds.delta_wire import delta_response
-from meshpilot.xds.generators.base import digest_of
+from meshpilot.xds.generators.base import Resource, digest_of
 from meshpilot.xds.stream import Stream
 from meshpilot.xds.types import TypeUrl
 
@@ -97,6 +98,9 @@ class DeltaStream(Stream):
         known = self._served(type_url)
         if known is None:
             return
+        if known.is_debug:
+            await self._answer_delta_debug(known, incoming.resource_names_subscribe)
+            return
         error = incoming.error_detail.message if incoming.HasField("error_detail") else None
         try:
             decision = delta_protocol.decide(
@@ -115,13 +119,13 @@ class DeltaStream(Stream):
         metrics = self.host.metrics
         if decision.verdict is delta_protocol.Verdict.NACK:
             metrics.xds_rejects.labels(type=known.short).inc()
-            log.warning(
+            self._warn(
                 "ADS:%s: %s rejected by %s (nonce %s): %s",
                 known.short.upper(),
-                conn.id,
+                clip(conn.id),
                 conn.peer,
-                incoming.response_nonce,
-                error,
+                clip(incoming.response_nonce),
+                clip(error or "", DETAIL_CHARS),
             )
             return
         if decision.verdict is delta_protocol.Verdict.STALE:
@@ -181,6 +185,32 @@ class DeltaStream(Stream):
         watch.digest_sent = digest
         if warming:
             await self._send(TypeUrl.ENDPOINT, request, warming, pushed=False)
+
+    async def _answer_delta_debug(self, known: TypeUrl, names: Sequence[str]) -> None:
+        # The bounds every request gets; decide() would apply them, but a debug request keeps no state.
+        try:
+            delta_protocol.check_names(names)
+        except delta_protocol.RefusedRequest as err:
+            await self._refuse("names", grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if len(names) > delta_protocol.MAX_SUBSCRIPTIONS:
+            await self._refuse(
+                "subscriptions", grpc.StatusCode.RESOURCE_EXHAUSTED, f"{len(names)} names for {known.value}"
+            )
+        await self._answer_debug(known, names)
+
+    async def _write_once(
+        self, type_url: TypeUrl, version: str, resources: list[Resource], control_plane: str
+    ) -> None:
+        response = discovery_pb2.DeltaDiscoveryResponse(
+            system_version_info=version,
+            type_url=type_url.value,
+            nonce=f"{version}-{os.urandom(16).hex()}",
+        )
+        for resource in resources:
+            response.resources.add(name=resource.name, version=version, resource=resource.message())
+        if control_plane:
+            response.control_plane.identifier = control_plane
+        await self.context.write(response.SerializeToString())
 
 
 __all__ = ["DeltaStream"]

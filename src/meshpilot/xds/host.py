@@ -51,6 +51,11 @@ class StreamHost(Protocol):
 
     def generators_for(self, proxy: Proxy) -> Mapping[TypeUrl, Generator]: ...
 
+    @property
+    def control_plane(self) -> str:
+        """Who is serving, as sync status responses name it (``ControlPlane.identifier``: the JSON
+        ``istioctl version`` reads)."""
+
     def trust_domains(self) -> Collection[str]:
         """The trust domains whose identities may ask for config (read per stream: the mesh may change)."""
 

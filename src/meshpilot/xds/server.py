@@ -20,7 +20,9 @@ from typing import Protocol
 
 import grpc
 
+from meshpilot.bounded_logs import clip
 from meshpilot.ca.authenticate import Authenticator, authenticate
+from meshpilot.metric_labels import ProxyVersions
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex, PushType, ShardKey
@@ -74,6 +76,8 @@ class DiscoveryOptions:
     max_requests_per_second: float = 0.0
     #: How long a new stream may wait for its turn before RESOURCE_EXHAUSTED.
     request_wait: float = 1.0
+    #: How sync status responses name this server (``StreamHost.control_plane``); "" names none.
+    control_plane: str = ""
 
 
 class DiscoveryServer:
@@ -101,6 +105,9 @@ class DiscoveryServer:
         )
         self._stream_limit = TokenBucket(self.options.max_requests_per_second or default_rate())
         self.connections: dict[str, Connection] = {}
+        #: pilot_xds{version} labels (bounded: ISTIO_VERSION is the client's to choose), by connection.
+        self._versions_seen = ProxyVersions()
+        self._version_labels: dict[str, str] = {}
         self._streams: dict[str, PushTarget] = {}
         self._events: asyncio.Queue[PushRequest] = asyncio.Queue()
         self._queue: PushQueue[str] = PushQueue()
@@ -122,6 +129,10 @@ class DiscoveryServer:
     @property
     def index(self) -> EndpointIndex:
         return self.env.index
+
+    @property
+    def control_plane(self) -> str:
+        return self.options.control_plane
 
     def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:
         self.env.refresh_proxy(proxy, push)
@@ -285,16 +296,20 @@ class DiscoveryServer:
     def add_connection(self, conn: Connection, stream: PushTarget) -> None:
         self.connections[conn.id] = conn
         self._streams[conn.id] = stream
-        self.metrics.xds_clients.labels(version=conn.proxy.metadata.istio_version or "unknown").inc()
-        log.info("ADS: new connection for node:%s (%s)", conn.id, conn.peer)
+        label = self._version_labels[conn.id] = self._versions_seen.acquire(conn.proxy.metadata.istio_version)
+        self.metrics.xds_clients.labels(version=label).inc()
+        log.info("ADS: new connection for node:%s (%s)", clip(conn.id), conn.peer)
 
     def remove_connection(self, conn: Connection) -> None:
         if self.connections.pop(conn.id, None) is None:
             return
         self._streams.pop(conn.id, None)
         self._queue.remove(conn.id)
-        self.metrics.xds_clients.labels(version=conn.proxy.metadata.istio_version or "unknown").dec()
-        log.info("ADS: %s terminated", conn.id)
+        label = self._version_labels.pop(conn.id)
+        self.metrics.xds_clients.labels(version=label).dec()
+        if self._versions_seen.release(label):
+            self.metrics.xds_clients.remove(label)
+        log.info("ADS: %s terminated", clip(conn.id))
 
     def push_all(self, reason: TriggerReason = TriggerReason.DEBUG) -> None:
         """Queue a forced full push to every proxy (``/debug/adsz?push=true``)."""

@@ -14,12 +14,13 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf.message import DecodeError
 
+from meshpilot.bounded_logs import DETAIL_CHARS, clip
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.networking import wire
 from meshpilot.xds import protocol, request_head
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.delta_protocol import MAX_SUBSCRIPTIONS, RefusedRequest, check_names
-from meshpilot.xds.generators.base import digest_of, names_of
+from meshpilot.xds.generators.base import Resource, digest_of, names_of
 from meshpilot.xds.stream import Stream
 from meshpilot.xds.types import TypeUrl
 
@@ -95,19 +96,22 @@ class SotwStream(Stream):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{len(names)} resource names for {type_url} (at most {MAX_SUBSCRIPTIONS})",
             )
+        if known.is_debug:
+            await self._answer_debug(known, names)
+            return
         error = request.error_detail.message if request.HasField("error_detail") else None
         decision = protocol.decide(conn, type_url, names, request.response_nonce, error, digest)
         metrics = self.host.metrics
         short = known.short
         if decision.verdict is protocol.Verdict.NACK:
             metrics.xds_rejects.labels(type=short).inc()
-            log.warning(
+            self._warn(
                 "ADS:%s: %s rejected by %s (nonce %s): %s",
                 short.upper(),
-                conn.id,
+                clip(conn.id),
                 conn.peer,
-                request.response_nonce,
-                error,
+                clip(request.response_nonce),
+                clip(error or "", DETAIL_CHARS),
             )
             return
         if decision.verdict is protocol.Verdict.STALE:
@@ -162,6 +166,19 @@ class SotwStream(Stream):
             watch, version, nonce, names_of(resources), partial=names is not None or not request.full
         )
         watch.digest_sent = digest
+
+    async def _write_once(
+        self, type_url: TypeUrl, version: str, resources: list[Resource], control_plane: str
+    ) -> None:
+        response = discovery_pb2.DiscoveryResponse(
+            version_info=version,
+            type_url=type_url.value,
+            nonce=f"{version}-{os.urandom(16).hex()}",
+            resources=[r.message() for r in resources],
+        )
+        if control_plane:
+            response.control_plane.identifier = control_plane
+        await self.context.write(response.SerializeToString())
 
 
 def _record_sent(

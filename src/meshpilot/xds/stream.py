@@ -13,17 +13,20 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, ClassVar, NoReturn
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 from google.protobuf import json_format
 
+from meshpilot.bounded_logs import STATUS_CHARS, WarningBudget, clip
 from meshpilot.model.proxy import InvalidNode, NodeMetadata, locality_label, parse_proxy
-from meshpilot.model.push_request import PushRequest
+from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.xds.auth import AuthorizationError, authorize
 from meshpilot.xds.connection import Connection, WatchedResource
+from meshpilot.xds.debug_access import DebugRefused
 from meshpilot.xds.dependencies import proxy_needs_push
 from meshpilot.xds.generators.base import GenerationContext, Generator, Resource
 from meshpilot.xds.host import StreamHost
@@ -60,6 +63,8 @@ class Stream(abc.ABC):
         self.generators: Mapping[TypeUrl, Generator] = {}
         self.closed = False
         self._unknown_types: set[str] = set()
+        #: Warnings about what this proxy sends (NACKs, refusals) are rate-limited per stream.
+        self._warnings = WarningBudget()
 
     # -- what a protocol adds ----------------------------------------------------------
 
@@ -83,6 +88,12 @@ class Stream(abc.ABC):
         self, type_url: str, request: PushRequest, names: frozenset[str] | None, *, pushed: bool
     ) -> None:
         """Generate ``type_url`` for ``request`` and write the response the protocol calls for."""
+
+    @abc.abstractmethod
+    async def _write_once(
+        self, type_url: TypeUrl, version: str, resources: list[Resource], control_plane: str
+    ) -> None:
+        """Write a response that no watch records (debug types): nothing is expected back."""
 
     # -- setup -------------------------------------------------------------------------
 
@@ -109,15 +120,24 @@ class Stream(abc.ABC):
             self._drain_pushes()
 
     async def _abort(self, code: grpc.StatusCode, message: str) -> NoReturn:
-        await self.context.abort(code, message)
+        # Messages quote what the client sent; the status travels in a header gRPC caps at 8 KB.
+        await self.context.abort(code, clip(message, STATUS_CHARS))
         raise AssertionError("abort returns only by raising")  # keeps type checkers informed
+
+    def _who(self) -> str:
+        return self.conn.id if self.conn is not None else self.context.peer()
 
     async def _refuse(self, reason: str, code: grpc.StatusCode, message: str) -> NoReturn:
         """End the stream for a request it must not serve, logged and counted by ``reason``."""
         self.host.metrics.xds_refused.labels(reason).inc()
-        who = self.conn.id if self.conn is not None else self.context.peer()
-        log.warning("ADS (%s): refused %s: %s", self.protocol, who, message)
+        who = self._who()
+        self._warn("ADS (%s): refused %s: %s", self.protocol, clip(who), clip(message))
         await self._abort(code, message)
+
+    def _warn(self, message: str, *args: object) -> None:
+        """Log a warning about what this proxy sent (arguments already clipped), within its budget."""
+        if self._warnings.allow():
+            log.warning(message + "%s", *args, self._warnings.take_suppressed())
 
     def _served(self, type_url: str) -> TypeUrl | None:
         """The type if this stream serves it. Otherwise None, counted and (a few per stream) logged:
@@ -129,9 +149,32 @@ class Stream(abc.ABC):
         self.host.metrics.xds_refused.labels("unknown_type").inc()
         if type_url not in self._unknown_types and len(self._unknown_types) < _LOGGED_UNKNOWN_TYPES:
             self._unknown_types.add(type_url)
-            who = self.conn.id if self.conn is not None else self.context.peer()
-            log.info("ADS (%s): %s asked for %r, which is not served", self.protocol, who, type_url[:200])
+            who = self._who()
+            log.info(
+                "ADS (%s): %s asked for %s, which is not served", self.protocol, clip(who), clip(type_url)
+            )
         return None
+
+    async def _answer_debug(self, known: TypeUrl, names: Iterable[str]) -> None:
+        """Answer a debug request at once. Nothing is kept (istiod keeps no watch for debug types
+        either), so a push never regenerates it; a refusal ends the stream with its status."""
+        conn = self.conn
+        push = self.host.push_context
+        assert conn is not None and push is not None
+        request = PushRequest(full=True, forced=True, reasons=Counter({TriggerReason.DEBUG: 1}), push=push)
+        ctx = GenerationContext(conn.proxy, push, self.host.index, request, self.host.cache, conn.identity)
+        watch = WatchedResource(known.value, names=frozenset(names))
+        try:
+            resources = self.generators[known].generate(ctx, watch, None) or []
+        except DebugRefused as err:
+            await self._refuse("debug", err.code, str(err))
+        except Exception:
+            self.host.metrics.internal_errors.inc()
+            log.exception("answering %s for %s failed", known.value, conn.id)
+            return
+        # Only sync status names the control plane, as istiod's does (istioctl reads it from there).
+        control_plane = self.host.control_plane if known is TypeUrl.DEBUG_SYNCZ else ""
+        await self._write_once(known, push.version, resources, control_plane)
 
     async def _connect(self, node: base_pb2.Node) -> Connection:
         if not node.id:
@@ -154,7 +197,7 @@ class Stream(abc.ABC):
                 verified = authorize(proxy, self.identities, self.host.trust_domains())
             except AuthorizationError as err:
                 self.host.metrics.xds_auth_failures.labels("authorization").inc()
-                log.info("ADS: refused %s: %s", node.id, err)
+                log.info("ADS: refused %s: %s", clip(node.id), clip(str(err)))
                 await self._abort(grpc.StatusCode.PERMISSION_DENIED, f"authorization failed: {err}")
         push = self.host.push_context
         assert push is not None, "streams are accepted only once ready"
@@ -174,8 +217,10 @@ class Stream(abc.ABC):
                 events.put_nowait((_REQUEST, next(_seq), incoming))
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
-        except Exception:
-            log.exception("reading ADS stream failed")
+        except Exception as err:
+            # The client broke the stream off (a reset, a message over the size limit): nothing to
+            # answer, and the cause is the client's, not a fault here worth a traceback.
+            log.debug("ADS (%s): reading %s ended: %s", self.protocol, self._who(), clip(repr(err)))
         finally:
             self.events.put_nowait((_END, next(_seq), None))
 

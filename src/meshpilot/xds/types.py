@@ -14,6 +14,8 @@ class TypeUrl(enum.StrEnum):
     NAME_TABLE = "type.googleapis.com/istio.networking.nds.v1.NameTable"
     PROXY_CONFIG = "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
     HEALTH = "type.googleapis.com/istio.v1.HealthInformation"
+    #: istioctl's types: the debug pages by name (``x internal-debug``), sync status, one proxy's config.
+    DEBUG = "istio.io/debug"
     DEBUG_SYNCZ = "istio.io/debug/syncz"
     DEBUG_CONFIG_DUMP = "istio.io/debug/config_dump"
 
@@ -21,6 +23,11 @@ class TypeUrl(enum.StrEnum):
     def short(self) -> str:
         """The short name used in metrics labels and debug output (cds, eds, ...)."""
         return _SHORT.get(self, self.value)
+
+    @property
+    def is_debug(self) -> bool:
+        """Debug types are answered once per request: no watch is kept and pushes never send them."""
+        return self in _DEBUG
 
     @property
     def is_wildcard(self) -> bool:
@@ -37,6 +44,7 @@ _SHORT = {
     TypeUrl.NAME_TABLE: "nds",
     TypeUrl.PROXY_CONFIG: "pcds",
 }
+_DEBUG = frozenset({TypeUrl.DEBUG, TypeUrl.DEBUG_SYNCZ, TypeUrl.DEBUG_CONFIG_DUMP})
 _NON_WILDCARD = frozenset({TypeUrl.ENDPOINT, TypeUrl.ROUTE, TypeUrl.SECRET})
 
 #: Within one push, types go out in this order (make-before-break for Envoy).

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from google.protobuf import json_format
 
 from meshpilot.config.errors import ConfigError
 from meshpilot.config.protojson import parse_spec
+from meshpilot.input_limits import InputRejected, load_yaml
 from meshpilot.model.mesh import ProxyConfig
 from meshpilot.webhooks.inject.config import InjectionError
 
@@ -59,9 +59,9 @@ def proxy_config_overlay(pod: dict[str, Any]) -> dict[str, Any]:
     if text is None:
         return {}
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise InjectionError(f"annotation {PROXY_CONFIG_ANNOTATION}: not valid YAML or JSON: {err}") from None
+        data = load_yaml(str(text), f"annotation {PROXY_CONFIG_ANNOTATION}")
+    except InputRejected as err:
+        raise InjectionError(str(err)) from None
     message = ProxyConfig()
     try:
         parse_spec(data, message, PROXY_CONFIG_ANNOTATION)

@@ -6,6 +6,7 @@ import copy
 import json
 from typing import Any
 
+from meshpilot.input_limits import is_decimal
 from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
 from meshpilot.webhooks.inject.context import TemplateContext, Workload, pod_workload, proxy_config_overlay
 from meshpilot.webhooks.inject.decision import STATUS_ANNOTATION, injection_required
@@ -60,7 +61,7 @@ def _reorder(pod: dict[str, Any], hold: bool) -> None:
 
 def _status_port(ctx: TemplateContext) -> int:
     text = ctx.annotation("status.sidecar.istio.io/port", ctx.values["global"]["proxy"]["statusPort"])
-    if not text.isdigit() or int(text) > 65535:
+    if not is_decimal(text) or int(text) > 65535:
         raise InjectionError(f"annotation status.sidecar.istio.io/port: {text!r} is not a port number")
     return int(text)
 

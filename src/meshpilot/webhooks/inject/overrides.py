@@ -8,6 +8,7 @@ import copy
 import json
 from typing import Any
 
+from meshpilot.input_limits import InputRejected, load_json
 from meshpilot.webhooks.inject.config import InjectionError
 from meshpilot.webhooks.inject.merge import merge
 from meshpilot.webhooks.inject.quantity import canonical_quantity
@@ -60,9 +61,9 @@ def reapply_user_containers(
     existing: dict[str, Any] = {}
     if OVERRIDES_ANNOTATION in annotations:
         try:
-            existing = json.loads(annotations[OVERRIDES_ANNOTATION])
-        except ValueError as err:
-            raise InjectionError(f"annotation {OVERRIDES_ANNOTATION}: not valid JSON: {err}") from None
+            existing = load_json(str(annotations[OVERRIDES_ANNOTATION]), f"annotation {OVERRIDES_ANNOTATION}")
+        except InputRejected as err:
+            raise InjectionError(str(err)) from None
         if not isinstance(existing, dict):
             raise InjectionError(f"annotation {OVERRIDES_ANNOTATION}: expected a JSON object")
     spec = original.get("spec") or {}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from meshpilot.input_limits import is_decimal
+
 PROBE_PATHS = {"readinessProbe": "readyz", "livenessProbe": "livez", "startupProbe": "startupz"}
 HOOK_PATHS = {"preStop": "prestopz", "postStart": "poststartz"}
 PROBERS_ENV = "ISTIO_KUBE_APP_PROBERS"
@@ -31,7 +33,7 @@ def _prober(handler: dict[str, Any], ports: dict[str, int], status_port: int) ->
     out = {f: action[f] for f in ACTION_FIELDS[kind] if action.get(f) not in (None, "", [])}
     port = out.get("port")
     if kind != "grpc":
-        if isinstance(port, str) and not port.isdigit():
+        if isinstance(port, str) and not is_decimal(port):
             if port not in ports:
                 return None
             out["port"] = ports[port]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from meshpilot.input_limits import is_decimal
 from meshpilot.webhooks.inject.config import InjectionError
 
 PORT, PATH, SCRAPE = "prometheus.io/port", "prometheus.io/path", "prometheus.io/scrape"
@@ -40,7 +41,7 @@ def apply_prometheus_merge(pod: dict[str, Any], status_port: int, proxy_name: st
     if port == target:
         return  # already merged, or the user points at the agent on purpose
     if port:
-        if not port.isdigit() or not 0 < int(port) <= 65535:
+        if not is_decimal(port) or not 0 < int(port) <= 65535:
             raise InjectionError(f"invalid prometheus scrape configuration: invalid port {port!r}")
         if str(int(port)) == target:
             raise InjectionError(

@@ -7,16 +7,22 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from meshpilot.input_limits import InputRejected, check_number_text
 from meshpilot.webhooks.inject.config import InjectionError
 
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_MAX_EXPONENT = 30
 _QUANTITY = re.compile(
     r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 )
 
 
 def canonical_quantity(text: str, what: str) -> str:
+    try:
+        check_number_text(text.strip(), what)
+    except InputRejected as err:
+        raise InjectionError(str(err)) from None
     match = _QUANTITY.match(text.strip())
     if not match:
         raise InjectionError(f"{what}: {text!r} is not a resource quantity")
@@ -26,6 +32,10 @@ def canonical_quantity(text: str, what: str) -> str:
     if binary:
         value = number * 1024 ** _BINARY[suffix]
     elif exponent_form:
+        # Go's Quantity keeps the exponent in an int32 scale; past Exa no resource has meaning, and
+        # 10**(10**9) would take minutes to compute.
+        if abs(int(suffix[1:])) > _MAX_EXPONENT:
+            raise InjectionError(f"{what}: {text!r} is out of range")
         value = number * Fraction(10) ** int(suffix[1:])
     else:
         value = number * Fraction(10) ** _DECIMAL[suffix]

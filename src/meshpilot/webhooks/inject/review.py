@@ -11,6 +11,7 @@ import jsonpatch
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from meshpilot.input_limits import InputRejected
 from meshpilot.webhooks.admission import answer, denied
 from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
 from meshpilot.webhooks.inject.inject import inject_pod
@@ -103,7 +104,7 @@ class InjectionHandler:
             if not isinstance(pod, dict):
                 raise InjectionError("request.object is not a pod")
             injected = inject_pod(pod, str(request.get("namespace") or ""), self.config)
-        except InjectionError as err:
+        except (InjectionError, InputRejected) as err:
             return denied(str(err))
         if injected is None:
             return {"allowed": True}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import copy
 import ipaddress
-import json
 from typing import Any
 
+from meshpilot.input_limits import InputRejected, is_decimal, load_json
 from meshpilot.webhooks.inject.config import InjectionError
 from meshpilot.webhooks.inject.context import TemplateContext
 from meshpilot.webhooks.inject.gotemplate.encode import proto_json, to_json
@@ -33,7 +33,7 @@ def _check_ports(key: str, value: str, wildcard: bool) -> None:
         part = part.strip()
         if not part:
             continue
-        if not part.isdigit() or not 0 < int(part) <= 65535:
+        if not is_decimal(part) or not 0 < int(part) <= 65535:
             raise InjectionError(f"annotation {key}: {part!r} is not a port number")
 
 
@@ -279,9 +279,9 @@ def _user_entries(ctx: TemplateContext, key: str) -> list[dict[str, Any]]:
     if text is None:
         return []
     try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise InjectionError(f"annotation {key}: not valid JSON: {err}") from None
+        data = load_json(str(text), f"annotation {key}")
+    except InputRejected as err:
+        raise InjectionError(str(err)) from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise InjectionError(f"annotation {key}: expected a JSON object of name to object")
     return [{"name": name, **spec} for name, spec in sorted(data.items())]
@@ -326,7 +326,7 @@ def _proxy_container(ctx: TemplateContext, mode: str) -> dict[str, Any]:
             ("failureThreshold", "failureThreshold", "readinessFailureThreshold"),
         ):
             text = ann(f"readiness.status.sidecar.istio.io/{key}", proxy[value_key])
-            if not text.lstrip("-").isdigit():
+            if not is_decimal(text.removeprefix("-")):
                 raise InjectionError(
                     f"annotation readiness.status.sidecar.istio.io/{key}: {text!r} is not an integer"
                 )

@@ -4,11 +4,11 @@ over sprig's as istiod does, so ``toYaml``, ``indent``, ``contains`` and ``omit`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from meshpilot.config.validation.formatting import go_duration
+from meshpilot.input_limits import load_json
 from meshpilot.webhooks.inject.gotemplate import GoStruct, StrMap
 from meshpilot.webhooks.inject.gotemplate.convert import strval, to_int
 from meshpilot.webhooks.inject.gotemplate.encode import proto_json, to_json, to_yaml
@@ -83,7 +83,7 @@ def _to_json_str_map(m: Any) -> str:
 
 def _from_json(text: Any) -> Any:
     try:
-        return json.loads(strval(text))
+        return load_json(strval(text), "fromJSON")
     except ValueError:
         return "{}"
 
@@ -131,7 +131,7 @@ def append_multus_network(existing: Any, network: Any) -> str:
     close = current.rfind("]")
     if close != -1:
         try:
-            networks = json.loads(current)
+            networks = load_json(current, "k8s.v1.cni.cncf.io/networks")
         except ValueError:
             return current
         namespace, _, name = cni.rpartition("/")
