@@ -56,15 +56,7 @@ class PushRequest:
 
     def merge(self, other: PushRequest) -> PushRequest:
         """A request that covers both; the later snapshot wins, the earlier start stays."""
-        return PushRequest(
-            full=self.full or other.full,
-            configs_updated=self.configs_updated | other.configs_updated,
-            reasons=self.reasons + other.reasons,
-            forced=self.forced or other.forced,
-            start=min(self.start, other.start),
-            push=other.push if other.push is not None else self.push,
-            token=max(self.token, other.token),
-        )
+        return merge_all((self, other))
 
     @property
     def is_everything(self) -> bool:
@@ -87,14 +79,18 @@ def merge_all(requests: Sequence[PushRequest]) -> PushRequest:
     keys: set[ConfigKey] = set()
     reasons: Counter[TriggerReason] = Counter()
     push = None
+    # A full request naming no keys means "anything may have changed" (a MeshConfig change): merged
+    # with narrower ones it must stay that, not become their keys (istiod's Merge does the same).
+    everything = False
     for request in requests:
+        everything = everything or (request.full and not request.configs_updated)
         keys.update(request.configs_updated)
         reasons.update(request.reasons)
         if request.push is not None:
             push = request.push
     return PushRequest(
         full=any(r.full for r in requests),
-        configs_updated=frozenset(keys),
+        configs_updated=frozenset() if everything else frozenset(keys),
         reasons=reasons,
         forced=any(r.forced for r in requests),
         start=min(r.start for r in requests),
