@@ -66,14 +66,22 @@ def test_unsubscribing_forgets_the_version_and_needs_no_response() -> None:
     assert c.watched[EDS].names == {"b"} and "a" not in c.watched[EDS].versions
 
 
-def test_nack_records_the_error_and_changes_nothing() -> None:
+def test_nack_records_the_error_acknowledges_nothing_but_keeps_its_subscriptions() -> None:
     c = conn()
     dp.decide(c, EDS, ["a"], [], {}, "", None)
     c.watched[EDS].nonce_sent = "n1"
-    decision = dp.decide(c, EDS, ["b"], [], {}, "n1", "bad")
-    assert decision.verdict is dp.Verdict.NACK and not decision.respond
-    assert c.watched[EDS].last_error == "bad" and c.watched[EDS].names == {"a"}
+    assert not dp.decide(c, EDS, [], [], {}, "n1", "bad").respond
+    decision = dp.decide(c, EDS, ["b"], [], {}, "n1", "bad again")
+    assert decision.verdict is dp.Verdict.NACK
+    assert decision.respond and decision.names == {"b"}, "Envoy will not subscribe to b again"
+    assert c.watched[EDS].last_error == "bad again" and c.watched[EDS].names == {"a", "b"}
     assert c.watched[EDS].nonce_acked == ""
+
+
+def test_a_nack_of_a_type_never_sent_creates_no_watch() -> None:
+    c = conn()
+    assert dp.decide(c, EDS, ["a"], [], {}, "n0", "bad").verdict is dp.Verdict.NACK
+    assert EDS not in c.watched
 
 
 def test_a_stale_nonce_does_not_ack_but_its_subscription_counts() -> None:
@@ -92,6 +100,8 @@ def test_wildcard_types_ignore_named_subscriptions_until_star_is_asked_again() -
     assert not dp.decide(c, CDS, ["y"], [], {}, "", None).respond
     rejoin = dp.decide(c, CDS, ["*"], [], {}, "", None)
     assert rejoin.respond and rejoin.names is None and c.watched[CDS].wildcard
+    assert not dp.decide(c, CDS, [], ["*"], {}, "", None).respond
+    assert not c.watched[CDS].wildcard, "leaving * is recorded"
 
 
 def test_names_too_long_or_too_many_are_refused_without_a_change() -> None:

@@ -102,18 +102,18 @@ def decide(
 ) -> Decision:
     """Update ``conn``'s watch for ``type_url`` from a delta request and say what to send.
 
+    A NACK and a stale nonce acknowledge nothing, but the subscription changes they carry still
+    count: Envoy sends pending subscriptions with whatever request goes next and never again.
     Raises RefusedRequest for names too long or too many; the watch is then unchanged.
     """
-    watch = conn.watched.get(type_url)
-    if error is not None:
-        if watch is not None:
-            watch.last_error = error
-        return Decision(Verdict.NACK, False)
     check_names(subscribe)
     check_names(unsubscribe)
     check_names(list(initial_versions))
+    watch = conn.watched.get(type_url)
     wildcard_type = is_wildcard_type(type_url)
     if watch is None:
+        if error is not None:
+            return Decision(Verdict.NACK, False)  # a NACK of nothing this stream sent
         return _first(conn, type_url, wildcard_type, subscribe, unsubscribe, initial_versions)
     stale = bool(nonce) and nonce != watch.nonce_sent
     # Subscriptions first, then unsubscriptions (a name in both ends unsubscribed, as in istiod).
@@ -129,15 +129,26 @@ def decide(
         for name in dropped:
             # Envoy forgets what it unsubscribed; subscribing again must send it again.
             watch.versions.pop(name, None)
-    if nonce and not stale:
+    if error is not None:
+        watch.last_error = error
+        verdict = Verdict.NACK
+    elif stale:
+        verdict = Verdict.STALE
+    elif nonce:
         watch.nonce_acked = nonce
         watch.version_acked = watch.version_sent
         watch.last_error = ""
-    verdict = Verdict.STALE if stale else Verdict.ACK if nonce else Verdict.SUBSCRIPTION
+        verdict = Verdict.ACK
+    else:
+        verdict = Verdict.SUBSCRIPTION
     if wildcard_type:
-        # Wildcard types are always served whole: a named subscription adds nothing to send.
+        # Wildcard types are always served whole: a named subscription adds nothing to send, and
+        # leaving "*" is recorded (debug pages) while the whole type is still served.
         rejoins = WILDCARD in subscribe and not watch.wildcard
-        watch.wildcard = watch.wildcard or rejoins
+        if WILDCARD in unsubscribe and WILDCARD not in subscribe:
+            watch.wildcard = False
+        elif rejoins:
+            watch.wildcard = True
         return Decision(verdict, rejoins)
     if added:
         return Decision(verdict, True, added)

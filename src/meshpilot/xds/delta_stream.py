@@ -10,9 +10,7 @@ for a name it is already subscribed to (istiod does the same on a CDS request).
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,12 +20,11 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf.message import DecodeError
 
-from meshpilot.bounded_logs import DETAIL_CHARS, clip
-from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.model.push_request import PushRequest
 from meshpilot.xds import delta_protocol
 from meshpilot.xds.delta_wire import delta_response
 from meshpilot.xds.generators.base import Resource, digest_of
-from meshpilot.xds.stream import Stream
+from meshpilot.xds.stream import Stream, new_nonce
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
@@ -116,26 +113,13 @@ class DeltaStream(Stream):
             if err.exhausted:
                 await self._refuse("subscriptions", grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
             await self._refuse("names", grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        metrics = self.host.metrics
         if decision.verdict is delta_protocol.Verdict.NACK:
-            metrics.xds_rejects.labels(type=known.short).inc()
-            self._warn(
-                "ADS:%s: %s rejected by %s (nonce %s): %s",
-                known.short.upper(),
-                clip(conn.id),
-                conn.peer,
-                clip(incoming.response_nonce),
-                clip(error or "", DETAIL_CHARS),
-            )
-            return
-        if decision.verdict is delta_protocol.Verdict.STALE:
-            metrics.expired_nonce.labels(type=known.short).inc()
-        if not decision.respond:
-            return
-        push = self.host.push_context
-        assert push is not None
-        request = PushRequest(full=True, reasons=Counter({TriggerReason.PROXY: 1}), push=push)
-        await self._send(type_url, request, decision.names, pushed=False)
+            self._on_nack(known, incoming.response_nonce, error or "")
+        elif decision.verdict is delta_protocol.Verdict.STALE:
+            self.host.metrics.expired_nonce.labels(type=known.short).inc()
+        if decision.respond:
+            # Also after a NACK or a stale nonce: the names it newly subscribes are owed.
+            await self._answer(type_url, decision.names)
 
     async def _send(
         self, type_url: str, request: PushRequest, names: frozenset[str] | None, *, pushed: bool
@@ -164,7 +148,7 @@ class DeltaStream(Stream):
             return
         # A request is always answered, even with nothing: Envoy's initial fetch waits for a response.
         version = request.push.version
-        nonce = f"{version}-{os.urandom(16).hex()}"
+        nonce = new_nonce(version)
         payload = delta_response(version, type_url, nonce, changes)
         by_type.push_time.observe(time.monotonic() - started)
         warming: frozenset[str] = frozenset()
@@ -188,14 +172,7 @@ class DeltaStream(Stream):
 
     async def _answer_delta_debug(self, known: TypeUrl, names: Sequence[str]) -> None:
         # The bounds every request gets; decide() would apply them, but a debug request keeps no state.
-        try:
-            delta_protocol.check_names(names)
-        except delta_protocol.RefusedRequest as err:
-            await self._refuse("names", grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        if len(names) > delta_protocol.MAX_SUBSCRIPTIONS:
-            await self._refuse(
-                "subscriptions", grpc.StatusCode.RESOURCE_EXHAUSTED, f"{len(names)} names for {known.value}"
-            )
+        await self._check_names(known.value, names)
         await self._answer_debug(known, names)
 
     async def _write_once(
@@ -204,7 +181,7 @@ class DeltaStream(Stream):
         response = discovery_pb2.DeltaDiscoveryResponse(
             system_version_info=version,
             type_url=type_url.value,
-            nonce=f"{version}-{os.urandom(16).hex()}",
+            nonce=new_nonce(version),
         )
         for resource in resources:
             response.resources.add(name=resource.name, version=version, resource=resource.message())

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -14,14 +12,12 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf.message import DecodeError
 
-from meshpilot.bounded_logs import DETAIL_CHARS, clip
-from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
 from meshpilot.xds import protocol, request_head
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.delta_protocol import MAX_SUBSCRIPTIONS, RefusedRequest, check_names
 from meshpilot.xds.generators.base import Resource, digest_of, names_of
-from meshpilot.xds.stream import Stream
+from meshpilot.xds.stream import Stream, new_nonce
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
@@ -86,43 +82,20 @@ class SotwStream(Stream):
         if known is None:
             return
         names = list(request.resource_names)
-        try:
-            check_names(names)
-        except RefusedRequest as err:
-            await self._refuse("names", grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        if len(names) > MAX_SUBSCRIPTIONS:
-            await self._refuse(
-                "subscriptions",
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{len(names)} resource names for {type_url} (at most {MAX_SUBSCRIPTIONS})",
-            )
+        await self._check_names(type_url, names)
         if known.is_debug:
             await self._answer_debug(known, names)
             return
         error = request.error_detail.message if request.HasField("error_detail") else None
         decision = protocol.decide(conn, type_url, names, request.response_nonce, error, digest)
-        metrics = self.host.metrics
-        short = known.short
         if decision.verdict is protocol.Verdict.NACK:
-            metrics.xds_rejects.labels(type=short).inc()
-            self._warn(
-                "ADS:%s: %s rejected by %s (nonce %s): %s",
-                short.upper(),
-                clip(conn.id),
-                conn.peer,
-                clip(request.response_nonce),
-                clip(error or "", DETAIL_CHARS),
-            )
+            self._on_nack(known, request.response_nonce, error or "")
             return
         if decision.verdict is protocol.Verdict.STALE:
-            metrics.expired_nonce.labels(type=short).inc()
+            self.host.metrics.expired_nonce.labels(type=known.short).inc()
             return
-        if not decision.respond:
-            return
-        push = self.host.push_context
-        assert push is not None
-        generate_request = PushRequest(full=True, reasons=Counter({TriggerReason.PROXY: 1}), push=push)
-        await self._send(type_url, generate_request, decision.names, pushed=False)
+        if decision.respond:
+            await self._answer(type_url, decision.names)
 
     async def _send(
         self, type_url: str, request: PushRequest, names: frozenset[str] | None, *, pushed: bool
@@ -144,8 +117,7 @@ class SotwStream(Stream):
             metrics.for_type(known.short).unchanged_skipped.inc()
             return
         version = request.push.version
-        # Unique per response; 16 random bytes cost a fifth of a uuid4 object.
-        nonce = f"{version}-{os.urandom(16).hex()}"
+        nonce = new_nonce(version)
         payload = wire.discovery_response(version, type_url, nonce, [r.payload for r in resources])
         by_type = metrics.for_type(known.short)
         by_type.push_time.observe(time.monotonic() - started)
@@ -173,7 +145,7 @@ class SotwStream(Stream):
         response = discovery_pb2.DiscoveryResponse(
             version_info=version,
             type_url=type_url.value,
-            nonce=f"{version}-{os.urandom(16).hex()}",
+            nonce=new_nonce(version),
             resources=[r.message() for r in resources],
         )
         if control_plane:

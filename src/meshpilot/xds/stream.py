@@ -12,21 +12,23 @@ import abc
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NoReturn
 
 import grpc
 from envoy.config.core.v3 import base_pb2
 from google.protobuf import json_format
 
-from meshpilot.bounded_logs import STATUS_CHARS, WarningBudget, clip
+from meshpilot.bounded_logs import DETAIL_CHARS, STATUS_CHARS, WarningBudget, clip
 from meshpilot.model.proxy import InvalidNode, NodeMetadata, locality_label, parse_proxy
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.xds.auth import AuthorizationError, authorize
 from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.debug_access import DebugRefused
+from meshpilot.xds.delta_protocol import MAX_SUBSCRIPTIONS, RefusedRequest, check_names
 from meshpilot.xds.dependencies import proxy_needs_push
 from meshpilot.xds.generators.base import GenerationContext, Generator, Resource
 from meshpilot.xds.host import StreamHost
@@ -39,6 +41,11 @@ _REQUEST, _PUSH, _END = 0, 1, 0
 _seq = itertools.count()
 #: Distinct unserved type URLs logged per stream; more are only counted.
 _LOGGED_UNKNOWN_TYPES = 8
+
+
+def new_nonce(version: str) -> str:
+    """A response's nonce: unique per response (16 random bytes cost a fifth of a uuid4 object)."""
+    return f"{version}-{os.urandom(16).hex()}"
 
 
 class Stream(abc.ABC):
@@ -154,6 +161,42 @@ class Stream(abc.ABC):
                 "ADS (%s): %s asked for %s, which is not served", self.protocol, clip(who), clip(type_url)
             )
         return None
+
+    async def _check_names(self, type_url: str, names: Sequence[str]) -> None:
+        """The bounds on a request's names, both protocols: a name too long ends the stream with
+        INVALID_ARGUMENT, too many names with RESOURCE_EXHAUSTED (``delta_protocol``'s limits)."""
+        try:
+            check_names(names)
+        except RefusedRequest as err:
+            await self._refuse("names", grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if len(names) > MAX_SUBSCRIPTIONS:
+            await self._refuse(
+                "subscriptions",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{len(names)} resource names for {clip(type_url)} (at most {MAX_SUBSCRIPTIONS})",
+            )
+
+    def _on_nack(self, known: TypeUrl, nonce: str, error: str) -> None:
+        """A NACK: counted by type and warned about (within the stream's warning budget)."""
+        conn = self.conn
+        assert conn is not None
+        self.host.metrics.xds_rejects.labels(type=known.short).inc()
+        self._warn(
+            "ADS:%s: %s rejected by %s (nonce %s): %s",
+            known.short.upper(),
+            clip(conn.id),
+            conn.peer,
+            clip(nonce),
+            clip(error, DETAIL_CHARS),
+        )
+
+    async def _answer(self, type_url: str, names: frozenset[str] | None) -> None:
+        """Respond to a request: ``names`` of the type (None: everything watched), from the current
+        snapshot."""
+        push = self.host.push_context
+        assert push is not None
+        request = PushRequest(full=True, reasons=Counter({TriggerReason.PROXY: 1}), push=push)
+        await self._send(type_url, request, names, pushed=False)
 
     async def _answer_debug(self, known: TypeUrl, names: Iterable[str]) -> None:
         """Answer a debug request at once. Nothing is kept (istiod keeps no watch for debug types
