@@ -24,7 +24,6 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from google.protobuf import any_pb2
-from google.protobuf.message import DecodeError
 
 from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.push_context import PushContext
@@ -130,7 +129,7 @@ def _patch_cluster(
         return
     try:
         cluster = clusters.patch_cluster(_parse(resource, cluster_pb2.Cluster), patches, context, hosts)
-    except (DecodeError, TypeError, ValueError) as err:
+    except Exception as err:  # any failing patch, as istiod recovers: counted, resource sent as built
         _failed(patches, f"cluster {resource.name}", err)
         out.append(resource)
         return
@@ -173,7 +172,7 @@ def _listeners(resources: ResourceList, patches: PatchSet, context: int) -> Reso
                 listeners.patch_inline_routes(listener, patches, context)
             if listeners.patch_listener(listener, patches, context):
                 continue
-        except (DecodeError, TypeError, ValueError) as err:
+        except Exception as err:  # any failing patch, as istiod recovers: counted, resource sent as built
             _failed(patches, f"listener {resource.name}", err)
             out.append(resource)
             continue
@@ -225,7 +224,7 @@ def _patched_route(resource: Resource, patches: PatchSet, context: int, ports: P
     try:
         config = _parse(resource, route_pb2.RouteConfiguration)
         routes.patch_route_configuration(config, patches, context, ports)
-    except (DecodeError, TypeError, ValueError) as err:
+    except Exception as err:  # any failing patch, as istiod recovers: counted, resource sent as built
         _failed(patches, f"route configuration {resource.name}", err)
         return resource.payload
     return wire.any_bytes(TypeUrl.ROUTE, config.SerializeToString())
