@@ -10,7 +10,7 @@ from meshpilot.model.proxy import NodeMetadata, parse_proxy
 from meshpilot.xds import delta_protocol as dp
 from meshpilot.xds.connection import Connection
 from meshpilot.xds.delta_wire import delta_response
-from meshpilot.xds.generators.base import Resource, ResourceList
+from meshpilot.xds.generators.base import Resource, ResourceList, payload_version
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
@@ -34,11 +34,11 @@ def test_first_request_without_names_is_a_wildcard_and_is_answered() -> None:
 
 def test_first_request_with_kept_versions_records_what_the_proxy_holds() -> None:
     c = conn()
-    version = dp.version_text(dp.resource_version(b"a"))
+    version = dp.version_text(payload_version(b"a"))
     dp.decide(c, EDS, ["a"], [], {"a": version, "b": "not-ours"}, "", None)
     watch = c.watched[EDS]
     assert watch.names == {"a", "b"}, "names it kept are subscribed, as istiod counts them"
-    assert watch.versions == {"a": dp.resource_version(b"a")}, "a version this server did not make is not"
+    assert watch.versions == {"a": payload_version(b"a")}, "a version this server did not make is not"
 
 
 def test_ack_records_and_needs_no_response() -> None:

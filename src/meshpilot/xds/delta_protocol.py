@@ -2,7 +2,7 @@
 
 Pure functions of a request (or of generated resources) and the stream's
 watch state, tested without gRPC. Each resource the proxy holds is tracked
-with a version, a hash of its serialized bytes; a response carries only the
+with a version, a hash of its serialized bytes (the same in every process); a response carries only the
 resources whose version differs from what the proxy holds, and the names
 it holds that no longer exist. So a reconnect that reports what it kept
 (``initial_resource_versions``) is sent only what changed meanwhile.
@@ -31,7 +31,6 @@ MAX_NAME_BYTES = 16 * 1024
 #: Most names one stream may subscribe to for one type. A sidecar watches one name per cluster; a mesh
 #: whose proxies see more clusters than this is far beyond what one proxy can hold anyway.
 MAX_SUBSCRIPTIONS = 65_536
-_VERSION_MASK = (1 << 64) - 1
 
 
 class Verdict(enum.Enum):
@@ -61,13 +60,6 @@ class RefusedRequest(ValueError):
     def __init__(self, message: str, *, exhausted: bool = False) -> None:
         super().__init__(message)
         self.exhausted = exhausted
-
-
-def resource_version(payload: bytes) -> int:
-    """The version of a serialized resource: its hash (cached by the bytes object, so shared payloads
-    hash once). Per process: a proxy reconnecting to another replica or a restarted server has every
-    version differ and is sent everything, as istiod always does."""
-    return hash(payload) & _VERSION_MASK
 
 
 def version_text(version: int) -> str:
@@ -203,7 +195,7 @@ def changes(watch: WatchedResource, resources: list[Resource], *, whole: bool) -
     held = watch.versions
     updated = []
     for resource in resources:
-        version = hash(resource.payload) & _VERSION_MASK  # resource_version, inlined: the hot loop
+        version = resource.version
         if held.get(resource.name) != version:
             updated.append((resource, version))
     removed: list[str] = []

@@ -24,26 +24,30 @@ def _field(tag: bytes, payload: bytes) -> Iterable[bytes]:
     return (tag, varint(len(payload)), payload)
 
 
-def _entry(resource: Resource, version: int) -> bytes:
-    """The resource's ``resources`` field, kept on the (shared, immutable) resource: its version is
-    its payload's hash, so the entry never changes for that object."""
-    entry = resource.delta_entry
-    if entry is None:
-        body = b"".join(
+def _prefix(resource: Resource, version: int) -> bytes:
+    """Everything of the resource's ``resources`` entry before its payload bytes, kept on the (shared,
+    immutable) resource: its version is its payload's hash, so the prefix never changes for that
+    object. Only the prefix is kept: the payload is not held twice."""
+    prefix = resource.delta_prefix
+    if prefix is None:
+        head = b"".join(
             [
                 *_field(_TAG_RES_NAME, resource.name.encode()),
                 *_field(_TAG_RES_VERSION, version_text(version).encode()),
-                *_field(_TAG_RES_ANY, resource.payload),
+                _TAG_RES_ANY,
+                varint(len(resource.payload)),
             ]
         )
-        entry = b"".join(_field(_TAG_RESOURCES, body))
-        object.__setattr__(resource, "delta_entry", entry)  # a cache on a frozen object
-    return entry
+        prefix = _TAG_RESOURCES + varint(len(head) + len(resource.payload)) + head
+        object.__setattr__(resource, "delta_prefix", prefix)  # a cache on a frozen object
+    return prefix
 
 
 def delta_response(system_version: str, type_url: str, nonce: str, changes: Changes) -> bytes:
     parts: list[bytes] = [*_field(_TAG_VERSION, system_version.encode())]
-    parts.extend([_entry(resource, version) for resource, version in changes.updated])
+    for resource, version in changes.updated:
+        parts.append(_prefix(resource, version))
+        parts.append(resource.payload)
     parts.extend(_field(_TAG_TYPE, type_url.encode()))
     parts.extend(_field(_TAG_NONCE, nonce.encode()))
     for name in changes.removed:

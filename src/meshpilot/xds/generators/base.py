@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,14 +21,31 @@ from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.types import TypeUrl
 
 
+def payload_version(payload: bytes) -> int:
+    """A resource's version for delta xDS: 64 bits of BLAKE2b of its bytes. The same in every
+    process, so a proxy that reconnects to a restarted server, another replica or another push
+    worker is sent only what changed; per resource object it is computed once (``Resource.version``)."""
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "big")
+
+
 @dataclass(frozen=True, slots=True)
 class Resource:
     name: str
     #: The resource as a serialized ``google.protobuf.Any``, ready for a DiscoveryResponse.
     payload: bytes
-    #: Its delta envelope (a ``Resource`` entry with name and version), written once by
-    #: ``delta_wire`` and reused for every proxy the same object is sent to.
-    delta_entry: bytes | None = field(default=None, compare=False, repr=False)
+    # Delta bookkeeping, computed at most once per object and reused for every proxy the object is
+    # sent to (lists of resources are shared by the proxies of a scope): see ``version`` and
+    # ``delta_wire``. Caches on a frozen object, so set through object.__setattr__.
+    _version: int | None = field(default=None, compare=False, repr=False)
+    delta_prefix: bytes | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def version(self) -> int:
+        version = self._version
+        if version is None:
+            version = payload_version(self.payload)
+            object.__setattr__(self, "_version", version)
+        return version
 
     @classmethod
     def of(cls, name: str, message: Any) -> Resource:

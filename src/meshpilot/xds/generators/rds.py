@@ -69,11 +69,23 @@ class RouteGenerator:
                 out.append(Resource(name, _any(encode_route_configuration(ctx.proxy, ctx.push, name))))
                 continue
             key = route_cache_key(ctx.proxy, ctx.push, name, parts)
-            payload = ctx.push.memoized(
-                ("rds", key), partial(self._payload, ctx, name, key, parts, cache, token)
+            # The Resource itself is shared by the proxies with this key, so its delta version and
+            # envelope are computed once, not per proxy.
+            out.append(
+                ctx.push.memoized(("rds", key), partial(self._resource, ctx, name, key, parts, cache, token))
             )
-            out.append(Resource(name, payload))
         return out
+
+    def _resource(
+        self,
+        ctx: GenerationContext,
+        name: str,
+        key: int,
+        parts: RouteCacheParts,
+        cache: TypedCache,
+        token: int,
+    ) -> Resource:
+        return Resource(name, self._payload(ctx, name, key, parts, cache, token))
 
     def _payload(
         self,
