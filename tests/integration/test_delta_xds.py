@@ -139,3 +139,20 @@ def test_state_of_the_world_still_routes(mesh: MeshHarness) -> None:
     mesh.write("apps.yaml", _apps(ratings=False))
     eventually(lambda: RATINGS_CLUSTER not in envoy.dynamic_clusters(), what="ratings gone over SotW")
     assert not envoy.rejected_updates()
+
+
+def test_a_reconnect_to_a_restarted_server_is_sent_nothing_it_holds(delta: Delta) -> None:
+    """Versions are hashes of the bytes, the same in every process: a new server process (or another
+    replica) recognises what the proxy kept."""
+    assert delta.mesh.meshpilot is not None
+    clusters = len(delta.envoy.dynamic_clusters())
+    stats = delta.envoy.stats()
+    delta.mesh.meshpilot.stop()
+    restarted = delta.mesh.start_meshpilot()
+    delta.relay.target = ("127.0.0.1", restarted.grpc_port)
+    delta.relay.cut()
+    eventually(lambda: delta.kept() >= clusters, what="the new server left out every cluster Envoy holds")
+    after = delta.envoy.stats()
+    for counter in ("cluster_manager.cluster_added", "cluster_manager.cluster_modified"):
+        assert after.get(counter, 0) == stats.get(counter, 0), f"{counter}: nothing was rebuilt"
+    assert backend_name(EGRESS, "ratings")[1] == "ratings-v1"
