@@ -22,7 +22,7 @@ def test_json_and_yaml_within_limits_parse_and_deeper_is_refused() -> None:
     for text in ("[" * (MAX_NESTING + 1) + "]" * (MAX_NESTING + 1), "[" * 100_000):
         with pytest.raises(InputRejected, match=r"x: nested deeper|x: not valid"):
             load_json(text, "x")
-    with pytest.raises(InputRejected, match="nested deeper than 100"):
+    with pytest.raises(InputRejected, match="nested deeper than the limit of 100 levels"):
         load_yaml("[" * 101 + "]" * 101, "x")
     with pytest.raises(InputRejected, match="aliases"):
         load_yaml("a: &x [1]\nb: *x", "x")

@@ -7,18 +7,37 @@ nested, oversized or numerically absurd value is refused with
 ``InputRejected`` (a ``ValueError`` naming what was wrong and the limit)
 before Python's recursion limit, its 4,300-digit ``int()`` limit or an
 unbounded computation turns it into an internal error.
+
+Nesting and aliases: one rule, two callers. ``MAX_NESTING`` and
+``measure_nesting`` bound decoded values here and the documents of config
+files (``config/file_limits.py``). The two differ only in what YAML aliases
+may do, on purpose:
+
+- Client input refuses aliases outright (``load_yaml``, while composing). No
+  honest client sends them (the API server sends JSON; an annotation is a
+  short value written by hand or by a tool), the parse runs on the serving
+  loop with no other bound on its time or memory, and refusing costs nothing.
+- Config files bound them (``FileLimits.max_alias_values``). People write
+  anchors and merge keys in hand-kept config, so refusing them would break
+  files istiod accepts; and a file is parsed in the loader process, under its
+  own time and memory limits, so parsing one with aliases first and counting
+  what they add afterwards is safe.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
 
-#: Deepest nesting of objects and lists accepted. protobuf refuses messages nested deeper than 100
-#: (its default recursion limit), which bounds node metadata the same way; a pod nests about 15
-#: levels, an Envoy config about 30, so honest input stays far below.
+#: Deepest nesting of objects and lists accepted, in client input and config files alike (a scalar
+#: is 0 levels, ``[1]`` is 1). protobuf refuses messages nested deeper than 100 (its default
+#: recursion limit), which bounds node metadata the same way; a pod nests about 15 levels, an Envoy
+#: config in an EnvoyFilter patch a few dozen, so honest input stays far below. Python's recursion
+#: limit (1,000) and libyaml's (1,000 levels) are well above, so every recursive decoder fails here
+#: first, with a message, and not with a RecursionError.
 MAX_NESTING = 100
 #: ``TYPE~IP~POD.NS~NS.svc.DOMAIN``: a DNS name (253), a namespace (63), a pod name (253) and an IP
 #: fit in less; a longer ID names no workload.
@@ -36,18 +55,93 @@ class InputRejected(ValueError):
     """Client input over a limit or not parseable; the message says which and what it was."""
 
 
-def check_nesting(value: Any, what: str, limit: int = MAX_NESTING) -> None:
-    """Refuse ``value`` (decoded JSON or YAML) if it nests deeper than ``limit``; iterative, so any
-    depth can be measured."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
+class NestingExceeded(ValueError):
+    """A decoded value over the nesting or alias limit; the message names the limit."""
+
+
+def too_deep(limit: int) -> str:
+    """The one wording of a nesting refusal, wherever it is found."""
+    return f"nested deeper than the limit of {limit} levels"
+
+
+def measure_nesting(value: Any, max_levels: int = MAX_NESTING, max_alias_values: int | None = None) -> None:
+    """Raise ``NestingExceeded`` if ``value`` (decoded JSON or YAML) nests deeper than
+    ``max_levels`` or, when ``max_alias_values`` is set, if containers used more than once (what
+    YAML aliases and merge keys make) add more than that many values when expanded.
+
+    Iterative, so any depth can be measured without meeting Python's recursion limit. Each
+    container is walked once: a second use adds its remembered size and depth, so an alias bomb
+    costs its parsed size, not the expanded one. Values count as in the expansion: a container 1,
+    and each key and value in it. A container inside itself (a recursive alias) is refused.
+    """
+    if not isinstance(value, dict | list):
+        return
+    if max_levels < 1:
+        raise NestingExceeded(too_deep(max_levels))
+    #: id of a finished container -> (values under it, expanded; its levels).
+    done: dict[int, tuple[int, int]] = {}
+    #: The containers being walked, outermost first: [container, its children, values, levels].
+    path: list[list[Any]] = [[value, _children(value), 1 + _key_count(value), 0]]
+    open_ids = {id(value)}
+    added = 0
+    while path:
+        frame = path[-1]
+        child = next(frame[1], _END)
+        if child is _END:
+            path.pop()
+            open_ids.discard(id(frame[0]))
+            size, levels = frame[2], frame[3] + 1
+            done[id(frame[0])] = (size, levels)
+            if path:
+                parent = path[-1]
+                parent[2] += size
+                parent[3] = max(parent[3], levels)
             continue
-        if depth > limit:
-            raise InputRejected(f"{what}: nested deeper than {limit} levels")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        if not isinstance(child, dict | list):
+            frame[2] += 1
+            continue
+        depth = len(path) + 1
+        key = id(child)
+        seen = done.get(key)
+        if seen is not None:
+            # A second use of a container: an alias (or a merge key) put it here again.
+            size, levels = seen
+            if depth + levels - 1 > max_levels:
+                raise NestingExceeded(too_deep(max_levels))
+            added += size
+            if max_alias_values is not None and added > max_alias_values:
+                raise NestingExceeded(
+                    f"YAML aliases expand it by more than the limit of {max_alias_values:,} values"
+                )
+            frame[2] += size
+            frame[3] = max(frame[3], levels)
+            continue
+        if key in open_ids:
+            raise NestingExceeded("a YAML alias refers to a node that contains it")
+        if depth > max_levels:
+            raise NestingExceeded(too_deep(max_levels))
+        open_ids.add(key)
+        path.append([child, _children(child), 1 + _key_count(child), 0])
+
+
+_END = object()
+
+
+def _children(container: dict[Any, Any] | list[Any]) -> Iterator[Any]:
+    return iter(container.values() if isinstance(container, dict) else container)
+
+
+def _key_count(container: dict[Any, Any] | list[Any]) -> int:
+    # Keys are scalars (YAML and JSON keys are hashable): each is one value of the expansion.
+    return len(container) if isinstance(container, dict) else 0
+
+
+def check_nesting(value: Any, what: str, limit: int = MAX_NESTING) -> None:
+    """Refuse ``value`` (decoded JSON or YAML) if it nests deeper than ``limit`` levels."""
+    try:
+        measure_nesting(value, limit)
+    except NestingExceeded as err:
+        raise InputRejected(f"{what}: {err}") from None
 
 
 def _check_size(text: str, what: str, max_chars: int) -> None:
@@ -61,7 +155,7 @@ def load_json(text: str, what: str, max_chars: int = MAX_ANNOTATION_CHARS) -> An
     try:
         value = json.loads(text)
     except RecursionError:
-        raise InputRejected(f"{what}: nested deeper than {MAX_NESTING} levels") from None
+        raise InputRejected(f"{what}: {too_deep(MAX_NESTING)}") from None
     except ValueError as err:  # JSONDecodeError, and int() past its digit limit
         raise InputRejected(f"{what}: not valid JSON: {err}") from None
     check_nesting(value, what)
@@ -69,18 +163,21 @@ def load_json(text: str, what: str, max_chars: int = MAX_ANNOTATION_CHARS) -> An
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without aliases (expanding them is the "billion laughs" bomb) and with
-    the nesting limit checked as nodes are composed (its composer recurses once per level)."""
+    """PyYAML's safe loader without aliases (see the module's docstring) and with the nesting limit
+    checked as nodes are composed: its composer recurses once per level, so the limit must hold
+    before there is a value for ``measure_nesting`` to measure."""
 
     _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             raise InputRejected("YAML aliases are not accepted")
+        if not self.check_event(yaml.CollectionStartEvent):
+            return super().compose_node(parent, index)  # a scalar: no level, no recursion
         self._depth += 1
         try:
             if self._depth > MAX_NESTING:
-                raise InputRejected(f"nested deeper than {MAX_NESTING} levels")
+                raise InputRejected(too_deep(MAX_NESTING))
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1

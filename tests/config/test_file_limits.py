@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -14,6 +15,14 @@ from support.kube import istio, write
 from meshpilot.config.file_limits import FileLimits
 from meshpilot.config.file_loader import load_file
 from meshpilot.config.file_source import config_files
+from meshpilot.input_limits import (
+    MAX_NESTING,
+    InputRejected,
+    NestingExceeded,
+    load_json,
+    load_yaml,
+    measure_nesting,
+)
 
 
 def test_an_alias_bomb_is_rejected_without_expanding_it(tmp_path: Path) -> None:
@@ -104,3 +113,57 @@ def test_symlink_loops_are_walked_once(tmp_path: Path) -> None:
     (tmp_path / "c.yaml").symlink_to("..data/c.yaml")
     found = [p.relative_to(tmp_path).as_posix() for p in config_files(tmp_path)]
     assert found == ["a.yaml", "c.yaml", "sub/b.yaml"]
+
+
+def nested(levels: int, leaf: object = 1) -> object:
+    value = leaf
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_config_files_and_client_input_share_one_nesting_limit(tmp_path: Path) -> None:
+    assert FileLimits().max_depth == MAX_NESTING
+    # The document's top-level object is one of the levels; the scalar at the bottom is none.
+    within, over = nested(MAX_NESTING - 1), nested(MAX_NESTING)
+    for value, ok in ((within, True), (over, False)):
+        path = write(tmp_path / "deep.yaml", [{"kind": "Service", "metadata": {"name": "s"}, "spec": value}])
+        [doc] = load_file(path)
+        reason = doc.rejection.reason if doc.rejection is not None else ""
+        assert ("nested deeper than the limit of 100 levels" not in reason) is ok, reason
+        text = json.dumps({"spec": value})
+        for load in (load_json, load_yaml):
+            if ok:
+                load(text, "x")
+            else:
+                with pytest.raises(InputRejected, match="x: nested deeper than the limit of 100 levels"):
+                    load(text, "x")
+
+
+def test_the_nesting_check_is_iterative_and_walks_shared_containers_once() -> None:
+    measure_nesting(nested(MAX_NESTING))
+    with pytest.raises(NestingExceeded, match="nested deeper than the limit of 100 levels"):
+        measure_nesting(nested(50_000))  # far past Python's recursion limit: no RecursionError
+    # Ten levels each using the one below ten times: 10^10 values expanded, 10 containers walked.
+    shared: list[object] = ["lol"] * 10
+    for _ in range(10):
+        shared = [shared] * 10
+    started = time.perf_counter()
+    measure_nesting(shared, max_alias_values=None)
+    with pytest.raises(NestingExceeded, match="more than the limit of 100,000 values"):
+        measure_nesting(shared, max_alias_values=100_000)
+    assert time.perf_counter() - started < 0.5
+    # A shared container is as deep at every use: reused below 95 levels it is too deep.
+    deep = nested(10)
+    measure_nesting([deep, nested(80, deep)], max_alias_values=None)
+    with pytest.raises(NestingExceeded, match="nested deeper"):
+        measure_nesting([deep, nested(95, deep)], max_alias_values=None)
+    # Values count as in the expansion, keys too: {"a": [1, 2]} is 5, and each use after the first adds them.
+    part = {"a": [1, 2]}
+    measure_nesting([part, part, part], max_alias_values=10)
+    with pytest.raises(NestingExceeded, match="more than the limit of 9 values"):
+        measure_nesting([part, part, part], max_alias_values=9)
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(NestingExceeded, match="refers to a node that contains it"):
+        measure_nesting(loop)

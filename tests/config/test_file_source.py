@@ -12,6 +12,7 @@ import pytest
 from support.kube import istio, service, write
 
 from meshpilot.config.decode import Decoded
+from meshpilot.config.file_loader import InlineLoader, LoadedDocument
 from meshpilot.config.file_source import FileSource
 from meshpilot.model.kind import Kind
 
@@ -186,3 +187,130 @@ async def test_watching_applies_changes(source: tuple[FileSource, RecordingSink,
     stop.set()
     await asyncio.wait_for(task, 5)
     assert set(sink.objects) == {(Kind.VIRTUAL_SERVICE, "default", "r")}
+
+
+def deny_admin(**extra: Any) -> dict[str, Any]:
+    spec = {"action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/admin*"]}}]}], **extra}
+    return istio("AuthorizationPolicy", "deny-admin", "default", spec, group="security")
+
+
+DENY_ADMIN = (Kind.AUTHORIZATION_POLICY, "default", "deny-admin")
+
+
+class WatchingSink(RecordingSink):
+    """Fails a remove of ``guarded``, and counts batches."""
+
+    def __init__(self, guarded: tuple[Kind, str, str]) -> None:
+        super().__init__()
+        self.guarded = guarded
+        self.batches = 0
+
+    def remove(self, kind: Kind, namespace: str, name: str) -> None:
+        assert (kind, namespace, name) != self.guarded, f"{name} was removed from the sink"
+        super().remove(kind, namespace, name)
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        self.batches += 1
+        return contextlib.nullcontext()
+
+
+class GatedLoader:
+    """Loads inline, but holds the file named ``slow`` until ``release`` is set."""
+
+    def __init__(self, slow: str) -> None:
+        self.inline = InlineLoader()
+        self.slow = slow
+        self.waiting = asyncio.Event()
+        self.release = asyncio.Event()
+        self.loaded: list[str] = []
+
+    async def load(self, path: Path) -> list[LoadedDocument]:
+        if path.name == self.slow:
+            self.waiting.set()
+            await self.release.wait()
+        self.loaded.append(path.name)
+        return await self.inline.load(path)
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("source_file", "target_file"), [("a.yaml", "b.yaml"), ("b.yaml", "a.yaml")])
+async def test_an_object_moved_between_files_is_never_missing(
+    tmp_path: Path, source_file: str, target_file: str
+) -> None:
+    sink = WatchingSink(DENY_ADMIN)
+    loader = GatedLoader(slow=target_file)
+    src = FileSource(tmp_path, sink, loader=loader)
+    write(tmp_path / source_file, [deny_admin(), vs("r", "reviews")])
+    write(tmp_path / target_file, [vs("ratings", "ratings")])
+    loader.release.set()
+    assert await src.refresh()
+    assert DENY_ADMIN in sink.objects
+    loader.release.clear()
+    loader.waiting.clear()
+
+    # One edit: the policy leaves one file and (changed a little) lands in the other, which loads slowly.
+    write(tmp_path / source_file, [vs("r", "reviews")])
+    write(
+        tmp_path / target_file, [vs("ratings", "ratings"), deny_admin(selector={"matchLabels": {"app": "x"}})]
+    )
+    refresh = asyncio.create_task(src.refresh())
+    await asyncio.wait_for(loader.waiting.wait(), 5)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert DENY_ADMIN in sink.objects, "the policy is still there while the other file loads"
+    before = len(sink.events)
+    loader.release.set()
+    assert await asyncio.wait_for(refresh, 5)
+    assert sink.events[before:] == [("upsert", *DENY_ADMIN)], "one upsert, no remove"
+    assert sink.batches == 2, "one batch per refresh, not one per file"
+
+    # Moved back unchanged: the sink hears nothing at all about it.
+    write(tmp_path / target_file, [vs("ratings", "ratings")])
+    write(tmp_path / source_file, [vs("r", "reviews"), deny_admin(selector={"matchLabels": {"app": "x"}})])
+    loader.release.set()
+    before = len(sink.events)
+    assert await src.refresh()
+    assert sink.events[before:] == []
+    assert DENY_ADMIN in sink.objects and src.object_count() == 3
+
+
+async def test_a_refresh_stopped_while_loading_changes_nothing(tmp_path: Path) -> None:
+    sink = WatchingSink(DENY_ADMIN)
+    loader = GatedLoader(slow="b.yaml")
+    src = FileSource(tmp_path, sink, loader=loader)
+    write(tmp_path / "a.yaml", [deny_admin()])
+    loader.release.set()
+    await src.refresh()
+    loader.release.clear()
+    loader.waiting.clear()
+    (tmp_path / "a.yaml").unlink()
+    write(tmp_path / "b.yaml", [deny_admin()])
+    refresh = asyncio.create_task(src.refresh())
+    await asyncio.wait_for(loader.waiting.wait(), 5)
+    refresh.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await refresh
+    assert set(sink.objects) == {DENY_ADMIN}
+    loader.release.set()
+    assert await src.refresh()  # the next refresh finds both changes again
+    assert set(sink.objects) == {DENY_ADMIN}
+    first = sink.objects[DENY_ADMIN]
+    write(tmp_path / "b.yaml", [deny_admin(selector={"matchLabels": {"app": "x"}})])
+    assert await src.refresh()
+    assert sink.objects[DENY_ADMIN] != first, "b.yaml defines it now"
+
+
+async def test_many_files_load_one_after_another_and_apply_in_one_batch(tmp_path: Path) -> None:
+    sink = WatchingSink(DENY_ADMIN)
+    loader = GatedLoader(slow="none")
+    src = FileSource(tmp_path, sink, loader=loader)
+    for i in range(20):
+        write(tmp_path / f"f{i:02}.yaml", [vs(f"r{i}", f"h{i}")])
+    (tmp_path / "bad.yaml").write_text("kind: [")
+    assert await src.refresh()
+    assert sink.batches == 1
+    assert loader.loaded == sorted(loader.loaded) and len(loader.loaded) == 21
+    assert len(sink.objects) == 20
+    assert [r.where for r in src.rejections] == [f"{tmp_path / 'bad.yaml'}[doc 0]"]

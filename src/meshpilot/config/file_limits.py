@@ -10,12 +10,11 @@ one way a small or odd file becomes a large cost:
 - ``max_alias_values``: a YAML alias shares a node, and decoding copies it
   each time it is used. Nine lines of "billion laughs" decode to 10^9 values
   (the parse itself stays small). What aliases add is counted without
-  expanding anything.
-- ``max_depth``: the decoders recurse once per level; libyaml stops at 1,000
-  levels, Python's stack at about the same, so a bound well below keeps the
-  error a rejection instead of a RecursionError. Istio objects are a few
-  levels deep; an EnvoyFilter patch holding a whole Envoy filter config a few
-  dozen.
+  expanding anything. (Client input refuses aliases instead; why the two
+  differ is said once, in ``meshpilot.input_limits``.)
+- ``max_depth``: ``MAX_NESTING``, the one nesting limit of client input and
+  config files; ``measure_nesting`` (shared with client input, iterative)
+  checks it together with the aliases, before any decoder recurses.
 - ``seconds``: what the other limits miss (a slow decoder path) is cut off by
   time: the loader process is stopped and the file rejected.
 - ``memory_bytes``: the loader process's address space beyond what it had at
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshpilot.config.errors import ConfigError
+from meshpilot.input_limits import MAX_NESTING, NestingExceeded, measure_nesting
 
 MIB = 1024 * 1024
 
@@ -40,8 +40,8 @@ class FileLimits:
     max_documents: int = 50_000
     #: Values that aliases may add to one document (beyond those written out).
     max_alias_values: int = 100_000
-    #: Nesting levels of one document (a scalar at the top is level 1).
-    max_depth: int = 100
+    #: Nesting levels of objects and lists in one document (``{"a": [1]}`` is 2).
+    max_depth: int = MAX_NESTING
     #: Time to read and decode one file (a file of 10,000 ServiceEntries takes about 3 s).
     seconds: float = 30.0
     #: Memory the loader process may take beyond its start (its address space limit).
@@ -61,47 +61,7 @@ def check_value(value: Any, limits: FileLimits) -> None:
     Shared containers (what YAML aliases make) are measured once and counted
     at each use, so the check costs the parsed size, not the expanded one.
     """
-    _Measure(limits).measure(value, 1)
-
-
-class _Measure:
-    def __init__(self, limits: FileLimits) -> None:
-        self._limits = limits
-        #: id of a container -> (values under it, expanded; levels under it).
-        self._done: dict[int, tuple[int, int]] = {}
-        self._open: set[int] = set()
-        self._added = 0
-
-    def measure(self, value: Any, depth: int) -> tuple[int, int]:
-        """(values, levels) of ``value`` at nesting ``depth``; the recursion stops at max_depth."""
-        if depth > self._limits.max_depth:
-            raise LimitExceeded(f"nested deeper than the limit of {self._limits.max_depth} levels")
-        if isinstance(value, dict):
-            children: Any = [*value.keys(), *value.values()]
-        elif isinstance(value, list):
-            children = value
-        else:
-            return 1, 1
-        key = id(value)
-        done = self._done.get(key)
-        if done is not None:
-            # A second use of a container: an alias (or a merge key) put it here again.
-            size, levels = done
-            if depth + levels - 1 > self._limits.max_depth:
-                raise LimitExceeded(f"nested deeper than the limit of {self._limits.max_depth} levels")
-            self._added += size
-            if self._added > self._limits.max_alias_values:
-                limit = self._limits.max_alias_values
-                raise LimitExceeded(f"YAML aliases expand it by more than the limit of {limit:,} values")
-            return done
-        if key in self._open:
-            raise LimitExceeded("a YAML alias refers to a node that contains it")
-        self._open.add(key)
-        size, levels = 1, 0
-        for child in children:
-            child_size, child_levels = self.measure(child, depth + 1)
-            size += child_size
-            levels = max(levels, child_levels)
-        self._open.discard(key)
-        self._done[key] = (size, levels + 1)
-        return size, levels + 1
+    try:
+        measure_nesting(value, limits.max_depth, limits.max_alias_values)
+    except NestingExceeded as err:
+        raise LimitExceeded(str(err)) from None

@@ -16,6 +16,12 @@ slices, so no file stalls pushes or probes. A file over a limit is rejected
 as a whole and what it defined before stays. The directory is walked
 following symlinks (Kubernetes mounts ConfigMaps through them), each real
 directory once, so links that loop are walked once.
+
+All the files changed in one edit are applied together, in one sink batch,
+after every one of them was loaded: an object moved from one file to another
+goes straight from its old definition to its new one and is never missing
+from the sink (a DENY policy missing for the time a large file takes to load
+fails open), and derived state is computed once per edit, not once per file.
 """
 
 from __future__ import annotations
@@ -98,6 +104,9 @@ class FileSource:
         #: The files defining each object, so settling a key does not visit every file.
         self._defined_in: dict[ObjectKey, set[Path]] = {}
         self._effective: dict[ObjectKey, tuple[Path, Decoded]] = {}
+        #: Keys whose definitions were recorded but not yet settled into the sink: settled at the
+        #: end of the same refresh, or by the next one if this one was cancelled or failed midway.
+        self._unsettled: set[ObjectKey] = set()
         self._lock = asyncio.Lock()
 
     @property
@@ -115,12 +124,13 @@ class FileSource:
         """
         found = dict(self._scan())
         changed = self._changed(found)
-        if not changed:
+        if not changed and not self._unsettled:
             return False
         loaded = {path: self._inline.load_now(path) for path in sorted(changed) if path in found}
-        touched = self._take(changed, found, loaded)
+        for path in sorted(changed):
+            self._take(path, found, loaded)
         with self._sink.batch():
-            for key in touched:
+            for key in self._settle_order():
                 self._settle(key)
         return True
 
@@ -128,23 +138,28 @@ class FileSource:
         """``sync`` for a server: the walk on a thread, files through the loader, the objects
         applied a slice at a time; True if anything changed.
 
-        Each file is applied as soon as it is loaded, removed files first and then the smallest:
-        a large file (seconds in the loader) does not hold back the small edits made with it.
+        Every changed file is loaded before any is applied, and then all of them are applied in
+        one sink batch. An edit that moves an object between files therefore never removes it
+        first, and a small file changed with a large one waits for it (at most the loader's time
+        limit per file). A stop while files load (the task cancelled) leaves everything as it was.
         """
         async with self._lock:
             found = dict(await asyncio.to_thread(lambda: list(self._scan())))
             changed = self._changed(found)
-            if not changed:
+            if not changed and not self._unsettled:
                 return False
-            order = sorted(changed, key=lambda p: (p in found, found[p][1] if p in found else 0, p))
-            for path in order:
-                loaded = {path: await self.loader.load(path)} if path in found else {}
-                touched = self._take({path}, found, loaded)
-                with self._sink.batch():
-                    for i, key in enumerate(touched):
-                        self._settle(key)
-                        if i % _SLICE == _SLICE - 1:
-                            await asyncio.sleep(0)
+            loaded: dict[Path, list[LoadedDocument]] = {}
+            for path in sorted(changed):
+                if path in found:
+                    loaded[path] = await self.loader.load(path)
+            for path in sorted(changed):
+                self._take(path, found, loaded)
+                await asyncio.sleep(0)  # a file of many documents is recorded between yields
+            with self._sink.batch():
+                for i, key in enumerate(self._settle_order()):
+                    self._settle(key)
+                    if i % _SLICE == _SLICE - 1:
+                        await asyncio.sleep(0)
             return True
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -180,28 +195,25 @@ class FileSource:
         return changed
 
     def _take(
-        self,
-        paths: set[Path],
-        found: Mapping[Path, Signature],
-        loaded: Mapping[Path, list[LoadedDocument]],
-    ) -> list[ObjectKey]:
-        """Record the new state of ``paths``; the keys to settle, in order."""
-        touched: set[ObjectKey] = set()
-        for path in sorted(paths):
-            old = self._files.pop(path, None)
-            if old is not None:
-                touched.update(old.objects)
-                for key in old.objects:
-                    self._defined_in[key].discard(path)
-            if path not in found:
-                log.info("config file %s removed", path)
-                continue
-            state = self._read(found[path], loaded[path], old)
-            self._files[path] = state
-            touched.update(state.objects)
-            for key in state.objects:
-                self._defined_in.setdefault(key, set()).add(path)
-        return sorted(touched, key=lambda k: (k[0].value, k[1], k[2]))
+        self, path: Path, found: Mapping[Path, Signature], loaded: Mapping[Path, list[LoadedDocument]]
+    ) -> None:
+        """Record the new state of ``path`` (gone if not in ``found``); its keys become unsettled."""
+        old = self._files.pop(path, None)
+        if old is not None:
+            self._unsettled.update(old.objects)
+            for key in old.objects:
+                self._defined_in[key].discard(path)
+        if path not in found:
+            log.info("config file %s removed", path)
+            return
+        state = self._read(found[path], loaded[path], old)
+        self._files[path] = state
+        self._unsettled.update(state.objects)
+        for key in state.objects:
+            self._defined_in.setdefault(key, set()).add(path)
+
+    def _settle_order(self) -> list[ObjectKey]:
+        return sorted(self._unsettled, key=lambda k: (k[0].value, k[1], k[2]))
 
     def _read(self, signature: Signature, docs: list[LoadedDocument], old: _FileState | None) -> _FileState:
         previous = old.objects if old is not None else {}
@@ -237,6 +249,7 @@ class FileSource:
 
     def _settle(self, key: ObjectKey) -> None:
         """Make the sink hold the winning definition of ``key``, or nothing."""
+        self._unsettled.discard(key)
         paths = self._defined_in.get(key, set())
         definitions = sorted((path, self._files[path].objects[key]) for path in paths)
         if not paths:
