@@ -12,9 +12,11 @@ import grpc
 import pytest
 from envoy.admin.v3 import config_dump_pb2, config_dump_shared_pb2
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
 from envoy.service.status.v3 import csds_pb2
 from google.protobuf import any_pb2
+from support.envoy_filters import envoy_filter
 from support.kube import workload
 from support.model import Model, build
 
@@ -22,12 +24,13 @@ from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest, TriggerReason
-from meshpilot.xds.config_dump import REDACTED, config_dump
+from meshpilot.xds.config_dump import config_dump
 from meshpilot.xds.connection import Connection, WatchedResource
-from meshpilot.xds.debug_access import DebugAccess, DebugRefused
+from meshpilot.xds.debug_access import DebugAccess, DebugRefused, judged_identity
 from meshpilot.xds.generators import Generator, Resource, sidecar_generators
 from meshpilot.xds.generators.base import GenerationContext
 from meshpilot.xds.generators.debug import debug_generators
+from meshpilot.xds.redaction import REDACTED
 from meshpilot.xds.sync_status import config_status
 from meshpilot.xds.types import TypeUrl
 
@@ -84,13 +87,18 @@ class FakeServer:
         return conn
 
 
-@pytest.fixture
-def server() -> FakeServer:
+def _fake_server(*extra: Mapping[str, Any]) -> FakeServer:
     docs = [
         *workload("reviews", "default", "10.96.0.20", 9080, {"reviews-v1": "127.0.0.21"}),
         *workload("ratings", "other", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
+        *extra,
     ]
-    fake = FakeServer(build(docs))
+    return FakeServer(build(docs))
+
+
+@pytest.fixture
+def server() -> FakeServer:
+    fake = _fake_server()
     reviews = fake.connect("reviews-v1", "default")
     reviews.watched[TypeUrl.CLUSTER] = WatchedResource(
         TypeUrl.CLUSTER, wildcard=True, nonce_sent="n1", nonce_acked="n1", last_sent=1_700_000_000.5
@@ -208,7 +216,7 @@ def test_config_dump_is_the_proxys_config_in_istiods_sections(server: FakeServer
     [dumped] = secrets.dynamic_active_secrets
     secret = secret_pb2.Secret()
     dumped.secret.Unpack(secret)
-    assert secret.tls_certificate.private_key.inline_bytes == REDACTED
+    assert secret.tls_certificate.private_key.inline_bytes == REDACTED.encode()
     assert secret.tls_certificate.certificate_chain.inline_bytes == b"CHAIN"
 
 
@@ -254,6 +262,83 @@ def test_debug_pages_need_an_identity_and_outside_the_system_namespace_only_per_
     with pytest.raises(DebugRefused) as refused:
         _ask(server, TypeUrl.DEBUG, frozenset({"a", "b"}))
     assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_allowed_namespaces_and_the_auth_switch_mean_over_xds_what_they_mean_over_http(
+    server: FakeServer,
+) -> None:
+    allowed = DebugAccess(allowed_namespaces=frozenset({"other"}))
+    _ask(server, TypeUrl.DEBUG, frozenset({"syncz"}), identity=OTHER_NS, access=allowed)
+    assert server.rendered[-1] == ("syncz", {}, "")
+    off = DebugAccess(enabled=False)
+    _ask(server, TypeUrl.DEBUG, frozenset({"configz"}), identity=OTHER_NS, access=off)
+    assert server.rendered[-1] == ("configz", {}, "")
+    _ask(server, TypeUrl.DEBUG, frozenset({"config_dump?proxyID=x"}), identity=OTHER_NS)
+    assert server.rendered[-1][2] == "other"
+
+
+def test_an_identity_without_a_namespace_is_refused() -> None:
+    access = DebugAccess()
+    with pytest.raises(DebugRefused) as refused:
+        access.page_scope("someone@example.com", "config_dump", "istio-system")
+    assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(DebugRefused) as refused:
+        access.status_scope("", "istio-system")
+    assert refused.value.code is grpc.StatusCode.UNAUTHENTICATED
+    assert judged_identity(("someone@example.com", DEFAULT_NS)) == DEFAULT_NS
+    assert judged_identity(("someone@example.com",)) == "someone@example.com"
+    assert judged_identity(()) == ""
+
+
+DOWNSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
+KEY = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n"
+
+
+def test_config_dump_hides_what_an_envoy_filter_inlined_into_a_listener() -> None:
+    tls = {
+        "@type": DOWNSTREAM_TLS,
+        "common_tls_context": {
+            "tls_certificates": [
+                {
+                    "certificate_chain": {"inline_string": "CHAIN"},
+                    "private_key": {"inline_string": KEY},
+                    "password": {"inline_bytes": "aHVudGVyMg=="},
+                }
+            ]
+        },
+    }
+    listener = {
+        "name": "inline-tls",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": 8443}},
+        "metadata": {"filter_metadata": {"example": {"api_token": "t0k3n", "note": KEY, "owner": "team-a"}}},
+        "filter_chains": [{"transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": tls}}],
+    }
+    patch = {"applyTo": "LISTENER", "patch": {"operation": "ADD", "value": listener}}
+    server = _fake_server(envoy_filter("inline-tls", "istio-system", [patch]))
+    conn = server.connect("reviews-v1", "default")
+    conn.watched[TypeUrl.LISTENER] = WatchedResource(TypeUrl.LISTENER, wildcard=True)
+    server.connect("test-1", "istio-system", {"GENERATOR": "event"})
+
+    resources = _ask(server, TypeUrl.DEBUG_CONFIG_DUMP, frozenset({"reviews-v1.default"}))
+    assert all(b"PRIVATE KEY" not in r.payload and b"t0k3n" not in r.payload for r in resources)
+    listeners = config_dump_shared_pb2.ListenersConfigDump()
+    resources[2].message().Unpack(listeners)
+    [entry] = [e for e in listeners.dynamic_listeners if e.name == "inline-tls"]
+    dumped = listener_pb2.Listener()
+    entry.active_state.listener.Unpack(dumped)
+    context = tls_pb2.DownstreamTlsContext()
+    dumped.filter_chains[0].transport_socket.typed_config.Unpack(context)
+    [certificate] = context.common_tls_context.tls_certificates
+    assert certificate.private_key.inline_string == REDACTED
+    assert certificate.password.inline_bytes == REDACTED.encode()
+    assert certificate.certificate_chain.inline_string == "CHAIN"
+    metadata = dumped.metadata.filter_metadata["example"]
+    assert metadata["api_token"] == metadata["note"] == REDACTED
+    assert metadata["owner"] == "team-a"
+    # Hidden in the dump's copy only: what the proxy is sent is untouched.
+    ctx = GenerationContext(conn.proxy, server.model.push, server.model.index, PushRequest(full=True))
+    sent = sidecar_generators()[TypeUrl.LISTENER].generate(ctx, conn.watched[TypeUrl.LISTENER], None)
+    assert any(b"PRIVATE KEY" in r.payload for r in sent or [])
 
 
 def test_debug_types_are_never_pushed(server: FakeServer) -> None:

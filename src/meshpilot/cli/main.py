@@ -199,8 +199,9 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--debug-endpoint-auth",
         action=argparse.BooleanOptionalAction,
         default=env_default("ENABLE_DEBUG_ENDPOINT_AUTH", "true").lower() != "false",
-        help="xDS debug types only for verified identities, scoped to their namespace outside the system "
-        "one; --no-debug-endpoint-auth serves them on the plaintext port ($ENABLE_DEBUG_ENDPOINT_AUTH)",
+        help="debug data (xDS types, /debug pages) only for verified identities, scoped to their namespace "
+        "outside the system one; --no-debug-endpoint-auth opens it to any authenticated caller and the "
+        "xDS status types on the plaintext port ($ENABLE_DEBUG_ENDPOINT_AUTH)",
     )
     p.add_argument(
         "--log-level",

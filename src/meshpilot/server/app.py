@@ -230,8 +230,10 @@ class DiscoveryApp:
         debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
         self.debug = debug
         # istioctl's xDS types read the same pages and connections the HTTP debug port shows.
-        access = DebugAccess(settings.debug_endpoint_auth, settings.debug_auth_allowed_namespaces)
-        self.server.generators.update(debug_generators(self.server, debug, access))
+        # One rule for who reads what, over xDS and over HTTP (``_debug_access``).
+        self._root_namespace: str = mesh.root_namespace
+        self.debug_rule = DebugAccess(settings.debug_endpoint_auth, settings.debug_auth_allowed_namespaces)
+        self.server.generators.update(debug_generators(self.server, debug, self.debug_rule))
         self._stop = asyncio.Event()
         #: The main loop's heartbeat, which /ready and /healthz/live read (started by run()).
         self.heartbeat = LoopHeartbeat()
@@ -259,14 +261,14 @@ class DiscoveryApp:
             self.inject_source = InjectConfigSource(handler, settings.inject_config)
 
     def _debug_access(self) -> Middleware:
-        """Who may read /debug on the HTTP and monitoring ports (istiod's rules: ``debug_access``)."""
-        settings = self.settings
-        return debug_access(
-            lambda: self.server.authenticators,
-            settings.istio_namespace,
-            allowed_namespaces=settings.debug_auth_allowed_namespaces,
-            authorize=settings.debug_endpoint_auth,
-        )
+        """Who may read /debug on the HTTP and monitoring ports: token authentication, then the
+        rule the xDS debug types apply, against the mesh root namespace as they use it."""
+
+        def system_namespace() -> str:
+            push = self.server.push_context
+            return push.mesh.root_namespace if push is not None else self._root_namespace
+
+        return debug_access(lambda: self.server.authenticators, system_namespace, self.debug_rule)
 
     def _jwks_changed(self, owners: frozenset[ConfigKey]) -> None:
         self.server.config_update(

@@ -17,6 +17,7 @@ from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.push_request import TriggerReason
 from meshpilot.model.service import Resolution, Service
+from meshpilot.server.debug_access import SCOPE
 from meshpilot.server.redaction import adsz_metadata, redact
 from meshpilot.xds.config_dump import config_dump
 from meshpilot.xds.connection import Connection
@@ -268,16 +269,20 @@ class DebugHandlers:
                 status=404,
                 text="Proxy not connected to this Pilot instance. It may be connected to another instance.\n",
             )
+        # Secrets are already redacted, as over xDS (``xds.config_dump``). Field names as Envoy's own
+        # /config_dump writes them, so the two can be diffed.
         dump = config_dump(server, conn, push, include_eds="include_eds" in query)
-        # Field names as Envoy's own /config_dump writes them, so the two can be diffed.
-        # An EnvoyFilter may have inlined a private key into a listener: redacted, as Envoy's own dump does.
-        return _json(redact(json_format.MessageToDict(dump, preserving_proto_field_name=True)))
+        return _json(json_format.MessageToDict(dump, preserving_proto_field_name=True))
 
 
 def _http(page: Page) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """``page`` as an aiohttp handler: it reads only the query. The HTTP pages are unscoped here."""
+    """``page`` as an aiohttp handler: it reads only the query, and the scope the access middleware
+    (``server.debug_access``) decided. Without that decision the page is not served."""
 
     async def handler(request: web.Request) -> web.Response:
-        return page(request.query, "")
+        scope = request.get(SCOPE)
+        if scope is None:
+            return web.Response(status=403, text="debug access is not configured\n")
+        return page(request.query, scope)
 
     return handler

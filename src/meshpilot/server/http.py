@@ -46,7 +46,8 @@ def http_app(
 ) -> web.Application:
     """/ready, the liveness probe (``LIVE_PATH``) and the debug pages (None: not served here,
     istiod's ENABLE_DEBUG_ON_HTTP=false), ``forward`` wrapping the debug handlers (see on_loop),
-    ``access`` deciding who may read them (``debug_access``).
+    ``access`` deciding who may read them and about which namespace (``debug_access``; without it
+    the debug pages refuse every caller).
 
     ``ready`` and ``live`` are called on the thread serving the app, so they must only read
     (``heartbeat.LoopHeartbeat`` tells them whether the main loop still moves).

@@ -1,44 +1,16 @@
-"""What the debug pages leave out: secrets (``/debug/configz``, ``/debug/config_dump``) and node
-metadata beyond istiod's fields (``/debug/adsz``).
+"""What the debug pages leave out: secrets (``/debug/configz``, ``/debug/adsz``; the config dump
+hides its own, ``xds.config_dump``) and node metadata beyond istiod's fields (``/debug/adsz``).
 
-Config can carry key material: an EnvoyFilter may inline a private key into a
-listener's TLS context, an annotation may hold a token, and
-``kubectl.kubernetes.io/last-applied-configuration`` repeats the whole object
-as text. Envoy's own config dump hides fields it marks sensitive; here the
-rule is by name and by content, so it also covers free-form values.
+What counts as a secret is one rule for every debug view: ``xds.redaction``.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-REDACTED = "[redacted]"
+from meshpilot.xds.redaction import REDACTED, redact
 
-#: Endings of field and annotation names whose values are secrets (Envoy's sensitive TLS fields,
-#: the usual credential names), compared without case, ``_``, ``-`` or ``.``: ``private_key``,
-#: ``hmac_secret``, ``example.com/api-token``; not ``token_bucket`` or ``credentialName``.
-_SENSITIVE_ENDINGS = ("privatekey", "password", "passphrase", "token", "secret", "apikey")
-#: PEM private keys of any algorithm, wherever they appear in a string.
-_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
-
-
-def _sensitive(name: str) -> bool:
-    return name.lower().replace("_", "").replace("-", "").replace(".", "").endswith(_SENSITIVE_ENDINGS)
-
-
-def redact(value: Any) -> Any:
-    """A copy of decoded JSON with secret values replaced by ``[redacted]``: values under sensitive
-    names (a TLS ``private_key``, an annotation ``…token``) and any string holding a PEM private key.
-    ``credentialName`` only names a Secret, so it stays."""
-    if isinstance(value, dict):
-        return {key: REDACTED if _sensitive(str(key)) else redact(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [redact(item) for item in value]
-    if isinstance(value, str) and _PRIVATE_KEY.search(value):
-        return REDACTED
-    return value
-
+__all__ = ["ADSZ_METADATA_KEYS", "REDACTED", "adsz_metadata", "redact"]
 
 #: The node metadata keys istiod's ``/debug/adsz`` shows (its NodeMetadata fields; the raw map is
 #: not serialized). Anything else a proxy put in its metadata stays out of the page.

@@ -92,8 +92,8 @@ class DiscoverySettings:
     xds_cache_size: int = 60000
     #: New streams per second (PILOT_MAX_REQUESTS_PER_SECOND); 0 is istiod's automatic value.
     max_requests_per_second: float = 0.0
-    #: ENABLE_DEBUG_ENDPOINT_AUTH: xDS sync status and config dumps only for verified identities,
-    #: outside the system namespace only about their own namespace (``xds.debug_access``).
+    #: ENABLE_DEBUG_ENDPOINT_AUTH: debug data, over xDS and HTTP, only for verified identities, outside
+    #: the system namespace only per-proxy pages about their own namespace (``xds.debug_access``).
     debug_endpoint_auth: bool = True
     #: DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES: namespaces that may read debug data like the system one.
     debug_auth_allowed_namespaces: frozenset[str] = frozenset()

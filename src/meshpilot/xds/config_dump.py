@@ -3,8 +3,12 @@
 ``/debug/config_dump?proxyID=`` and the ``istio.io/debug/config_dump`` xDS type both serve this, and
 ``istioctl proxy-status <pod>`` compares it with the dump of the proxy's own Envoy admin. The sections
 and their order are istiod's: bootstrap (empty), clusters, endpoints (only when asked for), listeners,
-scoped routes (empty), routes, secrets (private keys redacted), extension configs (none: meshpilot
-serves no ECDS). Per-resource ``version_info`` is set where istiod sets it; istioctl strips it anyway.
+scoped routes (empty), routes, secrets, extension configs (none: meshpilot serves no ECDS).
+Per-resource ``version_info`` is set where istiod sets it; istioctl strips it anyway.
+
+Secrets are hidden here, once for both views (``redaction.redact_message``): an SDS private key, and
+a key or password an EnvoyFilter inlined into a listener's or a cluster's TLS context, become
+``[redacted]``, as Envoy's own dump shows them.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from typing import Any
 
 from envoy.admin.v3 import config_dump_pb2, config_dump_shared_pb2
 from envoy.config.listener.v3 import listener_pb2
-from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
@@ -22,16 +25,14 @@ from meshpilot.networking.protobuf import pack
 from meshpilot.xds.connection import Connection
 from meshpilot.xds.generators.base import GenerationContext
 from meshpilot.xds.introspect import ConnectedProxies
+from meshpilot.xds.redaction import redact_message
 from meshpilot.xds.types import TypeUrl
-
-#: What stands in for a private key in a dumped Secret (istiod's text).
-REDACTED = b"[redacted]"
 
 
 def config_dump(
     proxies: ConnectedProxies, conn: Connection, push: PushContext, *, include_eds: bool = False
 ) -> Any:
-    """``conn``'s configuration generated from ``push``, for the types it watches."""
+    """``conn``'s configuration generated from ``push``, for the types it watches, secrets hidden."""
     ctx = GenerationContext(
         conn.proxy,
         push,
@@ -62,7 +63,7 @@ def config_dump(
         routes.dynamic_route_configs.add(version_info=version, route_config=route)
     secrets = config_dump_pb2.SecretsConfigDump()
     for secret in generate(TypeUrl.SECRET):
-        secrets.dynamic_active_secrets.add(version_info=version).secret.Pack(_redacted(secret))
+        secrets.dynamic_active_secrets.add(version_info=version, secret=secret)
     sections: list[Any] = [config_dump_pb2.BootstrapConfigDump(), clusters]
     if include_eds:
         endpoints = config_dump_shared_pb2.EndpointsConfigDump()
@@ -76,6 +77,9 @@ def config_dump(
         secrets,
         config_dump_shared_pb2.EcdsConfigDump(),
     ]
+    # Each section holds copies of the generated resources, so hiding in place leaves the cache alone.
+    for section in sections:
+        redact_message(section)
     return config_dump_pb2.ConfigDump(configs=[pack(s) for s in sections])
 
 
@@ -83,12 +87,3 @@ def _name(packed: Any, message_type: Any) -> str:
     message = message_type()
     packed.Unpack(message)
     return str(message.name)
-
-
-def _redacted(packed: Any) -> Any:
-    secret = secret_pb2.Secret()
-    packed.Unpack(secret)
-    if secret.HasField("tls_certificate"):
-        secret.tls_certificate.private_key.Clear()
-        secret.tls_certificate.private_key.inline_bytes = REDACTED
-    return secret
