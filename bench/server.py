@@ -33,6 +33,11 @@ def _ephemeral_floor() -> int:
         return 32768
 
 
+#: Ports this process handed out: two picks a moment apart (one server's gRPC and HTTP ports) must
+#: not be the same port, which a random pick below the ephemeral range otherwise allows.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now, for a server started a moment later.
 
@@ -42,11 +47,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     top = _ephemeral_floor() - 1
     for _ in range(200):
         port = random.randint(max(1024, top - 12000), top)
+        if port in _HANDED_OUT:
+            continue  # free now, but promised to a server that may not have bound it yet
         with socket.socket() as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket() as sock:
         sock.bind((host, 0))
