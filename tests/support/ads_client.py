@@ -14,6 +14,7 @@ from google.protobuf import struct_pb2
 from google.rpc import status_pb2
 
 ADS_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+DELTA_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 
 
 def node(node_id: str, metadata: dict[str, Any] | None = None) -> base_pb2.Node:
@@ -42,17 +43,19 @@ class Secure:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
 
-class AdsClient:
-    def __init__(self, target: str, *, secure: Secure | None = None) -> None:
+class _StreamClient:
+    """One ADS stream: requests queued by ``send``, responses read by one task (cancelling a pending
+    read cancels the whole call), both protocols alike."""
+
+    def __init__(
+        self, target: str, method: str, serializer: Any, deserializer: Any, secure: Secure | None
+    ) -> None:
         self.channel = secure.channel(target) if secure else grpc.aio.insecure_channel(target)
-        self._out: asyncio.Queue[discovery_pb2.DiscoveryRequest | None] = asyncio.Queue()
+        self._out: asyncio.Queue[Any] = asyncio.Queue()
         self.call = self.channel.stream_stream(
-            ADS_METHOD,
-            request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
-            response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
+            method, request_serializer=serializer, response_deserializer=deserializer
         )(self._requests(), metadata=secure.metadata() if secure else None)
-        self._in: asyncio.Queue[discovery_pb2.DiscoveryResponse | BaseException] = asyncio.Queue()
-        # Cancelling a pending read cancels the whole call, so one task reads everything.
+        self._in: asyncio.Queue[Any] = asyncio.Queue()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
@@ -72,6 +75,36 @@ class AdsClient:
             if item is None:
                 return
             yield item
+
+    async def _next(self, timeout: float) -> Any:
+        item = await asyncio.wait_for(self._in.get(), timeout)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def no_response(self, within: float = 0.5) -> bool:
+        try:
+            await self._next(within)
+        except TimeoutError:
+            return True
+        return False
+
+    async def close(self) -> None:
+        self._out.put_nowait(None)
+        self.call.cancel()
+        self._reader.cancel()
+        await self.channel.close()
+
+
+class AdsClient(_StreamClient):
+    def __init__(self, target: str, *, secure: Secure | None = None) -> None:
+        super().__init__(
+            target,
+            ADS_METHOD,
+            discovery_pb2.DiscoveryRequest.SerializeToString,
+            discovery_pb2.DiscoveryResponse.FromString,
+            secure,
+        )
 
     def send(
         self,
@@ -100,25 +133,7 @@ class AdsClient:
         self.send(response.type_url, names, nonce=response.nonce, version=response.version_info)
 
     async def recv(self, timeout: float = 5.0) -> discovery_pb2.DiscoveryResponse:
-        item = await asyncio.wait_for(self._in.get(), timeout)
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    async def no_response(self, within: float = 0.5) -> bool:
-        try:
-            item = await asyncio.wait_for(self._in.get(), within)
-        except TimeoutError:
-            return True
-        if isinstance(item, BaseException):
-            raise item
-        return False
-
-    async def close(self) -> None:
-        self._out.put_nowait(None)
-        self.call.cancel()
-        self._reader.cancel()
-        await self.channel.close()
+        return await self._next(timeout)
 
 
 def lost_status(err: grpc.aio.AioRpcError) -> bool:
@@ -147,40 +162,13 @@ async def refusal(
     raise AssertionError(f"grpc.aio lost the server's status on all {attempts} streams")
 
 
-DELTA_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
-
-
-class DeltaClient:
+class DeltaClient(_StreamClient):
     """A delta ADS client: requests as Envoy's delta subscription sends them, responses as read."""
 
     def __init__(self, target: str, *, secure: Secure | None = None) -> None:
-        self.channel = secure.channel(target) if secure else grpc.aio.insecure_channel(target)
-        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.call = self.channel.stream_stream(
-            DELTA_METHOD,
-            request_serializer=lambda raw: raw,
-            response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
-        )(self._requests(), metadata=secure.metadata() if secure else None)
-        self._in: asyncio.Queue[discovery_pb2.DeltaDiscoveryResponse | BaseException] = asyncio.Queue()
-        self._reader = asyncio.get_running_loop().create_task(self._read())
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                response = await self.call.read()
-                if response is grpc.aio.EOF:
-                    self._in.put_nowait(EOFError("stream ended"))
-                    return
-                self._in.put_nowait(response)
-        except BaseException as err:
-            self._in.put_nowait(err)
-
-    async def _requests(self):  # type: ignore[no-untyped-def]
-        while True:
-            item = await self._out.get()
-            if item is None:
-                return
-            yield item
+        super().__init__(
+            target, DELTA_METHOD, lambda raw: raw, discovery_pb2.DeltaDiscoveryResponse.FromString, secure
+        )
 
     def send(
         self,
@@ -214,22 +202,4 @@ class DeltaClient:
         self.send(response.type_url, nonce=response.nonce)
 
     async def recv(self, timeout: float = 5.0) -> discovery_pb2.DeltaDiscoveryResponse:
-        item = await asyncio.wait_for(self._in.get(), timeout)
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    async def no_response(self, within: float = 0.5) -> bool:
-        try:
-            item = await asyncio.wait_for(self._in.get(), within)
-        except TimeoutError:
-            return True
-        if isinstance(item, BaseException):
-            raise item
-        return False
-
-    async def close(self) -> None:
-        self._out.put_nowait(None)
-        self.call.cancel()
-        self._reader.cancel()
-        await self.channel.close()
+        return await self._next(timeout)
