@@ -44,11 +44,12 @@ typecheck: install-test
 	$(BIN)/mypy
 
 # Programs the tests drive that pip cannot install: iptables, ip, setpriv and curl for the
-# real capture tests (tests/iptables). Installed once, only when one is missing.
-SYSTEM_TOOLS := iptables-restore ip setpriv curl
+# real capture tests (tests/iptables), and a headless Chromium for /debug/ui
+# (tests/integration/test_debug_ui.py). Installed once, only when one is missing.
+SYSTEM_TOOLS := iptables-restore ip setpriv curl chromium
 $(VENV)/.system-deps: $(BIN)/python
 	for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
-	if [ -n "$$missing" ]; then apt-get update && apt-get install -y iptables iproute2 util-linux curl; fi
+	if [ -n "$$missing" ]; then apt-get update && apt-get install -y iptables iproute2 util-linux curl chromium; fi
 	touch $@
 
 # Istio and Kubernetes as the referee (tests/reference, the real-API-server and agent tests):

@@ -3,7 +3,10 @@
 1. Python code for the project's own ``.proto`` files under ``protos/`` is
    generated with grpcio-tools into ``src/meshpilot/_proto`` (kept out of git).
 2. The Cython hot paths under ``ext/`` are compiled into ``meshpilot._ext``,
-   unless ``MESHPILOT_NO_EXTENSIONS=1`` asks for a pure-Python build.
+   unless ``MESHPILOT_NO_EXTENSIONS=1`` asks for a pure-Python build. Where no C
+   compiler works, the build warns and goes on without them: the pure-Python twins
+   do the same work, slower. ``MESHPILOT_REQUIRE_EXTENSIONS=1`` makes that an error
+   instead (the container image is built so).
 
 The build prints which of the two modes it produced.
 """
@@ -15,12 +18,14 @@ import sys
 from pathlib import Path
 
 from setuptools import Command, Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent.resolve()
 PROTO_ROOT = ROOT / "protos"
 GENERATED = ROOT / "src" / "meshpilot" / "_proto"
 NO_EXTENSIONS = os.environ.get("MESHPILOT_NO_EXTENSIONS", "") not in ("", "0")
+REQUIRE_EXTENSIONS = os.environ.get("MESHPILOT_REQUIRE_EXTENSIONS", "") not in ("", "0")
 
 
 def generate_protos() -> None:
@@ -107,7 +112,35 @@ def extensions() -> list[Extension]:
     )
     return modules
 
+
+class BuildExtOrTwins(build_ext):
+    """A hot path that does not compile (no compiler, no Python headers) is left to its pure-Python
+    twin, with a warning, so that installing never needs a compiler."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as err:  # no compiler at all (setuptools' PlatformError and kin)
+            self._fall_back(err)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as err:  # CompileError, LinkError, a compiler that cannot be run
+            self._fall_back(err, ext.name)
+
+    def _fall_back(self, err: Exception, name: str = "") -> None:
+        if REQUIRE_EXTENSIONS:
+            raise err
+        print(
+            f"meshpilot: WARNING: {name or 'the compiled hot paths'} not built ({err}); "
+            "the pure-Python twin is used instead (same behaviour, slower). "
+            "Install a C compiler and Python's headers for the compiled build.",
+            file=sys.stderr,
+        )
+
+
 setup(
     ext_modules=extensions(),
-    cmdclass={"build_py": BuildPyWithProtos, "gen_protos": GenerateProtos},
+    cmdclass={"build_py": BuildPyWithProtos, "build_ext": BuildExtOrTwins, "gen_protos": GenerateProtos},
 )

@@ -112,9 +112,13 @@ def meshes(draw: Any) -> tuple[list[dict[str, Any]], bool, bool]:
 def test_template_clusters_equal_the_builders(mesh: tuple[list[dict[str, Any]], bool, bool]) -> None:
     docs, auto_mtls, exchange = mesh
     model = build(docs, mesh_yaml=f"enableAutoMtls: {str(auto_mtls).lower()}\n")
-    proxy = model.proxy(
-        CLIENT, extensions=(extensions.METADATA_EXCHANGE, extensions.ALPN) if exchange else ()
+    # Istio's proxy lists the exchange filter by its registered name; upstream Envoy lists only its own.
+    reported = (
+        (extensions.IstioFilter.UPSTREAM_METADATA_EXCHANGE.value, extensions.IstioFilter.ALPN.value)
+        if exchange
+        else ("envoy.filters.network.tcp_proxy",)
     )
+    proxy = model.proxy(CLIENT, extensions=reported)
     inputs = ClusterInputs(proxy, model.push, model.index)
     encoder = OutboundClusterEncoder(inputs)
     encoded = 0

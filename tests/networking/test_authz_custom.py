@@ -96,7 +96,7 @@ def test_http_provider_marks_then_checks_before_jwt_and_rbac() -> None:
 def test_http_provider_leaves_tcp_chains_alone() -> None:
     model = model_with(*AUTHZ, custom("ext", "http-authz", ADMIN), mesh_yaml=MESH)
     tcp = chain(virtual_inbound(model, DB), 3306)
-    assert [f.name for f in tcp.filters] == ["envoy.filters.network.tcp_proxy"]
+    assert [f.name for f in tcp.filters] == ["istio.metadata_exchange", "envoy.filters.network.tcp_proxy"]
 
 
 def test_grpc_provider_checks_tcp_connections() -> None:
@@ -104,19 +104,20 @@ def test_grpc_provider_checks_tcp_connections() -> None:
     model = model_with(*GRPC_AUTHZ, custom("ext", "grpc-authz", ports), mesh_yaml=MESH)
     tcp = chain(virtual_inbound(model, DB), 3306)
     assert [f.name for f in tcp.filters] == [
+        "istio.metadata_exchange",
         "envoy.filters.network.rbac",
         "envoy.filters.network.ext_authz",
         "envoy.filters.network.tcp_proxy",
     ]
     marking = tcp_rbac_pb2.RBAC()
-    tcp.filters[0].typed_config.Unpack(marking)
+    tcp.filters[1].typed_config.Unpack(marking)
     assert marking.stat_prefix == "tcp."
     assert marking.shadow_rules_stat_prefix == "istio_ext_authz_"
     assert list(marking.shadow_rules.policies) == [
         "istio-ext-authz-grpc-authz-ns[default]-policy[ext]-rule[0]"
     ]
     check = tcp_ext_authz_pb2.ExtAuthz()
-    tcp.filters[1].typed_config.Unpack(check)
+    tcp.filters[2].typed_config.Unpack(check)
     assert as_dict(check.filter_enabled_metadata) == enabled_by("envoy.filters.network.rbac", "grpc-authz")
     assert check.grpc_service.envoy_grpc.cluster_name == "outbound|9000||authz.auth.svc.cluster.local"
 

@@ -69,7 +69,8 @@ def test_auto_mtls_matches(model: Model) -> None:
     tls = tls_pb2.UpstreamTlsContext()
     c.transport_socket_matches[0].transport_socket.typed_config.Unpack(tls)
     assert tls.sni == "outbound_.9080_._.reviews.default.svc.cluster.local"
-    assert list(tls.common_tls_context.alpn_protocols) == ["istio"], "no peer exchange without Istio's filter"
+    # An Istio proxy that lists no extensions gets the exchange, as from istiod (networking/extensions.py).
+    assert list(tls.common_tls_context.alpn_protocols) == ["istio-peer-exchange", "istio"]
     sans = tls.common_tls_context.combined_validation_context.default_validation_context
     assert [m.matcher.exact for m in sans.match_typed_subject_alt_names] == [
         "spiffe://cluster.local/ns/default/sa/reviews"
@@ -166,9 +167,18 @@ def test_sidecar_ingress_makes_a_static_inbound_cluster() -> None:
 
 
 def test_istio_only_filters_only_for_proxies_that_report_them(model: Model) -> None:
-    plain = clusters(model)["outbound|9080||reviews.default.svc.cluster.local"]
+    # Upstream Envoy lists its own extensions, none of Istio's.
+    plain = clusters(model, ("envoy.filters.network.tcp_proxy",))[
+        "outbound|9080||reviews.default.svc.cluster.local"
+    ]
     assert not plain.filters
-    istio_proxy = clusters(model, ("istio.metadata_exchange",))[
+    plain_tls = tls_pb2.UpstreamTlsContext()
+    plain.transport_socket_matches[0].transport_socket.typed_config.Unpack(plain_tls)
+    assert list(plain_tls.common_tls_context.alpn_protocols) == ["istio"], (
+        "no peer exchange without the filter"
+    )
+    # Istio's proxy lists the upstream exchange filter under the name it registers it with.
+    istio_proxy = clusters(model, ("envoy.filters.network.upstream.metadata_exchange",))[
         "outbound|9080||reviews.default.svc.cluster.local"
     ]
     assert [f.name for f in istio_proxy.filters] == ["istio.metadata_exchange"]

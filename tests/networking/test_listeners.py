@@ -34,9 +34,10 @@ def listeners(model: Model, **meta: Any) -> dict[str, Any]:
 
 
 def hcm(chain: Any) -> Any:
+    """The chain's HCM: its last filter (an inbound chain's starts with metadata exchange)."""
     out = hcm_pb2.HttpConnectionManager()
-    assert chain.filters[0].name == "envoy.filters.network.http_connection_manager"
-    chain.filters[0].typed_config.Unpack(out)
+    assert chain.filters[-1].name == "envoy.filters.network.http_connection_manager"
+    chain.filters[-1].typed_config.Unpack(out)
     return out
 
 
@@ -65,8 +66,11 @@ def test_redirect_mode_shapes(model: Model) -> None:
     manager = hcm(chain)
     assert manager.rds.route_config_name == "9080"
     assert manager.stat_prefix == "outbound_0.0.0.0_9080;"
+    # istiod's order, for an Istio proxy (the model's proxies send ISTIO_VERSION and list no extensions).
     assert [f.name for f in manager.http_filters] == [
+        "istio.metadata_exchange",
         "envoy.filters.http.grpc_stats",
+        "istio.alpn",
         "envoy.filters.http.fault",
         "envoy.filters.http.cors",
         "envoy.filters.http.router",

@@ -51,7 +51,8 @@ def chain(listener: Any, port: int, transport: str = "raw_buffer") -> Any:
 
 def http_filters(listener: Any, port: int) -> list[Any]:
     hcm = hcm_pb2.HttpConnectionManager()
-    chain(listener, port).filters[0].typed_config.Unpack(hcm)
+    # The HCM ends the chain (an inbound chain starts with metadata exchange).
+    chain(listener, port).filters[-1].typed_config.Unpack(hcm)
     return list(hcm.http_filters)
 
 
@@ -182,13 +183,15 @@ def test_http_only_fields_on_tcp_follow_istiod() -> None:
     ]
     listener = virtual_inbound(model_with(*docs), DB)
     tcp = chain(listener, 3306)
+    # Metadata exchange first (an Istio proxy's inbound chain), then DENY and ALLOW.
     assert [f.name for f in tcp.filters] == [
+        "istio.metadata_exchange",
         "envoy.filters.network.rbac",
         "envoy.filters.network.rbac",
         "envoy.filters.network.tcp_proxy",
     ]
     configs = []
-    for f in tcp.filters[:2]:
+    for f in tcp.filters[1:3]:
         out = tcp_rbac_pb2.RBAC()
         f.typed_config.Unpack(out)
         configs.append(out)

@@ -54,8 +54,9 @@ def tcp_cluster(chain: Any) -> str:
 
 
 def hcm(chain: Any) -> Any:
+    """The chain's HCM: its last filter (an inbound chain's starts with metadata exchange)."""
     out = hcm_pb2.HttpConnectionManager()
-    chain.filters[0].typed_config.Unpack(out)
+    chain.filters[-1].typed_config.Unpack(out)
     return out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from meshpilot import __version__
 from meshpilot.ca.mesh_ca import CaSettings
-from meshpilot.cli import validate
+from meshpilot.cli import explain, istiod_compat, preview, validate
 from meshpilot.config.errors import ConfigError
 from meshpilot.server import logs
 from meshpilot.server.settings import Address, DiscoverySettings, duration_seconds, env_default
@@ -131,6 +131,8 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--istio-namespace",
         "-a",
         "--istioNamespace",
+        "--namespace",
+        "-n",
         default=env_default("POD_NAMESPACE", "istio-system"),
         help="namespace of the mesh ConfigMap, multicluster Secrets and Leases (default $POD_NAMESPACE)",
     )
@@ -203,18 +205,23 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "outside the system one; --no-debug-endpoint-auth opens it to any authenticated caller and the "
         "xDS status types on the plaintext port ($ENABLE_DEBUG_ENDPOINT_AUTH)",
     )
-    p.add_argument(
-        "--log-level",
-        "--log_output_level",
-        default="info",
-        choices=sorted(logs.LEVELS),
-        help="log level (default info)",
-    )
+    logs.add_log_flags(p)
+    # Last: istiod's flags meshpilot does not define above (Istio's chart passes them unchanged).
+    istiod_compat.add_istiod_flags(p)
     p.set_defaults(run=_run_discovery)
 
 
 def _run_discovery(args: argparse.Namespace) -> int:
-    logs.configure(args.log_level)
+    try:
+        unknown_scopes = logs.configure(logs.options_from(args))
+    except ValueError as err:
+        print(f"meshpilot: {err}", file=sys.stderr)
+        return 2
+    logs.report_unknown_scopes(unknown_scopes)
+    compat = istiod_compat.startup_report(args, os.environ)
+    istiod_compat.log_report(compat)
+    if compat.refused:
+        return 2
     if args.config_dir is not None and not args.config_dir.is_dir():
         print(f"meshpilot: --config-dir {args.config_dir} is not a directory", file=sys.stderr)
         return 2
@@ -362,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     # (main() hands them over before this parser sees them; listed here for --help.)
     sub.add_parser("iptables", help="set up a sidecar's traffic capture (istio-iptables)", add_help=False)
     validate.add_parser(sub)
+    preview.add_parser(sub)
+    explain.add_parser(sub)
     _add_kube_inject(sub)
     return parser
 

@@ -23,6 +23,7 @@ from meshpilot._proto.istio.security.v1beta1 import (
     peer_authentication_pb2,
     request_authentication_pb2,
 )
+from meshpilot._proto.istio.telemetry.v1alpha1 import telemetry_pb2
 from meshpilot.config import core_objects
 from meshpilot.config.errors import ConfigError
 from meshpilot.model.kind import Kind
@@ -114,6 +115,7 @@ SCHEMAS: dict[Kind, Schema] = {
             "requestauthentications",
             _SECURITY_VERSIONS,
         ),
+        _istio(Kind.TELEMETRY, telemetry_pb2.Telemetry, "telemetries", ("v1", "v1alpha1")),
     )
 }
 

@@ -275,17 +275,16 @@ class RootCertPublisher:
                 }
                 request_json(self.api, "POST", path, body=body)
             else:
-                request_json(
-                    self.api,
-                    "PATCH",
-                    f"{path}/{ROOT_CERT_CONFIGMAP}",
-                    body={"data": {ROOT_CERT_KEY: root}},
-                    content_type="application/merge-patch+json",
-                )
+                # Read and replace (its resourceVersion guards it), as istiod updates it: istiod's
+                # ClusterRole, which meshpilot's keeps within, grants configmaps `update`, not `patch`.
+                current = request_json(self.api, "GET", f"{path}/{ROOT_CERT_CONFIGMAP}")
+                current.setdefault("data", {})[ROOT_CERT_KEY] = root
+                request_json(self.api, "PUT", f"{path}/{ROOT_CERT_CONFIGMAP}", body=current)
         except KubeError as err:
-            # 409: made meanwhile (its informer event brings it); 404 on update: deleted meanwhile
-            # (its event brings a create); 403 or 404 on create: no permission, or the namespace is
-            # terminating or gone. None of these is worth a retry, as for istiod.
+            # 409: made, or changed, meanwhile (its informer event brings it back here); 404 on
+            # update: deleted meanwhile (its event brings a create); 403 or 404 on create: no
+            # permission, or the namespace is terminating or gone. None of these is worth a retry,
+            # as for istiod.
             if err.status in (403, 404, 409):
                 log.info("ConfigMap %s/%s not written: %s", namespace, ROOT_CERT_CONFIGMAP, err)
                 return

@@ -49,6 +49,7 @@ CONFIG_KINDS = (
     Kind.PEER_AUTHENTICATION,
     Kind.AUTHORIZATION_POLICY,
     Kind.REQUEST_AUTHENTICATION,
+    Kind.TELEMETRY,
 )
 
 #: The Secrets SDS serves (credentialName), of the config cluster.

@@ -29,6 +29,8 @@ class Kind(enum.Enum):
     PEER_AUTHENTICATION = "PeerAuthentication"
     AUTHORIZATION_POLICY = "AuthorizationPolicy"
     REQUEST_AUTHENTICATION = "RequestAuthentication"
+    # telemetry.istio.io
+    TELEMETRY = "Telemetry"
     # Not objects of their own: push triggers use these in ConfigKeys.
     MESH_CONFIG = "MeshConfig"
 
@@ -62,5 +64,6 @@ _GROUPS = {
     Kind.PEER_AUTHENTICATION: "security.istio.io",
     Kind.AUTHORIZATION_POLICY: "security.istio.io",
     Kind.REQUEST_AUTHENTICATION: "security.istio.io",
+    Kind.TELEMETRY: "telemetry.istio.io",
     Kind.MESH_CONFIG: "mesh.istio.io",
 }

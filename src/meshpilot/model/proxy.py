@@ -128,6 +128,8 @@ class Proxy:
     labels: dict[str, str] = field(default_factory=dict)
     #: The locality Envoy reported in its node (``region/zone/subzone``); the registry's wins.
     node_locality: str = ""
+    #: Envoy's ``node.cluster`` (the agent's service cluster): tracers name the spans' service by it.
+    node_cluster: str = ""
     locality: Locality = field(default_factory=Locality)
     # State recomputed on every full push (istiod's computeProxyState):
     #: Service ports the proxy's own workload serves (inbound listeners and clusters).
@@ -138,13 +140,15 @@ class Proxy:
     previous_scope: SidecarScope | None = None
     #: Derived from the identity fields once: generators ask for them per resource.
     ipv6_only: bool = field(init=False)
-    capabilities: tuple[frozenset[str], bool, InterceptionMode, bool] = field(init=False)
+    capabilities: tuple[frozenset[str], bool, bool, InterceptionMode, bool] = field(init=False)
 
     def __post_init__(self) -> None:
         self.ipv6_only = all(":" in ip for ip in self.ip_addresses)
-        # What, besides its scope, decides a proxy's outbound config: extensions, IP family, capture.
+        # What, besides its scope, decides a proxy's outbound config: extensions (and, when it lists
+        # none, whether Istio's agent started it: networking/extensions.py), IP family, capture.
         self.capabilities = (
             self.extensions,
+            bool(self.metadata.istio_version),
             self.ipv6_only,
             self.interception_mode,
             self.metadata.unprivileged_pod,
@@ -202,6 +206,7 @@ def parse_proxy(
     default_cluster_id: str = "Kubernetes",
     extensions: frozenset[str] = frozenset(),
     locality: str = "",
+    node_cluster: str = "",
 ) -> Proxy:
     """Parse ``TYPE~IP~ID~DOMAIN`` as istiod does; raises InvalidNode."""
     if len(node_id) > MAX_NODE_ID_CHARS:
@@ -238,4 +243,5 @@ def parse_proxy(
         extensions=extensions,
         labels=dict(metadata.labels),
         node_locality=locality,
+        node_cluster=node_cluster,
     )

@@ -35,7 +35,13 @@ DEFAULT_SCOPE_NAME = "default-sidecar"
 SCOPED_KINDS = frozenset({Kind.SERVICE_ENTRY, Kind.VIRTUAL_SERVICE, Kind.DESTINATION_RULE, Kind.SIDECAR})
 #: Kinds that concern a proxy only in its own namespace or the root namespace.
 NAMESPACED_POLICY_KINDS = frozenset(
-    {Kind.PEER_AUTHENTICATION, Kind.AUTHORIZATION_POLICY, Kind.REQUEST_AUTHENTICATION, Kind.ENVOY_FILTER}
+    {
+        Kind.PEER_AUTHENTICATION,
+        Kind.AUTHORIZATION_POLICY,
+        Kind.REQUEST_AUTHENTICATION,
+        Kind.ENVOY_FILTER,
+        Kind.TELEMETRY,
+    }
 )
 _WILDCARD_NAMESPACE = "*"
 _CURRENT_NAMESPACE = "."

@@ -31,6 +31,7 @@ and routes by the ``tcp``/``http`` routes bound to it (``gateway_tls``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from envoy.config.listener.v3 import listener_components_pb2
@@ -72,8 +73,9 @@ def sni_dnat_cluster(inputs: ClusterInputs, spec: OutboundSpec) -> Any | None:
     return build_outbound_cluster(inputs, spec.service, spec.port, spec.subset, spec.rule, sni_dnat=True)
 
 
-def filter_chains(proxy: Proxy, server: GatewayServer) -> list[Any]:
-    """A chain per SNI-DNAT cluster of the services within the server's hosts, in scope order."""
+def filter_chains(proxy: Proxy, server: GatewayServer, access_log: Sequence[Any] = ()) -> list[Any]:
+    """A chain per SNI-DNAT cluster of the services within the server's hosts, in scope order;
+    ``access_log`` are the tcp_proxy's loggers."""
     hosts = [h.host for h in server.hosts]
     out = []
     for spec in sni_dnat_specs(proxy):
@@ -83,6 +85,6 @@ def filter_chains(proxy: Proxy, server: GatewayServer) -> list[Any]:
         match = listener_components_pb2.FilterChainMatch(
             server_names=[cluster], application_protocols=ALL_ISTIO_ALPNS
         )
-        filters = [tcp_proxy(cluster, options=proxy_options(spec.rule, spec.subset))]
+        filters = [tcp_proxy(cluster, options=proxy_options(spec.rule, spec.subset), access_log=access_log)]
         out.append(listener_components_pb2.FilterChain(filter_chain_match=match, filters=filters))
     return out

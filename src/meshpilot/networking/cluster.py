@@ -11,10 +11,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from envoy.config.cluster.v3 import cluster_pb2, filter_pb2
+from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
 from envoy.extensions.network.dns_resolver.cares.v3 import cares_dns_resolver_pb2
-from xds.type.v3 import typed_struct_pb2
 
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.confighash import hash_value
@@ -28,7 +27,7 @@ from meshpilot.model.proxy import InterceptionMode, NodeType, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.service import Port, Registry, Resolution, Service, ServiceTarget
 from meshpilot.networking import endpoint as eds
-from meshpilot.networking import extensions, locality_lb, names
+from meshpilot.networking import extensions, locality_lb, metadata_exchange, names
 from meshpilot.networking import traffic_policy as tp
 from meshpilot.networking.auto_mtls import auto_mtls_applies, service_mtls_mode
 from meshpilot.networking.credential_tls import credential_upstream
@@ -97,14 +96,6 @@ def _metadata(svc: Service | None, rule: MergedDestinationRule | None, subset: s
     if istio:
         meta.filter_metadata["istio"].update(istio)
     return meta
-
-
-def _metadata_exchange_filter() -> Any:
-    config = typed_struct_pb2.TypedStruct(
-        type_url="type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange"
-    )
-    config.value.update({"protocol": "istio-peer-exchange", "enable_discovery": True})
-    return filter_pb2.Filter(name=extensions.METADATA_EXCHANGE, typed_config=pack(config))
 
 
 def _set_protocol_options(cluster: Any, options: Any) -> None:
@@ -190,8 +181,8 @@ def build_outbound_cluster(
     if rule is not None and policy.tls is not None and policy.tls.mode in (eds.TLS_SIMPLE, eds.TLS_MUTUAL):
         # As istiod: the application's ALPN is not replaced on TLS the proxy originates.
         cluster.metadata.filter_metadata["istio"].update({"alpn_override": "false"})
-    if extensions.has_metadata_exchange(proxy):
-        cluster.filters.append(_metadata_exchange_filter())
+    if extensions.has_upstream_metadata_exchange(proxy):
+        cluster.filters.append(metadata_exchange.cluster_filter())
     if not sni_dnat:
         # TLS before the protocol options are packed: origination may add auto SNI to them.
         _apply_tls(cluster, inputs, svc, port, subset, rule, policy, http_options)
@@ -368,8 +359,8 @@ def passthrough_cluster(proxy: Proxy, mesh: Any, *, inbound: bool = False) -> An
     cluster.circuit_breakers.CopyFrom(tp.default_circuit_breakers())
     if inbound:
         cluster.upstream_bind_config.CopyFrom(_inbound_bind(proxy))
-    elif extensions.has_metadata_exchange(proxy):
-        cluster.filters.append(_metadata_exchange_filter())
+    elif extensions.has_upstream_metadata_exchange(proxy):
+        cluster.filters.append(metadata_exchange.cluster_filter())
     return cluster
 
 
@@ -508,7 +499,7 @@ class OutboundSpec:
                 push.peer_authentication.service_mode(self.service.namespace)
                 if push.peer_authentication
                 else None,
-                extensions.has_metadata_exchange(proxy),
+                extensions.has_upstream_metadata_exchange(proxy),
                 int(_dns_family(proxy)),
                 # Only DNS clusters' inline endpoints read the proxy's locality; the check
                 # is inline because a method call per cluster is a fifth of the key's cost.

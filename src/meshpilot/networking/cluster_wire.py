@@ -38,7 +38,7 @@ class OutboundClusterEncoder:
     def __init__(self, inputs: ClusterInputs) -> None:
         self.inputs = inputs
         self._push = inputs.push
-        self._metadata_exchange = extensions.has_metadata_exchange(inputs.proxy)
+        self._metadata_exchange = extensions.has_upstream_metadata_exchange(inputs.proxy)
         # Local views of the shared memo: the per-cluster path does one small dict lookup.
         self._templates: dict[tuple[object, str], bytes | None] = {}
         self._tls: dict[bool, tuple[bytes, bytes]] = {}

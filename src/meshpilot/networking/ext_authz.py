@@ -189,7 +189,7 @@ def _path_prefix_errors(prefix: str) -> list[str]:
     return errors
 
 
-def _lookup_cluster(push: PushContext, service: str, port: int) -> tuple[str, str] | str:
+def lookup_cluster(push: PushContext, service: str, port: int) -> tuple[str, str] | str:
     """istiod's LookupCluster: the service's hostname and its outbound cluster for ``port``."""
     namespace, slash, host = service.partition("/")
     if slash and "/" not in host:
@@ -218,7 +218,7 @@ def _common(config: Any, push: PushContext, problems: _Problems) -> tuple[str, s
     if problems.errors:
         # istiod builds nothing (and looks nothing up) for a provider its validation refuses.
         return "", "", None
-    found = _lookup_cluster(push, config.service, config.port)
+    found = lookup_cluster(push, config.service, config.port)
     if isinstance(found, str):
         problems.add(found)
         return "", "", None

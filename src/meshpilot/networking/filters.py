@@ -17,12 +17,13 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 )
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from envoy.extensions.request_id.uuid.v3 import uuid_pb2
-from xds.type.v3 import typed_struct_pb2
 
+from meshpilot._proto.istio.envoy.alpn import config_pb2 as alpn_pb2
 from meshpilot.model.proxy import Proxy
-from meshpilot.networking import extensions
+from meshpilot.networking import extensions, metadata_exchange
 from meshpilot.networking.cluster import ads_config_source
 from meshpilot.networking.protobuf import boolean, duration, pack
+from meshpilot.networking.tracing import HcmTracing
 
 HCM = "envoy.filters.network.http_connection_manager"
 TCP_PROXY = "envoy.filters.network.tcp_proxy"
@@ -45,9 +46,13 @@ def tcp_proxy(
     *,
     weighted: Sequence[tuple[str, int]] = (),
     options: TcpProxyOptions | None = None,
+    access_log: Sequence[Any] = (),
 ) -> Any:
-    """A tcp_proxy to one cluster, or to ``weighted`` (cluster, weight) pairs when given."""
-    config = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix or cluster)
+    """A tcp_proxy to one cluster, or to ``weighted`` (cluster, weight) pairs when given.
+
+    ``access_log``: the connection's loggers (``access_log.filter_loggers``).
+    """
+    config = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix or cluster, access_log=access_log)
     if weighted:
         for name, weight in weighted:
             config.weighted_clusters.clusters.add(name=name, weight=weight)
@@ -67,43 +72,28 @@ def _http_filter(name: str, config: Any) -> Any:
     return hcm_pb2.HttpFilter(name=name, typed_config=pack(config))
 
 
-def _metadata_exchange_http(inbound: bool) -> Any:
-    direction = "downstream" if inbound else "upstream"
-    config = typed_struct_pb2.TypedStruct(type_url="type.googleapis.com/io.istio.http.peer_metadata.Config")
-    config.value.update(
-        {
-            f"{direction}_discovery": [{"istio_headers": {}}, {"workload_discovery": {}}],
-            f"{direction}_propagation": [{"istio_headers": {}}],
-        }
-    )
-    return hcm_pb2.HttpFilter(name=extensions.METADATA_EXCHANGE, typed_config=pack(config))
-
-
 def _alpn_filter() -> Any:
-    config = typed_struct_pb2.TypedStruct(
-        type_url="type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig"
-    )
-    config.value.update(
-        {
-            "alpn_override": [
-                {"upstream_protocol": "HTTP10", "alpn_override": ["istio-http/1.0", "istio", "http/1.0"]},
-                {"upstream_protocol": "HTTP11", "alpn_override": ["istio-http/1.1", "istio", "http/1.1"]},
-                {"upstream_protocol": "HTTP2", "alpn_override": ["istio-h2", "istio", "h2"]},
-            ]
-        }
-    )
+    config = alpn_pb2.FilterConfig()
+    for protocol, offered in (
+        (alpn_pb2.FilterConfig.HTTP10, ["istio-http/1.0", "istio", "http/1.0"]),
+        (alpn_pb2.FilterConfig.HTTP11, ["istio-http/1.1", "istio", "http/1.1"]),
+        (alpn_pb2.FilterConfig.HTTP2, ["istio-h2", "istio", "h2"]),
+    ):
+        config.alpn_override.add(upstream_protocol=protocol, alpn_override=offered)
     return hcm_pb2.HttpFilter(name=extensions.ALPN, typed_config=pack(config))
 
 
-def http_filters(proxy: Proxy, *, inbound: bool, security: Sequence[Any] = ()) -> list[Any]:
+def http_filters(
+    proxy: Proxy, *, inbound: bool, security: Sequence[Any] = (), stats: Sequence[Any] = ()
+) -> list[Any]:
     """istiod's filter order; Istio-build-only filters only for proxies that have them.
 
     ``security`` (authorization and JWT filters) comes right after metadata exchange, which must
-    run first so RBAC can read the peer's metadata.
+    run first so RBAC can read the peer's metadata; ``stats`` (``stats_filters``) after cors.
     """
     out = []
-    if extensions.has_metadata_exchange(proxy):
-        out.append(_metadata_exchange_http(inbound))
+    if extensions.has_peer_metadata(proxy):
+        out.append(metadata_exchange.http_filter(inbound=inbound))
     out.extend(security)
     out.append(
         _http_filter(
@@ -115,6 +105,7 @@ def http_filters(proxy: Proxy, *, inbound: bool, security: Sequence[Any] = ()) -
         out.append(_alpn_filter())
     out.append(_http_filter("envoy.filters.http.fault", fault_pb2.HTTPFault()))
     out.append(_http_filter("envoy.filters.http.cors", cors_pb2.Cors()))
+    out.extend(stats)
     out.append(_http_filter("envoy.filters.http.router", router_pb2.Router()))
     return out
 
@@ -129,8 +120,13 @@ def http_connection_manager(
     http2: bool = False,
     gateway: bool = False,
     security: Sequence[Any] = (),
+    stats: Sequence[Any] = (),
+    access_log: Sequence[Any] = (),
+    tracing: HcmTracing | None = None,
 ) -> Any:
     """An HCM with either RDS (outbound) or an inline route (inbound).
+
+    ``access_log`` and ``tracing`` come from ``access_log.filter_loggers`` and ``tracing.hcm_tracing``.
 
     A gateway's takes the client's address from the connection (``use_remote_address``): it is
     the mesh's edge, so the address is not another proxy's.
@@ -138,16 +134,20 @@ def http_connection_manager(
     hcm = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
-        http_filters=http_filters(proxy, inbound=inbound, security=security),
+        http_filters=http_filters(proxy, inbound=inbound, security=security, stats=stats),
         use_remote_address=boolean(gateway),
         normalize_path=boolean(True),
         path_with_escaped_slashes_action=hcm_pb2.HttpConnectionManager.KEEP_UNCHANGED,
         upgrade_configs=[hcm_pb2.HttpConnectionManager.UpgradeConfig(upgrade_type="websocket")],
         stream_idle_timeout=duration(0),
         proxy_100_continue=True,
+        access_log=access_log,
     )
+    if tracing is not None and tracing.tracing is not None:
+        hcm.tracing.CopyFrom(tracing.tracing)
+    sample_by_request_id = tracing is None or tracing.use_request_id_for_trace_sampling
     hcm.request_id_extension.typed_config.CopyFrom(
-        pack(uuid_pb2.UuidRequestIdConfig(use_request_id_for_trace_sampling=boolean(True)))
+        pack(uuid_pb2.UuidRequestIdConfig(use_request_id_for_trace_sampling=boolean(sample_by_request_id)))
     )
     if rds_name is not None:
         hcm.rds.config_source.CopyFrom(ads_config_source())

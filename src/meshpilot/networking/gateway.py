@@ -35,7 +35,16 @@ from meshpilot.model.hosts import is_wildcard
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
-from meshpilot.networking import auto_passthrough, inbound_security, names
+from meshpilot.model.telemetry import TelemetryClass
+from meshpilot.networking import (
+    access_log,
+    auto_passthrough,
+    extensions,
+    inbound_security,
+    metadata_exchange,
+    names,
+    stats_filters,
+)
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking.filters import http_connection_manager
 from meshpilot.networking.gateway_tls import TERMINATING, downstream_context, https_route_name, sni_hosts
@@ -45,6 +54,7 @@ from meshpilot.networking.protobuf import duration
 from meshpilot.networking.route import route_header, virtual_service_routes
 from meshpilot.networking.tcp_routes import RouteContext, route_filters, static_match
 from meshpilot.networking.tls import tls_transport_socket
+from meshpilot.networking.tracing import hcm_tracing
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +166,9 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
                 rds_name=route_name(port, same[0][1].bind),
                 gateway=True,
                 security=security.http,
+                stats=stats_filters.http(push, proxy, TelemetryClass.CLIENT),
+                access_log=access_log.filter_loggers(push, proxy, TelemetryClass.CLIENT, http=True),
+                tracing=hcm_tracing(push, proxy, TelemetryClass.CLIENT),
             )
             listener.filter_chains.append(listener_components_pb2.FilterChain(filters=[hcm]))
         elif kind == "tls":
@@ -166,12 +179,15 @@ def gateway_listeners(proxy: Proxy, push: PushContext) -> list[Any]:
             if security.tcp:
                 for chain in listener.filter_chains:
                     chain.filters[0:0] = list(security.tcp)
+        tcp_stats = stats_filters.tcp(push, proxy, TelemetryClass.CLIENT)
         for chain in listener.filter_chains:
+            stats_filters.add_to_chain(chain, tcp_stats)
             # As istiod's: a client gets 15 s to finish its transport (TLS) handshake, so slow
             # handshakes cannot hold a gateway's memory.
             chain.transport_socket_connect_timeout.CopyFrom(duration(_HANDSHAKE_TIMEOUT_SECONDS))
         # A listener without chains would be rejected by Envoy: a port nothing routes is not listened on.
         if listener.filter_chains:
+            listener.access_log.extend(access_log.listener_loggers(push, proxy, TelemetryClass.CLIENT))
             out.append(listener)
     return out
 
@@ -206,7 +222,8 @@ def _tls_chains(
         if kind == "auto":
             # Without the gateway's authorization filters, as istiod: the destination's sidecar,
             # which terminates this mTLS, enforces its own policies.
-            out.extend(auto_passthrough.filter_chains(proxy, server))
+            loggers = access_log.filter_loggers(push, proxy, TelemetryClass.CLIENT, http=False)
+            out.extend(auto_passthrough.filter_chains(proxy, server, loggers))
             continue
         if kind == "https":
             hcm = http_connection_manager(
@@ -216,6 +233,9 @@ def _tls_chains(
                 rds_name=https_route_name(server),
                 gateway=True,
                 security=security.http,
+                stats=stats_filters.http(push, proxy, TelemetryClass.CLIENT),
+                access_log=access_log.filter_loggers(push, proxy, TelemetryClass.CLIENT, http=True),
+                tracing=hcm_tracing(push, proxy, TelemetryClass.CLIENT),
             )
             filters = [hcm]
         else:
@@ -223,7 +243,13 @@ def _tls_chains(
             if not routes:
                 log.warning("gateway %s:%d listener missed network filter", server.gateway_name, server.port)
                 continue
-            filters = [*security.tcp, *routes[0].filters]
+            # An ISTIO_MUTUAL server offers the exchange ALPN (gateway_tls): the filter reads it first.
+            exchange = server.tls_mode == "ISTIO_MUTUAL" and extensions.has_tcp_metadata_exchange(proxy)
+            filters = [
+                *([metadata_exchange.listener_filter()] if exchange else []),
+                *security.tcp,
+                *routes[0].filters,
+            ]
         chain = listener_components_pb2.FilterChain(filters=filters)
         if sni:
             chain.filter_chain_match.server_names.extend(sni)

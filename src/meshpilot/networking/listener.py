@@ -26,8 +26,9 @@ from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.model.service import Port, Registry, Resolution, Service
 from meshpilot.model.sidecar_scope import CAPTURE_NONE, EgressListener
+from meshpilot.model.telemetry import TelemetryClass
+from meshpilot.networking import access_log, names, stats_filters
 from meshpilot.networking import endpoint as eds
-from meshpilot.networking import names
 from meshpilot.networking.filters import http_connection_manager, tcp_proxy
 from meshpilot.networking.protobuf import boolean, duration, pack, uint32
 from meshpilot.networking.tcp_routes import (
@@ -38,6 +39,7 @@ from meshpilot.networking.tcp_routes import (
     match_conflict_key,
     service_chains,
 )
+from meshpilot.networking.tracing import hcm_tracing
 
 WILDCARD = "0.0.0.0"
 LOCALHOST = "127.0.0.1"
@@ -92,7 +94,7 @@ class Entry:
     locked: bool = False
 
 
-def _http_chain(proxy: Proxy, bind: str, port: int, rds: str, *, alpn: bool) -> Chain:
+def _http_chain(proxy: Proxy, push: PushContext, bind: str, port: int, rds: str, *, alpn: bool) -> Chain:
     match = None
     if alpn:
         match = listener_components_pb2.FilterChainMatch(
@@ -101,7 +103,17 @@ def _http_chain(proxy: Proxy, bind: str, port: int, rds: str, *, alpn: bool) -> 
     stat_prefix = names.stat_name(f"outbound_{names.listener_name(bind, port)}")
 
     def build() -> list[Any]:
-        return [http_connection_manager(proxy, stat_prefix=stat_prefix, inbound=False, rds_name=rds)]
+        return [
+            http_connection_manager(
+                proxy,
+                stat_prefix=stat_prefix,
+                inbound=False,
+                rds_name=rds,
+                stats=stats_filters.http(push, proxy, TelemetryClass.CLIENT),
+                access_log=access_log.filter_loggers(push, proxy, TelemetryClass.CLIENT, http=True),
+                tracing=hcm_tracing(push, proxy, TelemetryClass.CLIENT),
+            )
+        ]
 
     return Chain(build, match, http=True)
 
@@ -125,6 +137,7 @@ class OutboundBuilder:
         self.push = push
         self.index = index
         self.entries: dict[tuple[str, int], Entry] = {}
+        self.tcp_stats = stats_filters.tcp(push, proxy, TelemetryClass.CLIENT)
 
     def add_egress_listener(self, egress: EgressListener) -> None:
         none_mode = self.proxy.interception_mode is InterceptionMode.NONE
@@ -217,14 +230,14 @@ class OutboundBuilder:
         if kind is ListenerProtocol.HTTP:
             # On the wildcard address an HTTP chain is chosen by ALPN so other
             # traffic to the port still passes through.
-            return [_http_chain(self.proxy, address, port, str(port), alpn=wildcard)]
+            return [_http_chain(self.proxy, self.push, address, port, str(port), alpn=wildcard)]
         ctx = RouteContext(self.proxy, self.push, port)
         routes = service_chains(ctx, svc, protocol, target, virtual_services)
         tcp = [_route_chain(r) for r in routes]
         if kind is ListenerProtocol.TCP:
             return tcp
         rds = str(port) if address == WILDCARD else f"{svc.hostname}:{port}"
-        return [*tcp, _http_chain(self.proxy, address, port, rds, alpn=True)]
+        return [*tcp, _http_chain(self.proxy, self.push, address, port, rds, alpn=True)]
 
     def _merge(self, entry: Entry, kind: ListenerProtocol, chains: list[Chain]) -> None:
         if entry.protocol is ListenerProtocol.HTTP and kind is ListenerProtocol.HTTP:
@@ -281,8 +294,9 @@ class OutboundBuilder:
 
     def _passthrough_chain(self) -> Chain:
         cluster = catch_all_cluster(self.proxy)
+        loggers = access_log.filter_loggers(self.push, self.proxy, TelemetryClass.CLIENT, http=False)
         return Chain(
-            lambda: [tcp_proxy(cluster)],
+            lambda: [tcp_proxy(cluster, access_log=loggers)],
             listener_components_pb2.FilterChainMatch(),
             names.PASSTHROUGH_FILTER_CHAIN,
         )
@@ -310,10 +324,12 @@ class OutboundBuilder:
         else:
             default = self._passthrough_chain()
         for chain in chains:
-            listener.filter_chains.append(_render(chain, connect_timeout=True))
+            listener.filter_chains.append(_render(chain, self.tcp_stats, connect_timeout=True))
         if default is not None:
             listener.default_filter_chain.CopyFrom(
-                _render(default, connect_timeout=default.name != names.PASSTHROUGH_FILTER_CHAIN)
+                _render(
+                    default, self.tcp_stats, connect_timeout=default.name != names.PASSTHROUGH_FILTER_CHAIN
+                )
             )
         all_chains = [*chains, *([default] if default else [])]
         if any(c.match is not None and c.match.server_names for c in all_chains):
@@ -324,8 +340,9 @@ class OutboundBuilder:
         return listener
 
 
-def _render(chain: Chain, *, connect_timeout: bool) -> Any:
-    out = listener_components_pb2.FilterChain(filters=chain.build(), name=chain.name)
+def _render(chain: Chain, tcp_stats: Sequence[Any], *, connect_timeout: bool) -> Any:
+    filters = stats_filters.before_tcp_proxy(chain.build(), tcp_stats)
+    out = listener_components_pb2.FilterChain(filters=filters, name=chain.name)
     if chain.match is not None:
         out.filter_chain_match.CopyFrom(chain.match)
     if chain.transport_socket is not None:
@@ -381,10 +398,16 @@ def virtual_outbound(proxy: Proxy, push: PushContext) -> Any:
     listener.max_connections_to_accept_per_socket_event.value = 1
     if proxy.interception_mode is InterceptionMode.TPROXY:
         listener.transparent.value = True
+    stats = stats_filters.tcp(push, proxy, TelemetryClass.CLIENT)
     blackhole = listener.filter_chains.add(name=names.VIRTUAL_OUTBOUND_BLACKHOLE)
     blackhole.filter_chain_match.destination_port.value = port
-    blackhole.filters.append(tcp_proxy(names.BLACKHOLE_CLUSTER))
-    listener.filter_chains.add(name=names.VIRTUAL_OUTBOUND_CATCHALL_TCP, filters=[tcp_proxy(catchall)])
+    blackhole.filters.extend([*stats, tcp_proxy(names.BLACKHOLE_CLUSTER)])
+    loggers = access_log.filter_loggers(push, proxy, TelemetryClass.CLIENT, http=False)
+    listener.filter_chains.add(
+        name=names.VIRTUAL_OUTBOUND_CATCHALL_TCP, filters=[*stats, tcp_proxy(catchall, access_log=loggers)]
+    )
+    # Connections no chain takes (NR) reach no filter's logger; the listener's logs them.
+    listener.access_log.extend(access_log.listener_loggers(push, proxy, TelemetryClass.CLIENT))
     return listener
 
 

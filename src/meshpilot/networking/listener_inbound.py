@@ -25,13 +25,22 @@ from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.sidecar_scope import CAPTURE_IPTABLES, CAPTURE_NONE
-from meshpilot.networking import extensions, inbound_security, names
+from meshpilot.model.telemetry import TelemetryClass
+from meshpilot.networking import (
+    access_log,
+    extensions,
+    inbound_security,
+    metadata_exchange,
+    names,
+    stats_filters,
+)
 from meshpilot.networking.cluster import config_path
 from meshpilot.networking.endpoint import socket_address
 from meshpilot.networking.filters import http_connection_manager, tcp_proxy
 from meshpilot.networking.listener import HTTP_ALPNS, WILDCARD, http_inspector, tls_inspector
 from meshpilot.networking.protobuf import boolean, duration, pack
 from meshpilot.networking.tls import istio_mutual_downstream, tls_transport_socket
+from meshpilot.networking.tracing import hcm_tracing
 
 ISTIO_HTTP_ALPNS = ("istio-http/1.0", "istio-http/1.1", "istio-h2")
 ISTIO_TCP_ALPNS = ("istio-peer-exchange", "istio")
@@ -94,8 +103,15 @@ def _inbound_route(target: InboundPort) -> Any:
     )
 
 
+def _exchange(proxy: Proxy) -> list[Any]:
+    """istiod's inbound chains, HTTP and TCP, start with metadata exchange: it strips the exchange a
+    client sent before RBAC or the application sees the stream (the chains' ALPN offers it)."""
+    return [metadata_exchange.listener_filter()] if extensions.has_tcp_metadata_exchange(proxy) else []
+
+
 def _hcm_filters(proxy: Proxy, push: PushContext, target: InboundPort, stat_prefix: str) -> list[Any]:
     return [
+        *_exchange(proxy),
         http_connection_manager(
             proxy,
             stat_prefix=stat_prefix,
@@ -103,12 +119,21 @@ def _hcm_filters(proxy: Proxy, push: PushContext, target: InboundPort, stat_pref
             route_config=_inbound_route(target),
             http2=target.protocol.is_http2,
             security=inbound_security.filters(proxy, push).http,
-        )
+            stats=stats_filters.http(push, proxy, TelemetryClass.SERVER),
+            access_log=access_log.filter_loggers(push, proxy, TelemetryClass.SERVER, http=True),
+            tracing=hcm_tracing(push, proxy, TelemetryClass.SERVER),
+        ),
     ]
 
 
 def _tcp_filters(proxy: Proxy, push: PushContext, target: InboundPort) -> list[Any]:
-    return [*inbound_security.filters(proxy, push).tcp, tcp_proxy(target.cluster)]
+    loggers = access_log.filter_loggers(push, proxy, TelemetryClass.SERVER, http=False)
+    return [
+        *_exchange(proxy),
+        *inbound_security.filters(proxy, push).tcp,
+        *stats_filters.tcp(push, proxy, TelemetryClass.SERVER),
+        tcp_proxy(target.cluster, access_log=loggers),
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +413,13 @@ def virtual_inbound(
     )
     blackhole = listener.filter_chains.add(name=names.VIRTUAL_INBOUND_BLACKHOLE)
     blackhole.filter_chain_match.destination_port.value = port
-    blackhole.filters.append(tcp_proxy(names.BLACKHOLE_CLUSTER))
+    blackhole.filters.extend(
+        [
+            *_exchange(proxy),
+            *stats_filters.tcp(push, proxy, TelemetryClass.SERVER),
+            tcp_proxy(names.BLACKHOLE_CLUSTER),
+        ]
+    )
     mtls = workload_mtls(proxy, push)
     if served is None:
         served = frozenset(t.port for t in targets)
@@ -400,6 +431,8 @@ def virtual_inbound(
             )
         )
     listener.listener_filters.extend(_derived_inspectors(list(listener.filter_chains)))
+    # Connections no chain takes (NR) reach no filter's logger; the listener's logs them.
+    listener.access_log.extend(access_log.listener_loggers(push, proxy, TelemetryClass.SERVER))
     return listener
 
 
@@ -418,6 +451,8 @@ def ingress_listener(proxy: Proxy, push: PushContext, target: InboundPort, bind:
         inbound_chains(proxy, push, target, mode, port=target.port, name=target.chain_name)
     )
     listener.listener_filters.extend(_derived_inspectors(list(listener.filter_chains)))
+    # Connections no chain takes (NR) reach no filter's logger; the listener's logs them.
+    listener.access_log.extend(access_log.listener_loggers(push, proxy, TelemetryClass.SERVER))
     return listener
 
 

@@ -25,7 +25,8 @@ from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.model.service import UNSPECIFIED_IP, Service
-from meshpilot.networking import http_routes, names
+from meshpilot.model.telemetry import TelemetryClass
+from meshpilot.networking import access_log, http_routes, names
 from meshpilot.networking.cluster import config_path
 from meshpilot.networking.filters import TcpProxyOptions, tcp_proxy
 from meshpilot.networking.protobuf import uint32
@@ -156,6 +157,11 @@ class RouteContext:
         return scope.destination_rule(hostname) if scope is not None else None
 
 
+def connection_loggers(ctx: RouteContext) -> list[Any]:
+    """The access loggers of an outbound (or gateway) tcp_proxy: the client side's."""
+    return access_log.filter_loggers(ctx.push, ctx.proxy, TelemetryClass.CLIENT, http=False)
+
+
 def destination_cluster(ctx: RouteContext, destination: Any, vs_namespace: str) -> str:
     """``outbound|port|subset|host`` for a route destination, as istiod's GetDestinationCluster.
 
@@ -197,7 +203,7 @@ def route_filters(
     if len(routes) == 1:
         cluster = destination_cluster(ctx, routes[0].destination, namespace)
         options = proxy_options(rule, routes[0].destination.subset)
-        return lambda: [tcp_proxy(cluster, options=options)]
+        return lambda: [tcp_proxy(cluster, options=options, access_log=connection_loggers(ctx))]
     weighted = [
         (destination_cluster(ctx, r.destination, namespace), r.weight) for r in routes if r.weight > 0
     ]
@@ -205,9 +211,17 @@ def route_filters(
     if not weighted:
         # Validation forbids this; a single cluster beats an empty weighted set Envoy would reject.
         cluster = destination_cluster(ctx, routes[0].destination, namespace)
-        return lambda: [tcp_proxy(cluster, options=options)]
+        return lambda: [tcp_proxy(cluster, options=options, access_log=connection_loggers(ctx))]
     stat_prefix = f"{vs.config.name}.{namespace}"
-    return lambda: [tcp_proxy("", stat_prefix=stat_prefix, weighted=weighted, options=options)]
+    return lambda: [
+        tcp_proxy(
+            "",
+            stat_prefix=stat_prefix,
+            weighted=weighted,
+            options=options,
+            access_log=connection_loggers(ctx),
+        )
+    ]
 
 
 def _config_metadata(vs: VirtualServiceEntry) -> Any:
@@ -225,7 +239,11 @@ def _default_chain(
     port = svc.ports[0].port if len(svc.ports) == 1 else ctx.listen_port
     cluster = names.outbound_cluster(port, "", svc.hostname)
     options = proxy_options(ctx.rule(svc.hostname), "")
-    return RouteChain(lambda: [tcp_proxy(cluster, options=options)], tuple(sni_hosts), tuple(cidrs))
+    return RouteChain(
+        lambda: [tcp_proxy(cluster, options=options, access_log=connection_loggers(ctx))],
+        tuple(sni_hosts),
+        tuple(cidrs),
+    )
 
 
 # -- chains ----------------------------------------------------------------------

@@ -26,6 +26,15 @@ class DebounceOptions:
     max_delay: float = 10.0
 
 
+@dataclass(frozen=True, slots=True)
+class Debounced:
+    """How a burst ended: the events it merged, and seconds since its last and its first event."""
+
+    events: int
+    since_last: float
+    since_first: float
+
+
 async def debounce(
     events: asyncio.Queue[PushRequest],
     push: PushFn,
@@ -33,9 +42,9 @@ async def debounce(
     *,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    on_debounced: Callable[[float, int], None] | None = None,
+    on_debounced: Callable[[PushRequest, Debounced], None] | None = None,
 ) -> None:
-    """Run until cancelled; ``on_debounced(seconds_since_first_event, merged_count)`` observes each push.
+    """Run until cancelled; ``on_debounced(merged_request, how)`` observes each push as it starts.
 
     ``clock`` and ``sleep`` measure and wait in the same time, so a test can
     pass a fake pair.
@@ -53,9 +62,10 @@ async def debounce(
                 now = clock()
                 due = min(last_at + options.quiet, first_at + options.max_delay)
                 if now >= due:
+                    merged = merge_all(pending)
                     if on_debounced is not None:
-                        on_debounced(now - first_at, len(pending))
-                    running = asyncio.create_task(push(merge_all(pending)))
+                        on_debounced(merged, Debounced(len(pending), now - last_at, now - first_at))
+                    running = asyncio.create_task(push(merged))
                     pending = []
                     continue
                 timeout = due - now

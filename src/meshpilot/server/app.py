@@ -41,12 +41,16 @@ from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import apply_mesh_config, default_mesh_config
 from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.model.telemetry import unapplied as telemetry_unapplied
 from meshpilot.networking.envoyfilter.patches import unapplied as envoy_filter_unapplied
 from meshpilot.networking.envoyfilter.problems import PATCH_PROBLEMS
 from meshpilot.networking.policy_problems import PROBLEMS
+from meshpilot.networking.telemetry_problems import TELEMETRY_PROBLEMS
 from meshpilot.push.debounce import DebounceOptions
 from meshpilot.push.environment import MeshEnvironment
 from meshpilot.push.jwks_resolver import JwksResolver
+from meshpilot.push.preview import PreviewSources
+from meshpilot.push.preview_page import preview_route
 from meshpilot.registry.aggregate import AggregateRegistry
 from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
@@ -58,6 +62,7 @@ from meshpilot.server.heartbeat import LoopHeartbeat
 from meshpilot.server.http import ThreadedSite, http_app, monitoring_app, on_loop, start_site
 from meshpilot.server.identity import IdentityPlane
 from meshpilot.server.metrics import Metrics
+from meshpilot.server.push_status import log_push_status
 from meshpilot.server.settings import DiscoverySettings
 from meshpilot.webhooks.inject.config import InjectionError
 from meshpilot.webhooks.inject.review import InjectionHandler, InjectionMetrics
@@ -189,6 +194,7 @@ class DiscoveryApp:
         self.env.jwks = self.jwks
         PROBLEMS.register(self.metrics.registry)
         PATCH_PROBLEMS.register(self.metrics.registry)
+        TELEMETRY_PROBLEMS.register(self.metrics.registry)
         trust_domain = mesh.trust_domain
         self.kube = self._make_registry(settings.cluster_id)
         self.service_entries = ServiceEntryRegistry(
@@ -201,7 +207,10 @@ class DiscoveryApp:
         self.registry.workloads.append(self.kube)
         self.registry.others.append(self.service_entries)
         self.store.add_handler(self._on_config)
-        unapplied = UnappliedConfig(self.metrics.registry, {Kind.ENVOY_FILTER: envoy_filter_unapplied})
+        unapplied = UnappliedConfig(
+            self.metrics.registry,
+            {Kind.ENVOY_FILTER: envoy_filter_unapplied, Kind.TELEMETRY: telemetry_unapplied},
+        )
         self.store.add_handler(unapplied.on_event)
         self.sources: list[FileSource] = []
         if settings.config_dir is not None:
@@ -229,6 +238,10 @@ class DiscoveryApp:
         self.metrics.config_rejections.set_function(self._rejection_count)
         debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
         self.debug = debug
+        #: What ``/debug/preview`` reads (it copies, never writes).
+        self.preview_sources = PreviewSources(
+            self.server, self.env, self.service_entries, _REGISTRY_KINDS, self.kube
+        )
         # istioctl's xDS types read the same pages and connections the HTTP debug port shows.
         # One rule for who reads what, over xDS and over HTTP (``_debug_access``).
         self._root_namespace: str = mesh.root_namespace
@@ -340,6 +353,7 @@ class DiscoveryApp:
     def _on_config(self, event: ConfigEvent) -> None:
         if event.config.kind in _REGISTRY_KINDS:
             return
+        self.server.history.note_change(event.config.key, event.type.value)
         self.server.config_update(
             PushRequest(
                 full=True,
@@ -402,12 +416,10 @@ class DiscoveryApp:
         )
         try:
             await http.start()
-            runners.append(
-                await start_site(
-                    monitoring_app(self.metrics, self.debug, __version__, self._debug_access()),
-                    settings.monitoring_addr,
-                )
-            )
+            monitoring = monitoring_app(self.metrics, self.debug, __version__, self._debug_access())
+            # The change preview reads a request body: served on this loop only (push.preview_page).
+            monitoring.add_routes([preview_route(self.preview_sources)])
+            runners.append(await start_site(monitoring, settings.monitoring_addr))
             if self.webhooks is not None and not self.webhooks.serves_mesh_certificate:
                 await self.webhooks.start()
             await server.start()
@@ -426,6 +438,11 @@ class DiscoveryApp:
             if self.identity is not None:
                 tasks.append(asyncio.create_task(self.identity.run(self._stop), name="serving certificate"))
             tasks.append(asyncio.create_task(self.jwks.run(), name="jwks"))
+            tasks.append(
+                asyncio.create_task(
+                    log_push_status(lambda: self.server.push_context, self.index), name="push status"
+                )
+            )
             if self.inject_source is not None:
                 tasks.append(asyncio.create_task(self.inject_source.run(self._stop), name="inject config"))
             for source in self.sources:

@@ -17,7 +17,10 @@ from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.push_request import TriggerReason
 from meshpilot.model.service import Resolution, Service
+from meshpilot.push.explain_page import explain_page
 from meshpilot.server.debug_access import SCOPE
+from meshpilot.server.debug_ui import ui_page
+from meshpilot.server.push_status import push_status_page
 from meshpilot.server.redaction import adsz_metadata, redact
 from meshpilot.xds.config_dump import config_dump
 from meshpilot.xds.connection import Connection
@@ -171,6 +174,9 @@ class DebugHandlers:
             "adsz": self.adsz,
             "connections": self.connections,
             "list": self.list_pages,
+            "explain": explain_page(sources.server),
+            "push_status": push_status_page(sources.server),
+            "ui": ui_page(sources.server, sources.server.history),
         }
 
     def routes(self) -> list[web.RouteDef]:

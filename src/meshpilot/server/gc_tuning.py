@@ -15,9 +15,11 @@ ones; and everything loaded at start frozen out of the collector's sight.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
+import time
 
 log = logging.getLogger(__name__)
 
@@ -46,3 +48,47 @@ def freeze_loaded() -> None:
     """Collect once, then exempt every surviving object from later collections."""
     gc.collect()
     gc.freeze()
+
+
+class EndedStreams:
+    """Full collections paced by ended xDS streams.
+
+    Each ended stream leaves a reference cycle inside grpc's asyncio server (the call's state, its
+    context, an abort's exception with its traceback frames, which still hold the stream's last
+    requests). It outlives the young collections while the stream runs, so with the thresholds above
+    it waits for a rare full collection: a flood of short streams carrying large requests (1 MB node
+    IDs, 70,000 names) held twice the server's starting memory that way (docs/reliability.md).
+
+    So: a full collection once ``every`` streams have ended since the last one, at most once per
+    ``min_interval`` (which bounds the time a reconnect storm spends collecting), and a last one
+    ``min_interval`` after a tenth of that many ended, for what a flood leaves behind. A fleet whose
+    streams end one at a time (istiod's 30-minute connection age) gets one per hundred ends.
+    """
+
+    def __init__(self, every: int = 1_000, min_interval: float = 2.0) -> None:
+        self.every = every
+        self.min_interval = min_interval
+        self._ended = 0
+        self._last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.collections = 0
+
+    def ended(self) -> None:
+        self._ended += 1
+        if self._ended >= self.every and time.monotonic() - self._last >= self.min_interval:
+            # Not from inside the stream's own exception handling, whose traceback is still alive.
+            asyncio.get_running_loop().call_soon(self._collect)
+        elif self._ended >= self.every // 10 and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.min_interval, self._collect)
+
+    def _collect(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._ended == 0:
+            return
+        self._ended = 0
+        started = self._last = time.monotonic()
+        gc.collect()
+        self.collections += 1
+        log.debug("full collection after ended streams: %.3f s", time.monotonic() - started)

@@ -112,6 +112,13 @@ def decide(
     count: Envoy sends pending subscriptions with whatever request goes next and never again.
     Raises RefusedRequest for names too long or too many; the watch is then unchanged.
     """
+    for listed in (subscribe, unsubscribe, initial_versions):
+        # Counted before a name is read: protobuf makes a string of a name only when it is read.
+        if len(listed) > MAX_SUBSCRIPTIONS:
+            raise RefusedRequest(
+                f"{len(listed)} names in one request for {type_url} (at most {MAX_SUBSCRIPTIONS})",
+                exhausted=True,
+            )
     check_names(subscribe)
     check_names(unsubscribe)
     check_names(list(initial_versions))

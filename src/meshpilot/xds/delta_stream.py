@@ -21,9 +21,11 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf.message import DecodeError
 
 from meshpilot.model.push_request import PushRequest
+from meshpilot.push.history import TypeSent
+from meshpilot.push.push_log import log_sent
 from meshpilot.xds import delta_protocol
 from meshpilot.xds.delta_wire import delta_response
-from meshpilot.xds.generators.base import Resource, digest_of
+from meshpilot.xds.generators.base import Resource, digest_of, names_of
 from meshpilot.xds.stream import Stream, new_nonce
 from meshpilot.xds.types import TypeUrl
 
@@ -162,6 +164,22 @@ class DeltaStream(Stream):
         self.host.metrics.send_time.observe(time.monotonic() - sent_at)
         by_type.pushes.inc()
         by_type.config_size.observe(len(payload))
+        if self._sent is not None:
+            # Everything changed (a new proxy, a new snapshot): the list's shared name set, not a copy.
+            whole_list = len(changes.updated) == len(resources)
+            sent = names_of(resources) if whole_list else tuple(r.name for r, _ in changes.updated)
+            self._sent.append(TypeSent(known.short, sent, len(payload), dropped=tuple(changes.removed)))
+        log_sent(
+            known.short,
+            conn.proxy.id,
+            len(changes.updated),
+            len(payload),
+            pushed=pushed,
+            incremental=not whole,
+            removed=len(changes.removed),
+            nonce=nonce,
+            version=version,
+        )
         delta_protocol.record_sent(watch, changes)
         watch.nonce_sent = nonce
         watch.version_sent = version

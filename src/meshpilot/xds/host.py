@@ -15,6 +15,7 @@ from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
+from meshpilot.push.history import PushHistory
 from meshpilot.server.metrics import Metrics
 from meshpilot.xds.cache import XdsCache
 from meshpilot.xds.connection import Connection
@@ -50,6 +51,10 @@ class StreamHost(Protocol):
         """Recompute what the proxy sees (its scope, its services) in ``push``."""
 
     def generators_for(self, proxy: Proxy) -> Mapping[TypeUrl, Generator]: ...
+
+    @property
+    def history(self) -> PushHistory | None:
+        """Where a stream records what each push sent its proxy; None records nothing."""
 
     @property
     def control_plane(self) -> str:

@@ -30,9 +30,12 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest, TriggerReason
-from meshpilot.push.debounce import DebounceOptions, debounce
+from meshpilot.push.debounce import Debounced, DebounceOptions, debounce
 from meshpilot.push.environment import push_version
+from meshpilot.push.history import PushHistory
+from meshpilot.push.push_log import go_duration, log_debounced
 from meshpilot.push.queue import PushQueue
+from meshpilot.server.gc_tuning import EndedStreams
 from meshpilot.server.metrics import Metrics
 from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, assertions_enabled, new_token
 from meshpilot.xds.connection import Connection
@@ -114,6 +117,11 @@ class DiscoveryServer:
         self._versions = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._listeners: list[Callable[[PushRequest], None]] = []
+        #: The recent pushes, for the debug pages and ``meshpilot explain``.
+        self.history = PushHistory()
+        self.ended_streams = EndedStreams()
+        #: Events the debounce merged into the push about to start (push() reads it once).
+        self._merged = 1
         #: Who may connect on the secure port; plaintext streams are anonymous.
         self.authenticators: Sequence[Authenticator] = ()
         #: The trust domains whose identities may ask for config on the secure port (MeshConfig's
@@ -174,6 +182,7 @@ class DiscoveryServer:
         if push_type is PushType.NO_PUSH:
             return
         key = ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)
+        self.history.note_change(key, "endpoints")
         if self.cache is not None:
             # Now, not at push time: a proxy asking meanwhile must not get the old endpoints.
             self.cache.clear({key})
@@ -190,6 +199,7 @@ class DiscoveryServer:
         if deleted:
             self.env.index.delete_service_shard(shard, hostname, namespace)
         key = ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)
+        self.history.note_change(key, "delete" if deleted else "update")
         if self.cache is not None:
             self.cache.clear({key})
         self._events.put_nowait(
@@ -218,7 +228,9 @@ class DiscoveryServer:
     def _rebuild_push_context(self) -> PushContext:
         started = time.monotonic()
         push = self.env.build_push_context(push_version(next(self._versions)))
-        self.metrics.pushcontext_init.observe(time.monotonic() - started)
+        took = time.monotonic() - started
+        self.metrics.pushcontext_init.observe(took)
+        log.debug("InitContext %s for push took %s", push.version, go_duration(took))
         self.metrics.services.set(len(push.services))
         self.metrics.virtual_services.set(len(push.virtual_services))
         self.push_context = push
@@ -238,6 +250,14 @@ class DiscoveryServer:
                 push = self.push_context
             request.push = push
             request.token = new_token()
+            merged, self._merged = self._merged, 1
+            self.history.started(request, merged)
+            log.info(
+                "XDS: Pushing Services:%d ConnectedEndpoints:%d Version:%s",
+                len(push.services),
+                len(self.connections),
+                push.version,
+            )
             for reason, count in request.reasons.items():
                 self.metrics.push_triggers.labels(type=reason.value).inc(count)
             for listener in self._listeners:
@@ -274,8 +294,10 @@ class DiscoveryServer:
         throttle = self.options.push_throttle or default_push_throttle()
         limit = asyncio.Semaphore(throttle)
 
-        def observe(delay: float, merged: int) -> None:
-            self.metrics.debounce_time.observe(delay)
+        def observe(request: PushRequest, how: Debounced) -> None:
+            self.metrics.debounce_time.observe(how.since_first)
+            self._merged = how.events
+            log_debounced(request, how, self.history.pushes_started + 1)
 
         tasks = [
             asyncio.create_task(
@@ -298,6 +320,7 @@ class DiscoveryServer:
         self._streams[conn.id] = stream
         label = self._version_labels[conn.id] = self._versions_seen.acquire(conn.proxy.metadata.istio_version)
         self.metrics.xds_clients.labels(version=label).inc()
+        self.history.connected(conn.proxy.id)
         log.info("ADS: new connection for node:%s (%s)", clip(conn.id), conn.peer)
 
     def remove_connection(self, conn: Connection) -> None:
@@ -305,6 +328,7 @@ class DiscoveryServer:
             return
         self._streams.pop(conn.id, None)
         self._queue.remove(conn.id)
+        self.history.disconnected(conn.proxy.id)
         label = self._version_labels.pop(conn.id)
         self.metrics.xds_clients.labels(version=label).dec()
         if self._versions_seen.release(label):
@@ -345,8 +369,11 @@ class DiscoveryServer:
         secure: bool = False,
     ) -> None:
         """Serve one ADS stream of either protocol (``SotwStream`` or ``DeltaStream``)."""
-        identities = await self._admit(context, secure=secure)
-        await kind(self, context, identities).run(requests)
+        try:
+            identities = await self._admit(context, secure=secure)
+            await kind(self, context, identities).run(requests)
+        finally:
+            self.ended_streams.ended()
 
     def grpc_handler(self, *, secure: bool = False) -> grpc.GenericRpcHandler:
         """ADS handlers; responses are written already serialized. ``secure``: the handler of the secure

@@ -14,6 +14,8 @@ from google.protobuf.message import DecodeError
 
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
+from meshpilot.push.history import TypeSent
+from meshpilot.push.push_log import log_sent
 from meshpilot.xds import protocol, request_head
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import Resource, digest_of, names_of
@@ -81,8 +83,8 @@ class SotwStream(Stream):
         known = self._served(type_url)
         if known is None:
             return
+        await self._check_names(type_url, request.resource_names)
         names = list(request.resource_names)
-        await self._check_names(type_url, names)
         if known.is_debug:
             await self._answer_debug(known, names)
             return
@@ -134,9 +136,22 @@ class SotwStream(Stream):
         metrics.send_time.observe(time.monotonic() - sent_at)
         by_type.pushes.inc()
         by_type.config_size.observe(len(payload))
-        _record_sent(
-            watch, version, nonce, names_of(resources), partial=names is not None or not request.full
+        sent_names = names_of(resources)
+        partial = names is not None or not request.full
+        if self._sent is not None:
+            before = None if partial else watch.sent_names
+            self._sent.append(TypeSent(known.short, sent_names, len(payload), before=before))
+        log_sent(
+            known.short,
+            conn.proxy.id,
+            len(resources),
+            len(payload),
+            pushed=pushed,
+            incremental=partial,
+            nonce=nonce,
+            version=version,
         )
+        _record_sent(watch, version, nonce, sent_names, partial=partial)
         watch.digest_sent = digest
 
     async def _write_once(

@@ -25,6 +25,7 @@ from google.protobuf import json_format
 from meshpilot.bounded_logs import DETAIL_CHARS, STATUS_CHARS, WarningBudget, clip
 from meshpilot.model.proxy import InvalidNode, NodeMetadata, locality_label, parse_proxy
 from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.push.history import ProxyPush, TypeSent
 from meshpilot.xds.auth import AuthorizationError, authorize
 from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.debug_access import DebugRefused
@@ -72,6 +73,8 @@ class Stream(abc.ABC):
         self._unknown_types: set[str] = set()
         #: Warnings about what this proxy sends (NACKs, refusals) are rate-limited per stream.
         self._warnings = WarningBudget()
+        #: While a push is being sent (and recorded): the responses it wrote so far.
+        self._sent: list[TypeSent] | None = None
 
     # -- what a protocol adds ----------------------------------------------------------
 
@@ -165,16 +168,17 @@ class Stream(abc.ABC):
     async def _check_names(self, type_url: str, names: Sequence[str]) -> None:
         """The bounds on a request's names, both protocols: a name too long ends the stream with
         INVALID_ARGUMENT, too many names with RESOURCE_EXHAUSTED (``delta_protocol``'s limits)."""
-        try:
-            check_names(names)
-        except RefusedRequest as err:
-            await self._refuse("names", grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        # Counted first: protobuf makes a string of a name only when it is read.
         if len(names) > MAX_SUBSCRIPTIONS:
             await self._refuse(
                 "subscriptions",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{len(names)} resource names for {clip(type_url)} (at most {MAX_SUBSCRIPTIONS})",
             )
+        try:
+            check_names(names)
+        except RefusedRequest as err:
+            await self._refuse("names", grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
     def _on_nack(self, known: TypeUrl, nonce: str, error: str) -> None:
         """A NACK: counted by type and warned about (within the stream's warning budget)."""
@@ -231,6 +235,7 @@ class Stream(abc.ABC):
                 default_cluster_id=self.host.cluster_id,
                 extensions=frozenset(e.name for e in node.extensions),
                 locality=locality_label(node.locality.region, node.locality.zone, node.locality.sub_zone),
+                node_cluster=node.cluster,
             )
         except InvalidNode as err:
             await self._abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
@@ -307,12 +312,25 @@ class Stream(abc.ABC):
             return
         ordered: list[str] = [t for t in PUSH_ORDER if t in conn.watched]
         ordered += [t for t in conn.watched if t not in ordered]
-        for type_url in ordered:
-            known = parse_type_url(type_url)
-            generator = self.generators.get(known) if known is not None else None
-            if generator is None or not generator.needs_push(request):
-                continue
-            await self._send(type_url, request, None, pushed=True)
+        history = self.host.history
+        sent: list[TypeSent] | None = [] if history is not None else None
+        self._sent = sent
+        started = time.monotonic()
+        try:
+            for type_url in ordered:
+                known = parse_type_url(type_url)
+                generator = self.generators.get(known) if known is not None else None
+                if generator is None or not generator.needs_push(request):
+                    continue
+                await self._send(type_url, request, None, pushed=True)
+        finally:
+            self._sent = None
+            # Also when the stream broke off midway: what was written is what the proxy may have got.
+            if history is not None and sent:
+                duration = time.monotonic() - started
+                history.proxy_pushed(
+                    request.token, ProxyPush(conn.proxy.id, tuple(sent), sum(s.bytes for s in sent), duration)
+                )
         self.host.metrics.convergence_time.observe(time.monotonic() - request.start)
 
     def _generate(

@@ -14,6 +14,7 @@ from meshpilot.config.validation import (  # noqa: F401
     security,
     service_entry,
     sidecar,
+    telemetry,
     virtual_service,
     workload_entry,
 )

@@ -25,6 +25,7 @@ _SKIPPED = (
     Kind.AUTHORIZATION_POLICY,
     Kind.REQUEST_AUTHENTICATION,
     Kind.SECRET,
+    Kind.TELEMETRY,
     # Patches change clusters, listeners and routes; a cluster an ADD brings is asked for by name.
     Kind.ENVOY_FILTER,
 )

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 
+from meshpilot.model import telemetry
 from meshpilot.model.kind import Kind
-from meshpilot.model.proxy import NodeType
+from meshpilot.model.proxy import NodeType, Proxy
+from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
-from meshpilot.networking import inbound_security
+from meshpilot.networking import access_log, inbound_security, tracing
 from meshpilot.networking.envoyfilter.patches import Context, patch_set
 from meshpilot.networking.gateway import gateway_listeners, service_port_map
 from meshpilot.networking.listener import build_outbound_listeners
@@ -24,6 +26,12 @@ from meshpilot.xds.generators.envoy_filters import has_listener_patches, patch_l
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
+
+
+def telemetry_outputs(proxy: Proxy, push: PushContext) -> tuple[object, ...]:
+    """The proxy's tracing (Istio's tags name its workload) and its loggers' collector clusters."""
+    return (tracing.key(push, proxy), access_log.key(push, proxy))
+
 
 # Gateway changes reach only routers (see dependencies.proxy_needs_push), whose listeners they make.
 _SKIPPED = (Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP)
@@ -46,7 +54,15 @@ class ListenerGenerator:
         # Headless services get a listener per endpoint, except the proxy's own address.
         headless = (proxy.ip_addresses, ctx.index.generation) if scope.has_headless else None
         outbound = push.memoized(
-            ("lds-out", id(scope), proxy.capabilities, headless, source_label_key(proxy)),
+            (
+                "lds-out",
+                id(scope),
+                proxy.capabilities,
+                headless,
+                source_label_key(proxy),
+                telemetry.fingerprint(push, proxy),
+                telemetry_outputs(proxy, push),
+            ),
             lambda: ResourceList(
                 Resource.of(li.name, li) for li in build_outbound_listeners(proxy, push, ctx.index)
             ),
@@ -59,6 +75,9 @@ class ListenerGenerator:
             inbound_security.inputs(proxy, push).key,
             # The workload's PeerAuthentication: each port's chains (it follows the labels too).
             workload_mtls(proxy, push),
+            # The Telemetry objects in its scope (with their specs: this key outlives the snapshot).
+            telemetry.fingerprint(push, proxy),
+            telemetry_outputs(proxy, push),
         )
 
         def build_inbound() -> ResourceList:
@@ -101,7 +120,15 @@ class ListenerGenerator:
         # TCP and TLS matches may also name), the namespace (VirtualService visibility), and the
         # Service ports that map Gateway ports. Gateway replicas share all of it.
         ports = service_port_map(proxy)
-        key = ("lds-gw", frozenset(proxy.labels.items()), proxy.config_namespace, proxy.capabilities, ports)
+        key = (
+            "lds-gw",
+            frozenset(proxy.labels.items()),
+            proxy.config_namespace,
+            proxy.capabilities,
+            ports,
+            telemetry.fingerprint(push, proxy),
+            telemetry_outputs(proxy, push),
+        )
         generated = push.memoized(
             key, lambda: ResourceList(Resource.of(li.name, li) for li in gateway_listeners(proxy, push))
         )

@@ -1,0 +1,650 @@
+"""Change preview: what applying a change would push, worked out before anything is applied.
+
+A change (Istio objects to add or update, or to delete) is first checked as the validating webhook
+checks it (``webhooks.validate.ValidationHandler``, so a change the API server would refuse is
+refused here with the same message). It is then applied to a copy of the server's config, never to
+the live store: a scratch ``ConfigStore`` holding the live objects plus the change, and, when the
+change touches ServiceEntries or WorkloadEntries, a scratch ``ServiceEntryRegistry`` and a copy of the
+EndpointIndex it writes to. Two private PushContexts are built, one from the config as it is and one
+with the change, neither sharing memos with the live one (``keep_lasting=False``), each with an
+XdsCache of its own, so nothing the live pushes read is touched. Two more things generation would
+otherwise do to the live server are kept from it: JWKS are read from what the resolver already holds
+(a preview never makes it fetch), and problems met while generating (``PolicyProblems``) are
+reported in the answer, not logged and counted as the server's.
+
+For every connected proxy the push scoping the server applies decides whether the change concerns
+it (``xds.dependencies.proxy_needs_push`` after the same refresh a push does, and each generator's
+``needs_push``); then each type the proxy watches is generated from both snapshots with the server's
+own generators, and the resources are compared by name and bytes: what would change, appear and
+disappear, with a unified diff of each changed resource rendered as JSON with sorted keys (secrets
+hidden as in config dumps). A proxy whose config would change although the scoping says the change
+does not concern it is reported apart (``unscoped``): the push would not send it that config.
+
+The work runs on the server's event loop in slices (``SLICE_SECONDS``): it may yield between any two
+generations, so a preview over thousands of proxies delays other work by one slice at a time, not
+by its whole duration. Everything it reads of the live server (config snapshot, services, endpoint
+index, proxies and their watches) is taken before its first yield, so what it computes is
+consistent even when a push happens meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import difflib
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from google.protobuf import any_pb2, json_format
+
+from meshpilot.config.store import ConfigStore, KindView
+from meshpilot.model.config import ConfigKey
+from meshpilot.model.endpoint import Endpoint
+from meshpilot.model.endpoint_index import EndpointIndex, PushType, ShardKey
+from meshpilot.model.jwks import JwksLookup
+from meshpilot.model.kind import Kind
+from meshpilot.model.proxy import Proxy
+from meshpilot.model.push_context import PushContext
+from meshpilot.model.push_request import PushRequest, TriggerReason, merge_all
+from meshpilot.model.service import Service
+from meshpilot.networking.policy_problems import PolicyProblems
+from meshpilot.push.environment import MeshEnvironment
+from meshpilot.push.jwks_resolver import JwksResolver
+from meshpilot.push.preview_change import Change
+from meshpilot.registry.aggregate import AggregateRegistry
+from meshpilot.registry.serviceentry.controller import PodHandler, PodSource, ServiceEntryRegistry
+from meshpilot.xds.cache import XdsCache
+from meshpilot.xds.connection import Connection, WatchedResource
+from meshpilot.xds.dependencies import proxy_needs_push
+from meshpilot.xds.generators.base import GenerationContext, Generator, Resource, digest_of
+from meshpilot.xds.redaction import redact_message
+from meshpilot.xds.server import DiscoveryServer
+from meshpilot.xds.types import PUSH_ORDER, TypeUrl, parse_type_url
+
+#: How long one slice of work may hold the event loop before it yields.
+SLICE_SECONDS = 0.02
+#: A diff longer than this is cut, with a line saying how much was left out.
+MAX_DIFF_LINES = 400
+#: The largest change body accepted (the webhook's own limit on a review is larger; a preview is
+#: meant for a handful of objects).
+MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Problems listed at most.
+MAX_PROBLEMS = 100
+
+#: Types a config change never changes (Secrets) or that are never pushed (debug).
+_NOT_PREVIEWED = frozenset({TypeUrl.SECRET, TypeUrl.DEBUG, TypeUrl.DEBUG_SYNCZ, TypeUrl.DEBUG_CONFIG_DUMP})
+
+
+# -- the scratch copy ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PreviewSources:
+    """What a preview reads of the running server; it writes to none of it."""
+
+    server: DiscoveryServer
+    env: MeshEnvironment
+    service_entries: ServiceEntryRegistry
+    #: Kinds that reach proxies through the ServiceEntry registry rather than as config pushes (the
+    #: server's own set): a change to one is replayed through a scratch registry.
+    registry_kinds: frozenset[Kind]
+    pods: PodSource | None = None
+
+
+class _ReadOnlyPods:
+    """The live Pods, for a scratch ServiceEntryRegistry: read, never followed."""
+
+    def __init__(self, pods: PodSource) -> None:
+        self._pods = pods
+
+    def pods_in(self, namespace: str) -> list[Any]:
+        return self._pods.pods_in(namespace)
+
+    def pod_workload_locality(self, pod: Any) -> str:
+        return self._pods.pod_workload_locality(pod)
+
+    def add_pod_handler(self, handler: PodHandler) -> None:
+        pass  # the scratch registry lives for one preview
+
+
+class _ScratchUpdater:
+    """The XdsUpdater of the scratch registry: endpoints go to the copied index, and the push
+    requests the live server would be sent are kept (the server's ``eds_update`` and
+    ``service_update`` make the same requests)."""
+
+    def __init__(self, index: EndpointIndex) -> None:
+        self.index = index
+        self.recording = False
+        self.requests: list[PushRequest] = []
+
+    def config_update(self, request: PushRequest) -> None:
+        if self.recording:
+            self.requests.append(request)
+
+    def eds_update(
+        self, shard: ShardKey, hostname: str, namespace: str, endpoints: list[Endpoint] | Any
+    ) -> None:
+        push_type = self.index.update_service_endpoints(shard, hostname, namespace, endpoints)
+        if push_type is PushType.NO_PUSH or not self.recording:
+            return
+        self.requests.append(
+            PushRequest(
+                full=push_type is PushType.FULL,
+                configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)}),
+                reasons=Counter({TriggerReason.ENDPOINT: 1}),
+            )
+        )
+
+    def service_update(self, shard: ShardKey, hostname: str, namespace: str, deleted: bool) -> None:
+        if deleted:
+            self.index.delete_service_shard(shard, hostname, namespace)
+        if self.recording:
+            self.requests.append(
+                PushRequest(
+                    full=True,
+                    configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)}),
+                    reasons=Counter({TriggerReason.SERVICE: 1}),
+                )
+            )
+
+    def proxy_update(self, cluster_id: str, ip: str) -> None:
+        pass
+
+
+class _KnownJwks:
+    """The JWKS the live resolver already holds, for the preview's snapshots. Asking the resolver
+    itself would register a source to fetch and an owner to push: a preview must make the server
+    neither fetch nor push. A source it does not know yet is generated as the push would before its
+    keys arrive (failing closed)."""
+
+    def __init__(self, live: JwksLookup | None) -> None:
+        self._live = live
+
+    def jwks(self, uri: str, issuer: str, timeout_s: float, owner: ConfigKey) -> str | None:
+        if not isinstance(self._live, JwksResolver):
+            return None
+        # Read without the lookup's side effects (JwksResolver offers no read-only lookup).
+        source = self._live._sources.get((uri, "" if uri else issuer))
+        return source.jwks if source is not None else None
+
+
+def copy_index(live: EndpointIndex) -> EndpointIndex:
+    """A copy of ``live`` (the endpoint tuples are immutable and shared)."""
+    out = EndpointIndex()
+    for hostname, namespace, shards in live.services():
+        if not shards.shards:
+            out.update_service_endpoints(ShardKey("", ""), hostname, namespace, ())
+        for key, endpoints in shards.shards.items():
+            out.update_service_endpoints(key, hostname, namespace, endpoints)
+    return out
+
+
+@dataclass(slots=True)
+class _Snapshots:
+    before: PushContext
+    after: PushContext
+    before_env: MeshEnvironment
+    after_env: MeshEnvironment
+    index_before: EndpointIndex
+    index_after: EndpointIndex
+    request: PushRequest | None
+    #: Private XdsCaches, one per snapshot (None when the server runs without one): proxies share
+    #: route configurations through it as they do in a push.
+    cache_before: XdsCache | None = None
+    cache_after: XdsCache | None = None
+
+
+class _Slicer:
+    """Yields the event loop once a slice of work has used ``SLICE_SECONDS``; keeps the longest."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.longest = 0.0
+
+    async def pause(self, *, always: bool = False) -> None:
+        now = time.monotonic()
+        if always or now - self.started >= SLICE_SECONDS:
+            self.longest = max(self.longest, now - self.started)
+            await asyncio.sleep(0)
+            self.started = time.monotonic()
+
+    def end(self) -> None:
+        self.longest = max(self.longest, time.monotonic() - self.started)
+
+
+class _FrozenStore(ConfigStore):
+    """A store whose snapshot is the one taken when the preview started."""
+
+    def __init__(self, snapshot: Mapping[Kind, KindView]) -> None:
+        super().__init__()
+        self._frozen = dict(snapshot)
+
+    def snapshot(self) -> dict[Kind, KindView]:
+        return dict(self._frozen)
+
+
+class _FixedServices(AggregateRegistry):
+    """The live registries for what a proxy refresh asks (workload labels, service targets), with
+    the services fixed when the preview started (plus the scratch ServiceEntry registry's)."""
+
+    def __init__(self, live: AggregateRegistry, services: Callable[[], list[Service]]) -> None:
+        super().__init__(live.workloads, live.others)
+        self._services = services
+
+    def services(self) -> list[Service]:
+        return self._services()
+
+
+async def _scratch(sources: PreviewSources, change: Change, slicer: _Slicer) -> _Snapshots:
+    env = sources.env
+    live_se = sources.service_entries
+    # Everything read of the live server is taken now, before the first yield: what it holds then is
+    # what both snapshots start from, whatever changes while the preview runs.
+    snapshot = env.store.snapshot()
+    by_registry = [(r, r.services()) for r in (*env.registry.workloads, *env.registry.others)]
+    mesh = env.mesh
+    index_before = copy_index(env.index)
+    await slicer.pause()
+    touched = {c.meta.kind for c in change.upserts} | {k.kind for k in change.deletes}
+    registry_kinds = sources.registry_kinds
+    via_registry = bool(touched & registry_kinds)
+    store = ConfigStore()
+    updater = _ScratchUpdater(copy_index(index_before) if via_registry else index_before)
+    scratch_se: ServiceEntryRegistry | None = None
+    if via_registry:
+        pods = _ReadOnlyPods(sources.pods) if sources.pods is not None else None
+        scratch_se = ServiceEntryRegistry(
+            store, updater, cluster_id=live_se.cluster_id, trust_domain=live_se.trust_domain, pods=pods
+        )
+
+    def services_after() -> list[Service]:
+        out: list[Service] = []
+        for registry, services in by_registry:
+            out += scratch_se.services() if scratch_se is not None and registry is live_se else services
+        return out
+
+    for count, config in enumerate(c for view in snapshot.values() for c in view.values()):
+        store.upsert(config)
+        if count % 256 == 255:
+            await slicer.pause()
+    requests: list[PushRequest] = []
+    updater.recording = True
+    for config in change.upserts:
+        event = store.upsert(config)
+        if event is not None and config.meta.kind not in registry_kinds:
+            requests.append(_config_request(config.key))
+    for key in change.deletes:
+        event = store.delete(key)
+        if event is not None and key.kind not in registry_kinds:
+            requests.append(_config_request(key))
+    requests += updater.requests
+    await slicer.pause()
+    jwks = _KnownJwks(env.jwks)
+
+    def environment(
+        config: ConfigStore, services: Callable[[], list[Service]], index: EndpointIndex
+    ) -> MeshEnvironment:
+        scratch = MeshEnvironment(
+            store=config,
+            registry=_FixedServices(env.registry, services),
+            index=index,
+            mesh=mesh,
+            domain_suffix=env.domain_suffix,
+            share_outputs=env.share_outputs,
+        )
+        scratch.jwks = jwks
+        return scratch
+
+    before_env = environment(
+        _FrozenStore(snapshot), lambda: [s for _, services in by_registry for s in services], index_before
+    )
+    after_env = environment(store, services_after, updater.index)
+    before = before_env.build_push_context("preview-before", keep_lasting=False)
+    await slicer.pause()
+    after = after_env.build_push_context("preview-after", keep_lasting=False)
+    await slicer.pause()
+    request = merge_all(requests) if requests else None
+    cached = sources.server.cache is not None
+    return _Snapshots(
+        before,
+        after,
+        before_env,
+        after_env,
+        index_before,
+        updater.index,
+        request,
+        XdsCache() if cached else None,
+        XdsCache() if cached else None,
+    )
+
+
+def _config_request(key: ConfigKey) -> PushRequest:
+    """The request the server's store handler makes for a changed object (``DiscoveryApp._on_config``)."""
+    return PushRequest(
+        full=True, configs_updated=frozenset({key}), reasons=Counter({TriggerReason.CONFIG: 1})
+    )
+
+
+# -- comparing ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceChange:
+    type: str
+    name: str
+    #: "changed", "added" or "removed".
+    change: str
+    #: Key of the diff in the result's ``diffs`` (changed resources only).
+    diff: str = ""
+
+    def as_json(self) -> dict[str, str]:
+        out = {"type": self.type, "name": self.name, "change": self.change}
+        if self.diff:
+            out["diff"] = self.diff
+        return out
+
+
+@dataclass(slots=True)
+class ProxyOutcome:
+    proxy: str
+    connection: str
+    protocol: str
+    in_scope: bool
+    changes: list[ResourceChange] = field(default_factory=list)
+    #: Types a state-of-the-world stream would send although no resource changed (their order did).
+    reordered: list[str] = field(default_factory=list)
+    #: Endpoints a delta stream sends again because their cluster changed (Envoy warms it).
+    warming: list[str] = field(default_factory=list)
+
+    @property
+    def pushed(self) -> bool:
+        return self.in_scope and bool(self.changes or self.reordered)
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "proxy": self.proxy,
+            "connection": self.connection,
+            "protocol": self.protocol,
+            "types": sorted({c.type for c in self.changes} | set(self.reordered)),
+            "resources": [c.as_json() for c in self.changes],
+        }
+        if self.reordered:
+            out["reordered"] = self.reordered
+        if self.warming:
+            out["warming"] = self.warming
+        return out
+
+
+class _Diffs:
+    """Unified diffs of changed resources, made once per distinct (before, after) pair."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[str, str] = {}
+        self._rendered: dict[bytes, list[str]] = {}
+
+    def add(self, short: str, name: str, before: bytes, after: bytes) -> str:
+        digest = hashlib.blake2b(before + b"\0" + after, digest_size=8).hexdigest()
+        key = f"{short}/{name}@{digest}"
+        if key not in self.by_key:
+            lines = list(
+                difflib.unified_diff(
+                    self._lines(before),
+                    self._lines(after),
+                    fromfile=f"{short}/{name} (now)",
+                    tofile=f"{short}/{name} (with the change)",
+                    lineterm="",
+                )
+            )
+            if len(lines) > MAX_DIFF_LINES:
+                left = len(lines) - MAX_DIFF_LINES
+                lines = [*lines[:MAX_DIFF_LINES], f"... {left} more lines"]
+            self.by_key[key] = "\n".join(lines) + "\n"
+        return key
+
+    def _lines(self, payload: bytes) -> list[str]:
+        found = self._rendered.get(payload)
+        if found is None:
+            found = self._rendered[payload] = render(payload).splitlines()
+        return found
+
+
+def render(payload: bytes) -> str:
+    """A resource (a serialized ``Any``) as JSON with sorted keys, secrets hidden."""
+    message = any_pb2.Any.FromString(payload)
+    redact_message(message)
+    data = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+
+
+#: (kind, namespace/name, message) of a problem met while generating (``PolicyProblems.record``).
+Problem = tuple[str, str, str]
+
+
+@contextlib.contextmanager
+def captured_problems(into: set[Problem]) -> Iterator[None]:
+    """Problems generation reports go to ``into`` instead of the server's log and
+    ``meshpilot_policy_problems``-style tallies: a preview's config is not the server's.
+
+    Swapped for one synchronous call (no ``await`` inside), so no generation of the live server
+    runs meanwhile: the server generates on this loop only.
+    """
+
+    def record(self: PolicyProblems, kind: str, name: str, message: str) -> None:
+        into.add((kind, name, message))
+
+    original = PolicyProblems.record
+    setattr(PolicyProblems, "record", record)  # noqa: B010 (mypy refuses assigning a method)
+    try:
+        yield
+    finally:
+        setattr(PolicyProblems, "record", original)  # noqa: B010
+
+
+def _by_name(resources: list[Resource] | None) -> dict[str, bytes]:
+    return {r.name: r.payload for r in resources or ()}
+
+
+async def _compare(
+    in_scope: bool,
+    proxy_before: Proxy,
+    proxy_after: Proxy,
+    conn: Connection,
+    watched: Mapping[str, WatchedResource],
+    generators: Mapping[TypeUrl, Generator],
+    snaps: _Snapshots,
+    request: PushRequest,
+    diffs: _Diffs,
+    problems: tuple[set[Problem], set[Problem]],
+    slicer: _Slicer,
+) -> ProxyOutcome:
+    """One proxy: each watched type generated from both snapshots, in the order pushes send them.
+    The loop may run other work between any two generations (``slicer``)."""
+    outcome = ProxyOutcome(proxy_after.id, conn.id, conn.protocol, in_scope)
+    before_request = dataclasses.replace(request, push=snaps.before)
+    after_request = dataclasses.replace(request, push=snaps.after)
+    ordered = [t for t in PUSH_ORDER if t in watched] + [t for t in watched if t not in PUSH_ORDER]
+    updated_clusters: set[str] = set()
+    for type_url in ordered:
+        known = parse_type_url(type_url)
+        generator = generators.get(known) if known is not None else None
+        if known is None or generator is None or known in _NOT_PREVIEWED:
+            continue
+        if not generator.needs_push(request):
+            continue
+        watch = watched[type_url]
+        with captured_problems(problems[0]):
+            old = generator.generate(
+                GenerationContext(
+                    proxy_before,
+                    snaps.before,
+                    snaps.index_before,
+                    before_request,
+                    snaps.cache_before,
+                    conn.identity,
+                ),
+                watch,
+                None,
+            )
+        await slicer.pause()
+        with captured_problems(problems[1]):
+            new = generator.generate(
+                GenerationContext(
+                    proxy_after,
+                    snaps.after,
+                    snaps.index_after,
+                    after_request,
+                    snaps.cache_after,
+                    conn.identity,
+                ),
+                watch,
+                None,
+            )
+        await slicer.pause()
+        if new is None:
+            continue
+        # The same payloads in the same order: nothing to send (the test a state-of-the-world push
+        # makes too). Lists shared by a scope's proxies carry their digest, so most proxies stop here.
+        if old is not None and digest_of(old) == digest_of(new):
+            continue
+        before, after = _by_name(old), _by_name(new)
+        whole = request.full or known.is_wildcard
+        short = known.short
+        found = len(outcome.changes)
+        for name, payload in after.items():
+            was = before.get(name)
+            if was is None:
+                outcome.changes.append(ResourceChange(short, name, "added"))
+            elif was != payload:
+                outcome.changes.append(
+                    ResourceChange(short, name, "changed", diffs.add(short, name, was, payload))
+                )
+        if whole:
+            outcome.changes += [ResourceChange(short, n, "removed") for n in before if n not in after]
+        if len(outcome.changes) == found and whole and list(before) != list(after):
+            outcome.reordered.append(short)
+        if known is TypeUrl.CLUSTER:
+            updated_clusters = {c.name for c in outcome.changes[found:] if c.change != "removed"}
+    eds = watched.get(TypeUrl.ENDPOINT)
+    # Only a delta stream resends them unasked (``DeltaStream._send``); Envoy over state-of-the-world
+    # asks for them again itself.
+    if eds is not None and updated_clusters and conn.protocol == "delta":
+        changed_eds = {c.name for c in outcome.changes if c.type == "eds"}
+        outcome.warming = sorted((updated_clusters & eds.names) - changed_eds)
+    return outcome
+
+
+def _watches(conn: Connection) -> dict[str, WatchedResource]:
+    """What ``conn`` watches, copied: its stream goes on changing its own."""
+    return {t: WatchedResource(w.type_url, w.names, wildcard=w.wildcard) for t, w in conn.watched.items()}
+
+
+async def preview(sources: PreviewSources, change: Change, *, scope: str = "") -> dict[str, Any]:
+    """What pushing ``change`` would send to the connected proxies (of ``scope``'s namespace when
+    given), as a JSON-ready dict."""
+    started = time.monotonic()
+    slicer = _Slicer()
+    out: dict[str, Any] = {
+        "valid": change.valid,
+        "errors": change.errors,
+        "warnings": change.warnings,
+        "objects": [o.as_json() for o in change.objects],
+    }
+    if not change.valid:
+        return out
+    server = sources.server
+    # Taken at once, before the first yield: the proxies as the last push left them.
+    conns = [
+        (conn, copy.copy(conn.proxy), _watches(conn))
+        for conn in sorted(server.connections.values(), key=lambda c: c.id)
+        if not scope or conn.proxy.config_namespace == scope
+    ]
+    snaps = await _scratch(sources, change, slicer)
+    request = snaps.request
+    out["push"] = (
+        {
+            "full": request.full,
+            "reasons": {r.value: n for r, n in sorted(request.reasons.items(), key=lambda i: i[0].value)},
+            "configsUpdated": sorted(
+                f"{k.kind.value}/{k.namespace}/{k.name}" for k in request.configs_updated
+            ),
+        }
+        if request is not None
+        else None
+    )
+    diffs = _Diffs()
+    problems: tuple[set[Problem], set[Problem]] = (set(), set())
+    pushed: list[ProxyOutcome] = []
+    scoped_out: list[ProxyOutcome] = []
+    quiet: list[str] = []
+    # No request: nothing in the change differs from the live config, so nothing is pushed.
+    for conn, proxy, watched in conns if request is not None else ():
+        assert request is not None
+        before = copy.copy(proxy)
+        snaps.before_env.refresh_proxy(before, snaps.before)
+        after = copy.copy(proxy)
+        # As the push decides: a full push refreshes the proxy first, an endpoint push does not.
+        if request.full:
+            snaps.after_env.refresh_proxy(after, snaps.after)
+        in_scope = proxy_needs_push(after, request, snaps.after.mesh.root_namespace)
+        if not request.full:
+            # Generated with a scope of the preview's own snapshot (the same content): the live
+            # scope's memo is the server's.
+            after = copy.copy(proxy)
+            snaps.after_env.refresh_proxy(after, snaps.after)
+        outcome = await _compare(
+            in_scope,
+            before,
+            after,
+            conn,
+            watched,
+            server.generators_for(proxy),
+            snaps,
+            request,
+            diffs,
+            problems,
+            slicer,
+        )
+        if outcome.pushed:
+            pushed.append(outcome)
+        elif outcome.changes:
+            scoped_out.append(outcome)
+        elif outcome.in_scope:
+            quiet.append(conn.id)
+        await slicer.pause()
+    slicer.end()
+    out.update(
+        {
+            "proxies": {
+                "considered": len(conns),
+                "inScope": len(pushed) + len(quiet),
+                "pushed": len(pushed),
+            },
+            "pushes": [o.as_json() for o in pushed],
+            "inScopeUnchanged": quiet,
+            "unscoped": [o.as_json() for o in scoped_out],
+            "diffs": diffs.by_key,
+            # What generating with the change met (a rule skipped, a patch that failed), marked
+            # when generating without it did not meet it.
+            "problems": [
+                {
+                    "kind": kind,
+                    "name": name,
+                    "message": message,
+                    "new": (kind, name, message) not in problems[0],
+                }
+                for kind, name, message in sorted(problems[1])
+            ][:MAX_PROBLEMS],
+            "timing": {
+                "seconds": round(time.monotonic() - started, 4),
+                "longestBlockSeconds": round(slicer.longest, 4),
+            },
+        }
+    )
+    return out

@@ -1,0 +1,44 @@
+"""``/debug/ui`` served in-process: what a client sends is escaped, and the page's bounds hold."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from support.ads_client import AdsClient
+from support.kube import workload, write
+from support.processes import http_get
+from support.xds_server import running, settings_for
+
+CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+HOSTILE = "sidecar~127.0.0.11~<img src=x onerror=alert(1)>.default~default.svc.cluster.local"
+
+
+async def test_client_text_is_escaped_and_rows_are_bounded(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    write(
+        config / "apps.yaml", workload("reviews", "default", "10.96.0.20", 9080, {"reviews-v1": "127.0.0.21"})
+    )
+    settings = settings_for(config)
+    async with running(settings) as app:
+        clients = []
+        for node in (HOSTILE, "sidecar~127.0.0.21~reviews-v1.default~default.svc.cluster.local"):
+            client = AdsClient(str(settings.grpc_addr))
+            client.send(CDS, node_id=node, node_metadata={"ISTIO_VERSION": "1.28.0"})
+            client.ack(await client.recv())
+            clients.append(client)
+        try:
+            status, body, headers = await asyncio.to_thread(
+                http_get, "127.0.0.1", settings.http_addr.port, "/debug/ui?proxies=1&refresh=5"
+            )
+            page = body.decode()
+            assert status == 200 and headers["content-type"].startswith("text/html")
+            assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;.default" in page
+            assert page.count('<tr class="proxy"') == 1 and "1 more not shown" in page
+            assert '<meta http-equiv="refresh" content="5">' in page
+            assert "http://" not in page and "https://" not in page, "nothing fetched from elsewhere"
+            assert '<b data-field="connected">2</b>' in page
+            assert app.debug.render("ui", {}, "")[0] == 200
+        finally:
+            for client in clients:
+                await client.close()
