@@ -188,6 +188,16 @@ def test_meshpilot_starts_with_the_charts_command_line(
             return http_get(HOST, http_port, "/ready")[0] == 200
 
         eventually(ready, timeout=30, what="meshpilot /ready")
+        # Counted by name as well as logged: a dashboard shows what has no effect.
+        # The test's own address is the last --monitoringAddr (appended after the chart's).
+        monitoring = [a for a in process.argv if a.startswith("--monitoringAddr=")][-1]
+        status, body, _ = http_get(HOST, int(monitoring.rsplit(":", 1)[1]), "/metrics")
+        assert status == 200
+        metrics = body.decode()
+        unimplemented = re.findall(
+            r'^meshpilot_unimplemented_settings\{name="([^"]+)"\} 1\.0$', metrics, re.M
+        )
+        assert unimplemented == ["CA_TRUSTED_NODE_ACCOUNTS"], metrics
     finally:
         process.stop()
     log = process.log()

@@ -119,6 +119,17 @@ def test_slowest_proxies_and_forgetting_disconnected_ones() -> None:
     assert history.for_proxy("slow") == [] and history.proxy_ids() == ["fast", "middle"]
 
 
+def test_a_push_written_after_its_stream_was_forgotten_is_forgotten_too() -> None:
+    clock = Clock()
+    history = PushHistory(forget_after=60, monotonic=clock)
+    history.started(_request(1))
+    history.proxy_pushed(1, _pushed("late", {"x"}))  # no stream known for it
+    assert history.for_proxy("late")
+    clock.now += 61
+    history.started(_request(2))
+    assert history.proxy_ids() == []
+
+
 def test_global_push_names_the_mesh_config() -> None:
     history = PushHistory()
     history.started(_request(1, reason=TriggerReason.GLOBAL))

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 import yaml
@@ -21,7 +22,7 @@ from support.golden import agent_metadata
 from support.kube import write
 from support.xds_server import running, settings_for
 
-from meshpilot.push.preview import copy_index, preview
+from meshpilot.push.preview import MAX_BODY_BYTES, copy_index, preview
 from meshpilot.push.preview_change import ChangeReader
 from meshpilot.server.app import DiscoveryApp
 
@@ -179,8 +180,67 @@ async def test_over_http_on_the_monitoring_port(config: Path) -> None:
             }
             status, answer = await asyncio.to_thread(_post, url, b"{not yaml: [")
             assert status in (200, 400)
+            # Not read as false: that would preview writing what was meant to be deleted.
+            status, answer = await asyncio.to_thread(_post, url + "?delete=yes", body)
+            assert status == 400 and b"delete must be true or false" in answer
         finally:
             await client.close()
+
+
+async def test_a_body_sent_in_chunks_is_read_whole_and_bounded(config: Path) -> None:
+    """Chunked, with pauses: the server sees the body arrive in pieces and must not preview the
+    first piece alone (here a comment, which would read as "no objects"), nor take more than
+    ``MAX_BODY_BYTES`` without a 413."""
+
+    async def pieces(*parts: bytes) -> Any:
+        for part in parts:
+            yield part
+            await asyncio.sleep(0.05)
+
+    async with running(settings_for(config)) as app:
+        client = await _connect(app, PRODUCTPAGE, {"app": "productpage", "version": "v1"}, delta=True)
+        try:
+            url = f"http://{app.settings.monitoring_addr}/debug/preview"
+            padding = b"# " + b"x" * 100_000 + b"\n"
+            async with aiohttp.ClientSession() as session:
+                body = pieces(padding, yaml.safe_dump(_vs((10, 90))).encode())
+                async with session.post(url, data=body) as response:
+                    assert response.status == 200, await response.text()
+                    assert _predicted(orjson.loads(await response.read())) == {
+                        "productpage-v1.default": {("rds", "9080", "changed")}
+                    }
+                chunk = b"#" * (1024 * 1024 - 1) + b"\n"
+                huge = pieces(*[chunk] * (MAX_BODY_BYTES // len(chunk) + 1))
+                async with session.post(url, data=huge) as response:
+                    assert response.status == 413
+        finally:
+            await client.close()
+
+
+async def test_one_preview_at_a_time(config: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second preview while one runs is turned away (each holds a copy of the config), and the
+    next one after it is served."""
+    from meshpilot.push import preview_page
+
+    release = asyncio.Event()
+    entered = asyncio.Event()
+
+    async def held(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        entered.set()
+        await release.wait()
+        return await preview(*args, **kwargs)
+
+    monkeypatch.setattr(preview_page, "preview", held)
+    async with running(settings_for(config)) as app:
+        url = f"http://{app.settings.monitoring_addr}/debug/preview"
+        body = yaml.safe_dump(_vs((10, 90))).encode()
+        first = asyncio.create_task(asyncio.to_thread(_post, url, body))
+        await asyncio.wait_for(entered.wait(), 10)
+        status, answer = await asyncio.to_thread(_post, url, body)
+        assert status == 429, answer
+        release.set()
+        assert (await first)[0] == 200
+        assert (await asyncio.to_thread(_post, url, body))[0] == 200
 
 
 def _post(url: str, body: bytes) -> tuple[int, bytes]:

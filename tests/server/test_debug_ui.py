@@ -38,6 +38,8 @@ async def test_client_text_is_escaped_and_rows_are_bounded(tmp_path: Path) -> No
             assert '<meta http-equiv="refresh" content="5">' in page
             assert "http://" not in page and "https://" not in page, "nothing fetched from elsewhere"
             assert '<b data-field="connected">2</b>' in page
+            assert "script-src" not in headers["content-security-policy"]
+            assert "default-src 'none'" in headers["content-security-policy"]
             assert app.debug.render("ui", {}, "")[0] == 200
         finally:
             for client in clients:

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, TextIO
 
 import orjson
 
-from meshpilot.cli.preview import DEFAULT_SERVER
+from meshpilot.cli.debug_http import DEFAULT_SERVER, ask
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,14 +37,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.resource:
         query["resource"] = args.resource
     url = f"{args.server.rstrip('/')}/debug/explain?{urllib.parse.urlencode(query)}"
-    try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            answer = response.read()
-    except urllib.error.HTTPError as e:
-        print(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace').strip()}", file=err)
-        return 2
-    except (urllib.error.URLError, OSError) as e:
-        print(f"{url}: {getattr(e, 'reason', e)}", file=err)
+    answer = ask(url, err)
+    if answer is None:
         return 2
     if args.json:
         out.write(answer.decode() + "\n")

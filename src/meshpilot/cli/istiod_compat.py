@@ -262,6 +262,12 @@ class Report:
     refused: tuple[tuple[str, str, str], ...]
     unknown: tuple[tuple[str, str], ...]
 
+    @property
+    def unimplemented_names(self) -> tuple[str, ...]:
+        """Every name set here that has no effect (not implemented, or not known), as the
+        ``meshpilot_unimplemented_settings`` gauge labels them."""
+        return tuple(n for n, *_ in self.not_implemented) + tuple(n for n, _ in self.unknown)
+
 
 def _why(flag: Knob) -> str:
     if flag.support is Support.IMPLEMENTED:

@@ -264,6 +264,7 @@ def _run_discovery(args: argparse.Namespace) -> int:
         ),
         pod_name=env_default("POD_NAME", ""),
         log_level=args.log_level,
+        unimplemented_settings=compat.unimplemented_names,
     )
     from meshpilot.server.app import serve
 

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any, TextIO
 
 import orjson
 
-DEFAULT_SERVER = "http://127.0.0.1:15014"
+from meshpilot.cli.debug_http import DEFAULT_SERVER, ask
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,17 +46,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         {"namespace": args.namespace, **({"delete": "true"} if args.delete else {})}
     )
     url = f"{args.server.rstrip('/')}/debug/preview?{query}"
-    request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": "application/yaml"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=args.timeout) as response:
-            answer = response.read()
-    except urllib.error.HTTPError as e:
-        print(f"{url}: HTTP {e.code}: {e.read().decode(errors='replace').strip()}", file=err)
-        return 2
-    except (urllib.error.URLError, OSError) as e:
-        print(f"{url}: {getattr(e, 'reason', e)}", file=err)
+    answer = ask(url, err, body=body, timeout=args.timeout)
+    if answer is None:
         return 2
     if args.json:
         out.write(answer.decode() + "\n")

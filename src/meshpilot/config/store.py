@@ -72,7 +72,7 @@ class ConfigStore:
         objects = self._by_kind.setdefault(config.meta.kind, {})
         key = (config.namespace, config.name)
         old = objects.get(key)
-        if old is not None and _same(old, config):
+        if old is not None and same(old, config):
             return None
         objects[key] = config
         self._bump(config.meta.kind)
@@ -116,7 +116,8 @@ def config_order(config: Config) -> tuple[str, str, str]:
     return (config.meta.creation_timestamp or "~", config.namespace, config.name)
 
 
-def _same(a: Config, b: Config) -> bool:
+def same(a: Config, b: Config) -> bool:
+    """Whether writing ``b`` over ``a`` is no change (the store then raises no event)."""
     return (
         a.spec_hash == b.spec_hash
         and a.meta.labels == b.meta.labels

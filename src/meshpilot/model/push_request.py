@@ -67,6 +67,20 @@ class PushRequest:
         return ",".join(f"{r.value}:{n}" for r, n in sorted(self.reasons.items(), key=lambda i: i[0].value))
 
 
+def config_request(key: ConfigKey) -> PushRequest:
+    """The request a changed Istio object makes (the server's store handler, and a preview of it)."""
+    return PushRequest(
+        full=True, configs_updated=frozenset({key}), reasons=Counter({TriggerReason.CONFIG: 1})
+    )
+
+
+def registry_request(key: ConfigKey, reason: TriggerReason, *, full: bool = True) -> PushRequest:
+    """The request a registry's change to the service ``key`` makes: its endpoints (ENDPOINT, full
+    when the change also needs config rebuilt) or the service itself (SERVICE). The server's
+    ``XdsUpdater`` and a preview's scratch updater both build it here."""
+    return PushRequest(full=full, configs_updated=frozenset({key}), reasons=Counter({reason: 1}))
+
+
 def merge_all(requests: Sequence[PushRequest]) -> PushRequest:
     """What merging ``requests`` pairwise in order gives, with the changed keys united once.
 

@@ -13,14 +13,13 @@ that the result parses into exactly what ``build_outbound_cluster`` makes.
 
 from __future__ import annotations
 
-from typing import Any
-
 from meshpilot.model.service import Resolution, Service
 from meshpilot.networking import endpoint as eds
 from meshpilot.networking import extensions, names, wire
 from meshpilot.networking import traffic_policy as tp
 from meshpilot.networking.auto_mtls import auto_mtls_applies, service_mtls_mode
 from meshpilot.networking.cluster import ClusterInputs, OutboundSpec, build_outbound_cluster, config_path
+from meshpilot.networking.protobuf import serialize
 from meshpilot.networking.tls import istio_mutual_upstream
 
 _NO_TLS = (b"", b"")
@@ -107,8 +106,7 @@ class OutboundClusterEncoder:
         for field in _PER_CLUSTER_FIELDS:
             cluster.ClearField(field)
         cluster.eds_cluster_config.ClearField("service_name")
-        data: bytes = cluster.SerializeToString()
-        return data
+        return serialize(cluster)
 
     def _common_tls(self, http2: bool) -> tuple[bytes, bytes]:
         """In-mesh mTLS CommonTlsContext without SAN matchers: its fields before the
@@ -125,11 +123,6 @@ def _split_common_tls(alpn: list[str]) -> tuple[bytes, bytes]:
     common = istio_mutual_upstream("", (), alpn).common_tls_context
     validation = common.combined_validation_context
     validation.ClearField("default_validation_context")
-    rest = _serialize(validation)
+    rest = serialize(validation)
     common.ClearField("combined_validation_context")
-    return _serialize(common), rest
-
-
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
-    return data
+    return serialize(common), rest

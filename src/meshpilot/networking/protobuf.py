@@ -10,10 +10,22 @@ from google.protobuf.message import Message
 TYPE_PREFIX = "type.googleapis.com/"
 
 
+def serialize(message: Message) -> bytes:
+    """The wire bytes of ``message``, the same in every process.
+
+    Without ``deterministic``, map fields (a Struct's fields, ``filter_metadata``,
+    ``typed_extension_protocol_options``) are written in hash-table order, which differs between
+    processes: two replicas, or a server and its restart, would give one config different bytes and
+    so different versions, and a proxy that reconnects would be sent everything again.
+    """
+    data: bytes = message.SerializeToString(deterministic=True)
+    return data
+
+
 def pack(message: Message) -> Any:
-    """``message`` in an Any with the standard type URL prefix."""
+    """``message`` in an Any with the standard type URL prefix (bytes as ``serialize`` writes them)."""
     out = any_pb2.Any()
-    out.Pack(message, type_url_prefix="type.googleapis.com/")
+    out.Pack(message, type_url_prefix="type.googleapis.com/", deterministic=True)
     return out
 
 

@@ -29,7 +29,7 @@ from meshpilot.model.service import Port, Resolution, Service
 from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking import names, vhosts, vhosts_py
 from meshpilot.networking.http_routes import destination_cluster, routes_for_virtual_service
-from meshpilot.networking.protobuf import boolean, duration, uint32
+from meshpilot.networking.protobuf import boolean, duration, serialize, uint32
 from meshpilot.networking.route_hashing import (
     LookupHash,
     destination_consistent_hash,
@@ -378,10 +378,10 @@ def encode_route_configuration(proxy: Proxy, push: PushContext, name: str) -> by
     """
     found = _listener_for(proxy, name)
     if found is None or found[1]:
-        return _serialize(build_route_configuration(proxy, push, name))
+        return serialize(build_route_configuration(proxy, push, name))
     port, _, listener = found
     table = _virtual_service_hosts(proxy, push, port, listener)
-    template = push.memoized(("route-template",), lambda: _serialize(default_route("", "", push.mesh)))
+    template = push.memoized(("route-template",), lambda: serialize(default_route("", "", push.mesh)))
     encoded = vhosts.default_virtual_hosts(
         table.services.values(),
         port,
@@ -393,12 +393,12 @@ def encode_route_configuration(proxy: Proxy, push: PushContext, name: str) -> by
         table.seen_domains,
         template,
     )
-    encoded.extend((v.name, _serialize(v)) for v in table.vhosts)
+    encoded.extend((v.name, serialize(v)) for v in table.vhosts)
     encoded.sort(key=_BY_NAME)
-    header = push.memoized(("route-header", name), lambda: _serialize(route_header(name)))
+    header = push.memoized(("route-header", name), lambda: serialize(route_header(name)))
     catch_all = push.memoized(
         ("route-catch-all", _catch_all_key(proxy, port)),
-        lambda: _serialize(catch_all_virtual_host(proxy, port)),
+        lambda: serialize(catch_all_virtual_host(proxy, port)),
     )
     return vhosts.route_configuration(header, list(map(_BODY, encoded)), catch_all)
 
@@ -406,11 +406,6 @@ def encode_route_configuration(proxy: Proxy, push: PushContext, name: str) -> by
 # C-level accessors: a Python function or comprehension here would run per virtual host.
 _BY_NAME = itemgetter(0)
 _BODY = itemgetter(1)
-
-
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
-    return data
 
 
 def _http_or_sniffed(protocol: Protocol) -> bool:

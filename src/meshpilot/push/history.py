@@ -228,10 +228,13 @@ class PushHistory:
             return
         record.proxies += 1
         record.bytes += push.bytes
-        record.last_done = self._monotonic()
+        now = record.last_done = self._monotonic()
         log = self._proxies.get(push.proxy_id)
         if log is None:
-            log = self._proxies[push.proxy_id] = _ProxyLog()
+            # No open stream is known for it (its stream closed, and was forgotten, while this push
+            # was written): kept as long as a closed one, not for ever.
+            log = self._proxies[push.proxy_id] = _ProxyLog(closed_at=now)
+            self._closed.append((now, push.proxy_id))
         log.pushes.append((record, push))
 
     def connected(self, proxy_id: str) -> None:

@@ -111,6 +111,12 @@ class JwksResolver:
         source.owners.add(owner)
         return source.jwks
 
+    def known(self, uri: str, issuer: str) -> str | None:
+        """The keys already held for this source, or None; unlike ``jwks`` it registers no source
+        to fetch and no owner to push (a change preview must make the server do neither)."""
+        source = self._sources.get((uri, "" if uri else issuer))
+        return source.jwks if source is not None else None
+
     # -- the fetcher ---------------------------------------------------------------------------
 
     async def run(self) -> None:

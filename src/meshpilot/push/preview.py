@@ -35,8 +35,8 @@ import copy
 import dataclasses
 import difflib
 import hashlib
+import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +52,13 @@ from meshpilot.model.jwks import JwksLookup
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
-from meshpilot.model.push_request import PushRequest, TriggerReason, merge_all
+from meshpilot.model.push_request import (
+    PushRequest,
+    TriggerReason,
+    config_request,
+    merge_all,
+    registry_request,
+)
 from meshpilot.model.service import Service
 from meshpilot.networking.policy_problems import PolicyProblems
 from meshpilot.push.environment import MeshEnvironment
@@ -116,8 +122,8 @@ class _ReadOnlyPods:
 
 class _ScratchUpdater:
     """The XdsUpdater of the scratch registry: endpoints go to the copied index, and the push
-    requests the live server would be sent are kept (the server's ``eds_update`` and
-    ``service_update`` make the same requests)."""
+    requests the live server would be sent are kept (built as the server's ``eds_update`` and
+    ``service_update`` build them: ``registry_request``)."""
 
     def __init__(self, index: EndpointIndex) -> None:
         self.index = index
@@ -134,25 +140,15 @@ class _ScratchUpdater:
         push_type = self.index.update_service_endpoints(shard, hostname, namespace, endpoints)
         if push_type is PushType.NO_PUSH or not self.recording:
             return
-        self.requests.append(
-            PushRequest(
-                full=push_type is PushType.FULL,
-                configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)}),
-                reasons=Counter({TriggerReason.ENDPOINT: 1}),
-            )
-        )
+        key = ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)
+        self.requests.append(registry_request(key, TriggerReason.ENDPOINT, full=push_type is PushType.FULL))
 
     def service_update(self, shard: ShardKey, hostname: str, namespace: str, deleted: bool) -> None:
         if deleted:
             self.index.delete_service_shard(shard, hostname, namespace)
         if self.recording:
-            self.requests.append(
-                PushRequest(
-                    full=True,
-                    configs_updated=frozenset({ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)}),
-                    reasons=Counter({TriggerReason.SERVICE: 1}),
-                )
-            )
+            key = ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)
+            self.requests.append(registry_request(key, TriggerReason.SERVICE))
 
     def proxy_update(self, cluster_id: str, ip: str) -> None:
         pass
@@ -168,11 +164,7 @@ class _KnownJwks:
         self._live = live
 
     def jwks(self, uri: str, issuer: str, timeout_s: float, owner: ConfigKey) -> str | None:
-        if not isinstance(self._live, JwksResolver):
-            return None
-        # Read without the lookup's side effects (JwksResolver offers no read-only lookup).
-        source = self._live._sources.get((uri, "" if uri else issuer))
-        return source.jwks if source is not None else None
+        return self._live.known(uri, issuer) if isinstance(self._live, JwksResolver) else None
 
 
 def copy_index(live: EndpointIndex) -> EndpointIndex:
@@ -279,11 +271,11 @@ async def _scratch(sources: PreviewSources, change: Change, slicer: _Slicer) -> 
     for config in change.upserts:
         event = store.upsert(config)
         if event is not None and config.meta.kind not in registry_kinds:
-            requests.append(_config_request(config.key))
+            requests.append(config_request(config.key))
     for key in change.deletes:
         event = store.delete(key)
         if event is not None and key.kind not in registry_kinds:
-            requests.append(_config_request(key))
+            requests.append(config_request(key))
     requests += updater.requests
     await slicer.pause()
     jwks = _KnownJwks(env.jwks)
@@ -322,13 +314,6 @@ async def _scratch(sources: PreviewSources, change: Change, slicer: _Slicer) -> 
         request,
         XdsCache() if cached else None,
         XdsCache() if cached else None,
-    )
-
-
-def _config_request(key: ConfigKey) -> PushRequest:
-    """The request the server's store handler makes for a changed object (``DiscoveryApp._on_config``)."""
-    return PushRequest(
-        full=True, configs_updated=frozenset({key}), reasons=Counter({TriggerReason.CONFIG: 1})
     )
 
 
@@ -432,19 +417,33 @@ def captured_problems(into: set[Problem]) -> Iterator[None]:
     """Problems generation reports go to ``into`` instead of the server's log and
     ``meshpilot_policy_problems``-style tallies: a preview's config is not the server's.
 
-    Swapped for one synchronous call (no ``await`` inside), so no generation of the live server
-    runs meanwhile: the server generates on this loop only.
+    The tallies are module globals reached from deep inside the generators, so the method is
+    swapped on the class, for one synchronous call (no ``await`` inside): on this thread, the one
+    the server generates on, nothing else runs meanwhile. Another thread that reports a problem
+    in that window still reaches the server's tally.
     """
+    original = PolicyProblems.record
+    thread = threading.get_ident()
 
     def record(self: PolicyProblems, kind: str, name: str, message: str) -> None:
-        into.add((kind, name, message))
+        if threading.get_ident() == thread:
+            into.add((kind, name, message))
+        else:
+            original(self, kind, name, message)
 
-    original = PolicyProblems.record
     setattr(PolicyProblems, "record", record)  # noqa: B010 (mypy refuses assigning a method)
     try:
         yield
     finally:
         setattr(PolicyProblems, "record", original)  # noqa: B010
+
+
+def _generate(
+    generator: Generator, context: GenerationContext, watch: WatchedResource, problems: set[Problem]
+) -> list[Resource] | None:
+    """One generation for one of the two snapshots, its problems kept in ``problems``."""
+    with captured_problems(problems):
+        return generator.generate(context, watch, None)
 
 
 def _by_name(resources: list[Resource] | None) -> dict[str, bytes]:
@@ -467,8 +466,22 @@ async def _compare(
     """One proxy: each watched type generated from both snapshots, in the order pushes send them.
     The loop may run other work between any two generations (``slicer``)."""
     outcome = ProxyOutcome(proxy_after.id, conn.id, conn.protocol, in_scope)
-    before_request = dataclasses.replace(request, push=snaps.before)
-    after_request = dataclasses.replace(request, push=snaps.after)
+    context_before = GenerationContext(
+        proxy_before,
+        snaps.before,
+        snaps.index_before,
+        dataclasses.replace(request, push=snaps.before),
+        snaps.cache_before,
+        conn.identity,
+    )
+    context_after = GenerationContext(
+        proxy_after,
+        snaps.after,
+        snaps.index_after,
+        dataclasses.replace(request, push=snaps.after),
+        snaps.cache_after,
+        conn.identity,
+    )
     ordered = [t for t in PUSH_ORDER if t in watched] + [t for t in watched if t not in PUSH_ORDER]
     updated_clusters: set[str] = set()
     for type_url in ordered:
@@ -479,33 +492,9 @@ async def _compare(
         if not generator.needs_push(request):
             continue
         watch = watched[type_url]
-        with captured_problems(problems[0]):
-            old = generator.generate(
-                GenerationContext(
-                    proxy_before,
-                    snaps.before,
-                    snaps.index_before,
-                    before_request,
-                    snaps.cache_before,
-                    conn.identity,
-                ),
-                watch,
-                None,
-            )
+        old = _generate(generator, context_before, watch, problems[0])
         await slicer.pause()
-        with captured_problems(problems[1]):
-            new = generator.generate(
-                GenerationContext(
-                    proxy_after,
-                    snaps.after,
-                    snaps.index_after,
-                    after_request,
-                    snaps.cache_after,
-                    conn.identity,
-                ),
-                watch,
-                None,
-            )
+        new = _generate(generator, context_after, watch, problems[1])
         await slicer.pause()
         if new is None:
             continue

@@ -18,8 +18,7 @@ from meshpilot.config.decode import decode_object, identify
 from meshpilot.config.documents import parse_text
 from meshpilot.config.errors import ConfigError
 from meshpilot.config.schemas import SCHEMAS
-from meshpilot.config.store import ConfigStore
-from meshpilot.config.store import _same as same_config
+from meshpilot.config.store import ConfigStore, same
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.kind import Kind
 from meshpilot.server.metrics import Metrics
@@ -84,23 +83,23 @@ class ChangeReader:
                 continue
             kind, namespace, name = identify(doc.raw)
             where = f"{kind or '?'} {namespace or default_namespace}/{name or '?'}"
+            try:
+                istio_kind = _istio_kind(doc.raw)
+            except ConfigError as err:
+                change.errors.append(f"{where}: {err}")
+                continue
+            key = ConfigKey(istio_kind, name, namespace or default_namespace)
             if delete:
-                self._delete(doc.raw, store, default_namespace, where, change)
+                self._delete(key, store, where, change)
             else:
-                self._upsert(doc.raw, store, default_namespace, where, change)
+                self._upsert(doc.raw, key, store, where, change)
         return change
 
     def _upsert(
-        self, raw: dict[str, Any], store: ConfigStore, default_namespace: str, where: str, change: Change
+        self, raw: dict[str, Any], key: ConfigKey, store: ConfigStore, where: str, change: Change
     ) -> None:
-        namespace = identify(raw)[1] or default_namespace
-        try:
-            kind = _istio_kind(raw)
-        except ConfigError as err:
-            change.errors.append(f"{where}: {err}")
-            return
-        _, _, name = identify(raw)
-        exists = store.get(kind, name, namespace) is not None
+        kind, namespace = key.kind, key.namespace
+        exists = store.get(kind, key.name, namespace) is not None
         review = self._validator(
             {
                 "operation": "UPDATE" if exists else "CREATE",
@@ -120,7 +119,7 @@ class ChangeReader:
         old = store.get(kind, config.name, config.namespace)
         if old is None:
             verb = "add"
-        elif same_config(old, config):  # the store's own test: such an update raises no event
+        elif same(old, config):  # the store's own test: such an update raises no event
             verb = "unchanged"
         else:
             verb = "update"
@@ -135,24 +134,15 @@ class ChangeReader:
         change.upserts.append(config)
         change.objects.append(ObjectChange(kind.value, config.namespace, config.name, verb))
 
-    def _delete(
-        self, raw: dict[str, Any], store: ConfigStore, default_namespace: str, where: str, change: Change
-    ) -> None:
-        try:
-            kind = _istio_kind(raw)
-        except ConfigError as err:
-            change.errors.append(f"{where}: {err}")
-            return
-        _, namespace, name = identify(raw)
-        namespace = namespace or default_namespace
-        if not name:
+    def _delete(self, key: ConfigKey, store: ConfigStore, where: str, change: Change) -> None:
+        if not key.name:
             change.errors.append(f"{where}: metadata.name is required to delete an object")
             return
-        if store.get(kind, name, namespace) is None:
+        if store.get(key.kind, key.name, key.namespace) is None:
             change.errors.append(f"{where}: no such object to delete")
             return
-        change.deletes.append(ConfigKey(kind, name, namespace))
-        change.objects.append(ObjectChange(kind.value, namespace, name, "delete"))
+        change.deletes.append(key)
+        change.objects.append(ObjectChange(key.kind.value, key.namespace, key.name, "delete"))
 
 
 def _istio_kind(raw: dict[str, Any]) -> Kind:

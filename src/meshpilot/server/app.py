@@ -40,7 +40,7 @@ from meshpilot.model.credentials import CredentialStore, SecretAccess, related_k
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import apply_mesh_config, default_mesh_config
-from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.model.push_request import PushRequest, TriggerReason, config_request
 from meshpilot.model.telemetry import unapplied as telemetry_unapplied
 from meshpilot.networking.envoyfilter.patches import unapplied as envoy_filter_unapplied
 from meshpilot.networking.envoyfilter.problems import PATCH_PROBLEMS
@@ -54,7 +54,7 @@ from meshpilot.push.preview_page import preview_route
 from meshpilot.registry.aggregate import AggregateRegistry
 from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
-from meshpilot.server import gc_tuning
+from meshpilot.server import gc_tuning, malloc_tuning
 from meshpilot.server.build_info import control_plane_identifier
 from meshpilot.server.debug import DebugHandlers, DebugSources
 from meshpilot.server.debug_access import debug_access
@@ -236,6 +236,8 @@ class DiscoveryApp:
         self.webhook_ca: WebhookCaPatcher | None = None
         # Read at every scrape: files and the API both reject objects, at any time.
         self.metrics.config_rejections.set_function(self._rejection_count)
+        for name in settings.unimplemented_settings:
+            self.metrics.unimplemented_settings.labels(name).set(1)
         debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
         self.debug = debug
         #: What ``/debug/preview`` reads (it copies, never writes).
@@ -354,13 +356,7 @@ class DiscoveryApp:
         if event.config.kind in _REGISTRY_KINDS:
             return
         self.server.history.note_change(event.config.key, event.type.value)
-        self.server.config_update(
-            PushRequest(
-                full=True,
-                configs_updated=frozenset({event.config.key}),
-                reasons=Counter({TriggerReason.CONFIG: 1}),
-            )
-        )
+        self.server.config_update(config_request(event.config.key))
 
     async def load(self) -> None:
         """Read every config source once (the Kubernetes lists too); the server is ready afterwards."""
@@ -518,6 +514,7 @@ class DiscoveryApp:
 
 async def serve(settings: DiscoverySettings) -> None:
     """Run until SIGTERM or SIGINT."""
+    malloc_tuning.configure()
     gc_tuning.configure()
     app = DiscoveryApp(settings, after_load=gc_tuning.freeze_loaded)
     loop = asyncio.get_running_loop()

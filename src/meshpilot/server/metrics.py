@@ -190,6 +190,13 @@ class Metrics:
             "Config objects currently rejected by the config directory loader (meshpilot only).",
             registry=r,
         )
+        self.unimplemented_settings = Gauge(
+            "meshpilot_unimplemented_settings",
+            "istiod flags and environment variables set for this server that it accepts but does not "
+            "implement, 1 each by name (meshpilot only).",
+            ["name"],
+            registry=r,
+        )
 
         # The validation webhook's counters, labelled as istiod labels them.
         self.validation_passed = Counter(

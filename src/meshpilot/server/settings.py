@@ -102,6 +102,9 @@ class DiscoverySettings:
     #: Grace period for open streams on shutdown, in seconds.
     shutdown_grace: float = 2.0
     log_level: str = "info"
+    #: istiod's flags and variables set for this server that it accepts without implementing them
+    #: (``cli.istiod_compat``): logged at start, and shown by name in ``meshpilot_unimplemented_settings``.
+    unimplemented_settings: tuple[str, ...] = ()
 
 
 def env_default(name: str, default: str) -> str:

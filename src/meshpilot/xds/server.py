@@ -29,7 +29,7 @@ from meshpilot.model.endpoint_index import EndpointIndex, PushType, ShardKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
-from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.model.push_request import PushRequest, TriggerReason, registry_request
 from meshpilot.push.debounce import Debounced, DebounceOptions, debounce
 from meshpilot.push.environment import push_version
 from meshpilot.push.history import PushHistory
@@ -186,13 +186,8 @@ class DiscoveryServer:
         if self.cache is not None:
             # Now, not at push time: a proxy asking meanwhile must not get the old endpoints.
             self.cache.clear({key})
-        self._events.put_nowait(
-            PushRequest(
-                full=push_type is PushType.FULL,
-                configs_updated=frozenset({key}),
-                reasons=Counter({TriggerReason.ENDPOINT: 1}),
-            )
-        )
+        full = push_type is PushType.FULL
+        self._events.put_nowait(registry_request(key, TriggerReason.ENDPOINT, full=full))
 
     def service_update(self, shard: ShardKey, hostname: str, namespace: str, deleted: bool) -> None:
         self.metrics.inbound_updates.labels(type="svcdelete" if deleted else "svc").inc()
@@ -202,11 +197,7 @@ class DiscoveryServer:
         self.history.note_change(key, "delete" if deleted else "update")
         if self.cache is not None:
             self.cache.clear({key})
-        self._events.put_nowait(
-            PushRequest(
-                full=True, configs_updated=frozenset({key}), reasons=Counter({TriggerReason.SERVICE: 1})
-            )
-        )
+        self._events.put_nowait(registry_request(key, TriggerReason.SERVICE))
 
     def proxy_update(self, cluster_id: str, ip: str) -> None:
         push = self.push_context

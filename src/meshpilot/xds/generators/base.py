@@ -15,7 +15,7 @@ from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
-from meshpilot.networking.protobuf import TYPE_PREFIX
+from meshpilot.networking.protobuf import TYPE_PREFIX, serialize
 from meshpilot.xds.cache import XdsCache, new_token
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.types import TypeUrl
@@ -50,9 +50,7 @@ class Resource:
     @classmethod
     def of(cls, name: str, message: Any) -> Resource:
         """A resource from a protobuf message (the builders' slow path)."""
-        return cls(
-            name, wire.any_bytes(TYPE_PREFIX + message.DESCRIPTOR.full_name, message.SerializeToString())
-        )
+        return cls(name, wire.any_bytes(TYPE_PREFIX + message.DESCRIPTOR.full_name, serialize(message)))
 
     def message(self) -> Any:
         """The resource parsed back into an ``Any`` (for debug output)."""

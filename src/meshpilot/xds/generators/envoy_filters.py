@@ -32,6 +32,7 @@ from meshpilot.networking.envoyfilter import clusters, listeners, routes
 from meshpilot.networking.envoyfilter.patches import ApplyTo, Context, PatchSet, patch_set
 from meshpilot.networking.envoyfilter.problems import patch_failed
 from meshpilot.networking.envoyfilter.routes import ROUTE_KINDS, PortMap
+from meshpilot.networking.protobuf import serialize
 from meshpilot.xds.generators.base import Resource, ResourceList
 from meshpilot.xds.types import TypeUrl
 
@@ -227,7 +228,7 @@ def _patched_route(resource: Resource, patches: PatchSet, context: int, ports: P
     except Exception as err:  # any failing patch, as istiod recovers: counted, resource sent as built
         _failed(patches, f"route configuration {resource.name}", err)
         return resource.payload
-    return wire.any_bytes(TypeUrl.ROUTE, config.SerializeToString())
+    return wire.any_bytes(TypeUrl.ROUTE, serialize(config))
 
 
 def report_proxyless(proxy: Proxy, push: PushContext) -> None:

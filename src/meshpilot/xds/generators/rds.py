@@ -9,7 +9,6 @@ matches on them.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
@@ -17,6 +16,7 @@ from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
 from meshpilot.networking.envoyfilter.patches import patch_set
 from meshpilot.networking.gateway import gateway_route_configuration, service_port_map
+from meshpilot.networking.protobuf import serialize
 from meshpilot.networking.route import (
     RouteCacheParts,
     encode_route_configuration,
@@ -118,13 +118,8 @@ class RouteGenerator:
             proxy.capabilities,
             service_port_map(proxy),
         )
-        payload = push.memoized(key, lambda: _any(_serialize(gateway_route_configuration(proxy, push, name))))
+        payload = push.memoized(key, lambda: _any(serialize(gateway_route_configuration(proxy, push, name))))
         return Resource(name, payload)
-
-
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
-    return data
 
 
 def _any(route_configuration: bytes) -> bytes:
