@@ -166,6 +166,47 @@ def test_providers_replace_the_parents_and_unknown_ones_are_dropped() -> None:
     )
     model = _model(namespace)
     assert [p.provider.name for p in telemetry.metrics(model.push, _api(model))] == ["other-prom"]
+    assert telemetry.undefined_providers(model.push, _api(model)) == (("metrics", "missing"),)
+
+
+def test_undefined_providers_of_every_field_are_listed_and_names_match_case_insensitively() -> None:
+    spec = {
+        "metrics": [{"providers": [{"name": "OTHER-PROM"}]}],
+        "accessLogging": [{"providers": [{"name": "file-log"}, {"name": "no-log"}]}],
+        "tracing": [{"providers": [{"name": "no-trace"}]}],
+    }
+    model = _model(
+        _telemetry("ns", "default", spec),
+        mesh=MESH.replace("{metrics: [prometheus]}", "{metrics: [prometheus], accessLogging: [no-default]}"),
+    )
+    assert telemetry.undefined_providers(model.push, _api(model)) == (
+        ("accessLogging", "no-default"),
+        ("accessLogging", "no-log"),
+        ("tracing", "no-trace"),
+    )
+    # Outside the object's namespace only defaultProviders is in scope.
+    other = model.proxy(OTHER, {"LABELS": {"app": "web"}})
+    assert telemetry.undefined_providers(model.push, other) == (("accessLogging", "no-default"),)
+
+
+def test_labels_and_namespaces_clients_send_add_no_resolutions() -> None:
+    selecting = _telemetry("api", "default", {"selector": {"matchLabels": {"app": "api"}}, "metrics": [{}]})
+    model = _model(_telemetry("ns", "default", {"metrics": [{}]}), selecting)
+
+    def resolutions() -> int:
+        return sum(
+            1 for key in model.push._memo if isinstance(key, tuple) and key[0] == "telemetry-applicable"
+        )
+
+    unregistered = "sidecar~10.1.0.8~y-1.default~default.svc.cluster.local"  # its labels are its own
+    for i in range(10):
+        labels = {"app": "api", "pod-hash": str(i)}
+        telemetry.applicable(model.push, model.proxy(unregistered, {"LABELS": labels}))
+        telemetry.applicable(model.push, model.proxy(unregistered, {"LABELS": {"app": f"other-{i}"}}))
+        node = f"sidecar~10.1.0.9~x-1.made-up-{i}~made-up-{i}.svc.cluster.local"
+        telemetry.applicable(model.push, model.proxy(node, {"LABELS": {"app": "api"}}))
+    # One for the workload the selector picks, one for the rest of default, one for other namespaces.
+    assert resolutions() == 3
 
 
 def test_access_logging_falls_back_to_nothing_without_telemetry_or_default_providers() -> None:

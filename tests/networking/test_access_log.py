@@ -18,7 +18,7 @@ from meshpilot.model.telemetry import TelemetryClass
 from meshpilot.networking import access_log
 from meshpilot.networking.listener import build_outbound_listeners, virtual_outbound
 from meshpilot.networking.listener_inbound import build_inbound_listeners
-from meshpilot.networking.telemetry_problems import TELEMETRY_PROBLEMS
+from meshpilot.networking.telemetry_problems import TELEMETRY_PROBLEMS, report_undefined
 
 SERVER = "sidecar~10.1.0.21~reviews-v1.default~default.svc.cluster.local"
 
@@ -139,6 +139,8 @@ extensionProviders:
     logFormat: {labels: {code: "%RESPONSE_CODE%"}}
 - name: missing
   envoyOtelAls: {service: nowhere.example.com, port: 4317}
+- name: sd
+  stackdriver: {}
 """
 
 
@@ -176,12 +178,36 @@ def test_telemetry_provider_replaces_the_mesh_file_and_filters_by_cel() -> None:
     assert second.extension_filter.name == "envoy.access_loggers.extension_filters.cel"
 
 
-def test_a_provider_whose_collector_is_unknown_is_counted_by_name() -> None:
+def test_a_provider_whose_collector_is_unknown_is_counted_and_the_mesh_file_applies() -> None:
     before = TELEMETRY_PROBLEMS.count("envoyOtelAls", "missing")
     model = _otel_mesh(_telemetry(["missing"]))
     proxy = model.proxy(CLIENT)
-    assert access_log.filter_loggers(model.push, proxy, TelemetryClass.CLIENT, http=True) == []
+    # istiod's AccessLogging drops a provider it cannot build; with none left, accessLogFile applies.
+    (logger,) = access_log.filter_loggers(model.push, proxy, TelemetryClass.CLIENT, http=True)
+    assert logger.name == "envoy.access_loggers.file"
     assert TELEMETRY_PROBLEMS.count("envoyOtelAls", "missing") > before
+
+
+def test_a_provider_that_writes_no_access_logs_is_counted_and_the_mesh_file_applies() -> None:
+    before = TELEMETRY_PROBLEMS.count("stackdriver", "sd")
+    model = _otel_mesh(_telemetry(["sd"]))
+    proxy = model.proxy(CLIENT)
+    # istiod builds no logger for it (nor counts it), and with none left accessLogFile applies.
+    (logger,) = access_log.filter_loggers(model.push, proxy, TelemetryClass.CLIENT, http=True)
+    assert logger.name == "envoy.access_loggers.file"
+    assert TELEMETRY_PROBLEMS.count("stackdriver", "sd") > before
+
+
+def test_a_provider_missing_from_meshconfig_is_counted_by_name() -> None:
+    before = TELEMETRY_PROBLEMS.count("undefined", "no-such-provider")
+    model = _otel_mesh(_telemetry(["otel", "no-such-provider"]))
+    proxy = model.proxy(CLIENT)
+    (logger,) = access_log.filter_loggers(model.push, proxy, TelemetryClass.CLIENT, http=True)
+    assert logger.name == "envoy.access_loggers.open_telemetry"
+    report_undefined(model.push, proxy)
+    report_undefined(model.push, model.proxy(CLIENT))
+    # Once per snapshot for the objects in scope, however many proxies ask.
+    assert TELEMETRY_PROBLEMS.count("undefined", "no-such-provider") == before + 1
 
 
 def test_a_disabled_provider_turns_off_the_mesh_file_too() -> None:

@@ -266,3 +266,62 @@ def test_listeners_cached_for_a_scope_still_carry_each_workloads_tags() -> None:
     # Same namespace, same scope: the shared outbound listeners must not carry the other's tags.
     assert _generated_tags(model, CLIENT) == {"unknown"}
     assert _generated_tags(model, SHOP) == {"shop"}
+
+
+def _lds(model: Model, node: str, **meta: Any) -> list[bytes]:
+    proxy = model.proxy(node, {"INTERCEPTION_MODE": "REDIRECT", **meta})
+    ctx = GenerationContext(proxy, model.push, model.index, PushRequest(push=model.push))
+    watch = WatchedResource("type.googleapis.com/envoy.config.listener.v3.Listener")
+    return [r.payload for r in ListenerGenerator().generate(ctx, watch, None) or []]
+
+
+_CLIENT_ZIPKIN = {
+    "match": {"mode": "CLIENT"},
+    "providers": [{"name": "zipkin"}],
+    "useRequestIdForTraceSampling": False,
+    "customTags": {"team": {"literal": {"value": "payments"}}},
+}
+
+
+def _shop_mesh(*entries: dict[str, Any]) -> Model:
+    collectors = [service("zipkin", "observability", "10.96.9.1", [("http", 9411)])]
+    telemetry = [istio("Telemetry", "mesh", "istio-system", {"tracing": list(entries)}, group="telemetry")]
+    return build([*mesh_objects(), *_shop(), *collectors, *(telemetry if entries else [])], _PROVIDERS)
+
+
+def test_listeners_retraced_for_a_workload_are_byte_for_byte_those_built_for_it() -> None:
+    for entries in ((), (_CLIENT_ZIPKIN,)):
+        shared = _shop_mesh(*entries)
+        first = _lds(shared, CLIENT)
+        # SHOP shares CLIENT's scope: its outbound listeners are CLIENT's, re-traced.
+        retraced = _lds(shared, SHOP)
+        built = _lds(_shop_mesh(*entries), SHOP)
+        assert retraced == built
+        assert set(first) & set(retraced)  # listeners without HCMs are the very same
+        assert set(retraced) - set(first)  # and those with HCMs carry SHOP's tags
+
+
+def test_what_clients_send_beyond_what_tracing_reads_adds_no_memo_entries() -> None:
+    # A flood of connections with made-up versions and node metadata must not grow the memo.
+    for entries in ((), ({"providers": [{"name": "zipkin"}]},), ({"providers": [{"name": "otel"}]},)):
+        model = _shop_mesh(*entries)
+        _lds(model, SHOP, ISTIO_VERSION="1.31.0")
+        before = (len(model.push._memo), len(model.push._lasting))
+        for i in range(20):
+            _lds(
+                model,
+                SHOP,
+                ISTIO_VERSION=f"1.{31 + i}.{i}" if i % 2 else f"v{i:x}",
+                APP_CONTAINERS=f"app-{i}",
+                WORKLOAD_NAME=f"made-up-{i}",
+            )
+        assert (len(model.push._memo), len(model.push._lasting)) == before, entries
+
+
+def test_formatter_tags_are_left_out_for_older_proxies_and_counted() -> None:
+    tags = {"route": {"formatter": {"value": "%ROUTE_NAME%"}}}
+    model = _with_telemetry({"providers": [{"name": "zipkin"}], "customTags": tags})
+    before = TELEMETRY_PROBLEMS.count("zipkin", "zipkin")
+    assert "route" not in _tags(_block(model, ISTIO_VERSION="1.28.0").tracing)
+    assert TELEMETRY_PROBLEMS.count("zipkin", "zipkin") > before
+    assert _tags(_block(model, ISTIO_VERSION="1.29.0").tracing)["route"].value == "%ROUTE_NAME%"

@@ -18,13 +18,17 @@ Three questions are answered here, each as istiod's merge does:
 
 Notes for callers beyond the shared interface: ``LoggingConfig.disabled`` marks a provider a
 Telemetry turned off. istiod keeps such entries so that the legacy ``accessLogFile`` path is not
-taken, and writes no logger for them: a caller falls back to the legacy path only when the list is
-empty, and skips disabled entries. ``TracingSpec.disable_context_propagation`` is the Telemetry field
+taken, and writes no logger for them: a caller falls back to the legacy path only when no entry
+(disabled ones included) gives a logger, as istiod drops the providers it cannot build before it
+asks, and skips disabled entries. ``TracingSpec.disable_context_propagation`` is the Telemetry field
 of that name.
 
-The resolution is memoized per push context and (namespace, labels), and what is derived from it
-per push context and the objects in scope: it is asked for on every listener of every proxy, and
-with no Telemetry object at all it costs one dictionary lookup.
+The resolution is memoized per push context and the objects that apply (never by the labels or
+namespace a client sends, which would let clients grow the memo), and what is derived from it per
+push context and the objects in scope: it is asked for on every listener of every proxy, and with
+no Telemetry object at all it costs one dictionary lookup. Providers named but not defined in
+MeshConfig are passed over, as istiod does, and listed by ``undefined_providers`` for the caller to
+report.
 """
 
 from __future__ import annotations
@@ -46,11 +50,6 @@ _WorkloadMode = telemetry_pb2.WorkloadMode
 _IstioMetric = telemetry_pb2.MetricSelector.IstioMetric
 _REMOVE = telemetry_pb2.MetricsOverrides.TagOverride.REMOVE
 
-#: The providers whose kind writes access logs (others named in accessLogging write none).
-_LOGGING_PROVIDER_KINDS = frozenset(
-    {"envoy_file_access_log", "envoy_http_als", "envoy_tcp_als", "envoy_otel_als"}
-)
-
 #: Every predefined metric but ALL_METRICS, sorted by name: ALL_METRICS overrides each of them.
 ALL_METRICS: tuple[str, ...] = tuple(
     sorted(name for name in _IstioMetric.keys() if name != "ALL_METRICS")  # noqa: SIM118 (an enum wrapper)
@@ -70,7 +69,8 @@ class TelemetryClass(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class LoggingConfig:
-    """One access logger to configure."""
+    """One access logging provider in scope (of any kind: ``networking/access_log.py`` decides which
+    kinds write a logger, and counts the others)."""
 
     provider: Any  # MeshConfig.ExtensionProvider
     filter_expression: str | None  # accessLogging.filter.expression (CEL), or None
@@ -87,6 +87,20 @@ class TracingSpec:
     use_request_id_for_trace_sampling: bool
     enable_istio_tags: bool
     disable_context_propagation: bool = False
+    #: All of the above, serialized once: part of the keys of what is built from the spec.
+    key: tuple[object, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        key = (
+            self.provider.SerializeToString(deterministic=True) if self.provider is not None else None,
+            self.disabled,
+            self.random_sampling_percentage,
+            tuple(sorted((n, t.SerializeToString(deterministic=True)) for n, t in self.custom_tags.items())),
+            self.use_request_id_for_trace_sampling,
+            self.enable_istio_tags,
+            self.disable_context_propagation,
+        )
+        object.__setattr__(self, "key", key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +164,8 @@ _NOTHING = Applicable()
 @dataclass(slots=True)
 class _Index:
     by_namespace: dict[str, list[Config]] = field(default_factory=lambda: defaultdict(list))
+    #: Per namespace, its objects with a workload selector (the ones a proxy's labels choose among).
+    selecting: dict[str, tuple[Config, ...]] = field(default_factory=dict)
     #: Derived results, per Applicable key and question: shared by every proxy with the same scope.
     derived: dict[Any, Any] = field(default_factory=dict)
 
@@ -163,6 +179,10 @@ def _index(push: PushContext) -> _Index:
         index = _Index()
         for config in sorted(push.configs(Kind.TELEMETRY), key=_order):
             index.by_namespace[config.namespace].append(config)
+        for namespace, configs in index.by_namespace.items():
+            index.selecting[namespace] = tuple(
+                c for c in configs if not is_namespace_wide(c.spec) and not targets_refs(c.spec)
+            )
         return index
 
     return push.memoized(("telemetry-index",), build)
@@ -188,27 +208,33 @@ def applicable(push: PushContext, proxy: Proxy) -> Applicable:
     index = _index(push)
     if not index.by_namespace:
         return _NOTHING
+    # Keyed by what decides the answer (which selecting objects match), not by the namespace and
+    # labels themselves: a client may send any, and the memo must not grow with them. A namespace
+    # without Telemetry objects is answered as any other such namespace (the root's alone).
     namespace = proxy.config_namespace
-    key = ("telemetry-applicable", namespace, frozenset(proxy.labels.items()))
-    return push.memoized(key, lambda: _resolve(index, push.mesh.root_namespace, namespace, proxy.labels))
+    if namespace not in index.by_namespace:
+        namespace = ""
+    labels = proxy.labels
+    chosen = tuple(
+        c
+        for c in index.selecting.get(namespace, ())
+        if selector_matches(c.spec.selector.match_labels, labels)
+    )
+    key = ("telemetry-applicable", namespace, tuple(c.key for c in chosen))
+    return push.memoized(key, lambda: _resolve(index, push.mesh.root_namespace, namespace, chosen))
 
 
-def _resolve(index: _Index, root: str, namespace: str, labels: Mapping[str, str]) -> Applicable:
+def _resolve(index: _Index, root: str, namespace: str, chosen: tuple[Config, ...]) -> Applicable:
     found: list[Config] = []
     if root:
         config = _namespace_wide(index, root)
         if config is not None:
             found.append(config)
-    if namespace != root:
+    if namespace and namespace != root:
         config = _namespace_wide(index, namespace)
         if config is not None:
             found.append(config)
-    for config in index.by_namespace.get(namespace, ()):
-        spec = config.spec
-        if is_namespace_wide(spec) or targets_refs(spec):
-            continue
-        if selector_matches(spec.selector.match_labels, labels):
-            found.append(config)
+    found.extend(chosen)
     if not found:
         return _NOTHING
     return Applicable(
@@ -246,6 +272,35 @@ def provider(push: PushContext, name: str) -> Any | None:
 
 def _names(refs: Any) -> list[str]:
     return [ref.name for ref in refs]
+
+
+def undefined_providers(push: PushContext, proxy: Proxy) -> tuple[tuple[str, str], ...]:
+    """(field, name) of every provider that ``defaultProviders`` or a Telemetry object in scope of
+    ``proxy`` names under ``metrics``, ``accessLogging`` or ``tracing`` and MeshConfig does not define.
+
+    istiod passes over them (an unknown metrics or logging provider is left out, an unknown tracing
+    provider leaves tracing off), and so do the questions here; the caller reports them.
+    """
+    scope = applicable(push, proxy)
+    found: tuple[tuple[str, str], ...] = derived(push, scope, "undefined", lambda: _undefined(push, scope))
+    return found
+
+
+def _undefined(push: PushContext, scope: Applicable) -> tuple[tuple[str, str], ...]:
+    defaults = push.mesh.default_providers
+    named: set[tuple[str, str]] = set()
+    named.update(("metrics", n) for n in defaults.metrics)
+    named.update(("accessLogging", n) for n in defaults.access_logging)
+    named.update(("tracing", n) for n in defaults.tracing)
+    named.update(("metrics", n) for entry in scope.metrics for n in _names(entry.providers))
+    named.update(
+        ("accessLogging", n)
+        for entries in scope.logging
+        for entry in entries
+        for n in _names(entry.providers)
+    )
+    named.update(("tracing", n) for entry in scope.tracing for n in _names(entry.providers))
+    return tuple(sorted(pair for pair in named if provider(push, pair[1]) is None))
 
 
 # -- metrics ---------------------------------------------------------------------------------------
@@ -360,7 +415,8 @@ def _mode_matches(entry: Any, mode: int) -> bool:
 
 
 def access_logging(push: PushContext, proxy: Proxy, cls: TelemetryClass) -> list[LoggingConfig]:
-    """Telemetry API access loggers (and ``defaultProviders.accessLogging``) of one side of ``proxy``.
+    """Telemetry API access logging providers (and ``defaultProviders.accessLogging``) of one side
+    of ``proxy``, each defined in MeshConfig (of any kind).
 
     Empty when neither configures any: the legacy MeshConfig ``accessLogFile`` path applies then.
     """
@@ -408,9 +464,8 @@ def _merge_logs(push: PushContext, scope: Applicable, cls: TelemetryClass) -> li
     out = []
     for name, (disabled, expression) in chosen.items():
         found = provider(push, name)
-        if found is None or found.WhichOneof("provider") not in _LOGGING_PROVIDER_KINDS:
-            continue
-        out.append(LoggingConfig(found, expression, disabled))
+        if found is not None:  # an undefined one is in undefined_providers()
+            out.append(LoggingConfig(found, expression, disabled))
     out.sort(key=lambda c: str(c.provider.name))
     return out
 

@@ -2,8 +2,9 @@
 
 Two sources, as in istiod's accesslog.go: the Telemetry API's ``accessLogging`` (and MeshConfig
 ``defaultProviders.accessLogging``), resolved per proxy by ``model.telemetry``; when none applies,
-the legacy MeshConfig fields ``accessLogFile`` (with ``accessLogFormat`` and ``accessLogEncoding``)
-and ``enableEnvoyAccessLogService``. Loggers go on three places, each with its own filter:
+or no provider it names gives a logger (istiod falls back then too), the legacy MeshConfig fields
+``accessLogFile`` (with ``accessLogFormat`` and ``accessLogEncoding``) and
+``enableEnvoyAccessLogService``. Loggers go on three places, each with its own filter:
 
 - HTTP connection managers and tcp_proxy filters: every request or connection;
 - a listener's own ``access_log`` (virtualOutbound, virtualInbound, listeners that bind a port,
@@ -11,8 +12,8 @@ and ``enableEnvoyAccessLogService``. Loggers go on three places, each with its o
   filter's logger sees.
 
 A logger built from MeshConfig alone is the same for every proxy, so it is built once per MeshConfig
-and shared (istiod caches it too); one from a Telemetry provider is built once per snapshot.
-Providers that cannot be built are logged and counted by name (``telemetry_problems``).
+and shared (istiod caches it too); those from the Telemetry API once per snapshot and side for the
+objects in scope. Providers that give no logger are logged and counted by name (``telemetry_problems``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from envoy.config.accesslog.v3 import accesslog_pb2
@@ -38,10 +40,11 @@ from envoy.extensions.access_loggers.open_telemetry.v3 import logs_service_pb2
 from envoy.extensions.formatter.req_without_query.v3 import req_without_query_pb2
 from google.protobuf import struct_pb2
 
+from meshpilot.model import telemetry
 from meshpilot.model.mesh import MeshConfig
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
-from meshpilot.model.telemetry import LoggingConfig, TelemetryClass, access_logging
+from meshpilot.model.telemetry import LoggingConfig, TelemetryClass
 from meshpilot.networking.ext_authz import lookup_cluster
 from meshpilot.networking.protobuf import pack
 from meshpilot.networking.telemetry_problems import provider_problem
@@ -320,23 +323,6 @@ def _provider_otel_logger(push: PushContext, provider: Any) -> Any | None:
     return accesslog_pb2.AccessLog(name=OTEL_LOGGER, typed_config=pack(config))
 
 
-#: Provider kinds that carry no access log (istiod skips them without a word).
-_NOT_LOGGERS = frozenset(
-    {
-        "envoy_ext_authz_http",
-        "envoy_ext_authz_grpc",
-        "zipkin",
-        "lightstep",
-        "datadog",
-        "skywalking",
-        "opencensus",
-        "opentelemetry",
-        "prometheus",
-        "sds",
-    }
-)
-
-
 def provider_logger(push: PushContext, provider: Any) -> Any | None:
     """The logger one MeshConfig extension provider configures, or None (logged and counted)."""
     kind = provider.WhichOneof("provider")
@@ -348,9 +334,9 @@ def provider_logger(push: PushContext, provider: Any) -> Any | None:
         return _provider_grpc_logger(push, provider, tcp=True)
     if kind == "envoy_otel_als":
         return _provider_otel_logger(push, provider)
-    if kind not in _NOT_LOGGERS:
-        # Stackdriver logging is part of its stats plugin, which meshpilot does not build.
-        provider_problem(provider, f"access logging through a {kind} provider is not built by meshpilot")
+    # istiod passes over these without a word (stackdriver's logging was part of its stats plugin,
+    # which neither builds any more); the Telemetry asked for logs that will not be written.
+    provider_problem(provider, f"a {kind} provider writes no access logs; accessLogging naming it is ignored")
     return None
 
 
@@ -361,12 +347,7 @@ def _cel_filter(expression: str) -> Any:
     return out
 
 
-def _telemetry_logger(push: PushContext, config: LoggingConfig, place: Place) -> Any | None:
-    if config.disabled:
-        return None  # turned off by a Telemetry: no logger, and no fallback to MeshConfig's
-    base = provider_logger(push, config.provider)
-    if base is None:
-        return None
+def _placed(base: Any, config: LoggingConfig, place: Place) -> Any:
     filters = []
     if place is Place.LISTENER:
         filters.append(_listener_filter())
@@ -381,17 +362,38 @@ def _telemetry_logger(push: PushContext, config: LoggingConfig, place: Place) ->
     return out
 
 
-def _config_key(config: LoggingConfig) -> tuple[object, ...]:
-    return (config.provider.SerializeToString(deterministic=True), config.filter_expression, config.disabled)
+@dataclass(frozen=True, slots=True)
+class _TelemetryLoggers:
+    """The loggers of one side from the Telemetry API, for filters and for the listener itself."""
+
+    filter: list[Any]
+    listener: list[Any]
+    #: Both, serialized: part of the cache keys of listeners holding them.
+    fingerprint: tuple[bytes, ...]
 
 
-def _telemetry_loggers(push: PushContext, configs: Sequence[LoggingConfig], place: Place) -> list[Any]:
-    key = ("access-log", place, tuple(_config_key(c) for c in configs))
+def _build(push: PushContext, configs: Sequence[LoggingConfig]) -> _TelemetryLoggers | None:
+    """The loggers of ``configs``, or None when none could be built: then, as istiod does, MeshConfig's
+    legacy loggers apply. A provider a Telemetry disabled counts as built (it is built, as istiod
+    does, and not written), so that it keeps the legacy ones off."""
+    built = [(c, b) for c in configs if (b := provider_logger(push, c.provider)) is not None]
+    if not built:
+        return None
+    on = [(c, b) for c, b in built if not c.disabled]
+    filter_ = [_placed(b, c, Place.FILTER) for c, b in on]
+    listener = [_placed(b, c, Place.LISTENER) for c, b in on]
+    fingerprint = tuple(a.SerializeToString(deterministic=True) for a in (*filter_, *listener))
+    return _TelemetryLoggers(filter_, listener, fingerprint)
 
-    def build() -> list[Any]:
-        return [a for a in (_telemetry_logger(push, c, place) for c in configs) if a is not None]
 
-    return push.memoized(key, build)
+def _telemetry(push: PushContext, proxy: Proxy, cls: TelemetryClass) -> _TelemetryLoggers | None:
+    scope = telemetry.applicable(push, proxy)
+    if not scope.logging and not push.mesh.default_providers.access_logging:
+        return None
+    found: _TelemetryLoggers | None = telemetry.derived(
+        push, scope, ("access-loggers", cls), lambda: _build(push, telemetry.access_logging(push, proxy, cls))
+    )
+    return found
 
 
 # -- where they go ------------------------------------------------------------------------------
@@ -399,9 +401,9 @@ def _telemetry_loggers(push: PushContext, configs: Sequence[LoggingConfig], plac
 
 def filter_loggers(push: PushContext, proxy: Proxy, cls: TelemetryClass, *, http: bool) -> list[Any]:
     """Loggers of an HTTP connection manager (``http``) or a tcp_proxy."""
-    configs = access_logging(push, proxy, cls)
-    if configs:
-        return _telemetry_loggers(push, configs, Place.FILTER)
+    found = _telemetry(push, proxy, cls)
+    if found is not None:
+        return found.filter
     mesh = _for_mesh(push)
     return mesh.http if http else mesh.tcp
 
@@ -410,9 +412,9 @@ def listener_loggers(push: PushContext, proxy: Proxy, cls: TelemetryClass) -> li
     """A listener's own loggers: connections no filter chain took (``NR``)."""
     if push.mesh.disable_envoy_listener_log:
         return []
-    configs = access_logging(push, proxy, cls)
-    if configs:
-        return _telemetry_loggers(push, configs, Place.LISTENER)
+    found = _telemetry(push, proxy, cls)
+    if found is not None:
+        return found.listener
     return _for_mesh(push).listener
 
 
@@ -422,11 +424,7 @@ def key(push: PushContext, proxy: Proxy) -> tuple[object, ...]:
     MeshConfig's loggers are the same for every proxy (and MeshConfig is in every key). Telemetry
     ones are keyed by what was built, since whether a provider's service exists is part of it.
     """
-    out: list[object] = []
-    for cls in TelemetryClass:
-        if not access_logging(push, proxy, cls):
-            out.append(None)
-            continue
-        for loggers in (filter_loggers(push, proxy, cls, http=True), listener_loggers(push, proxy, cls)):
-            out.append(tuple(a.SerializeToString(deterministic=True) for a in loggers))
-    return tuple(out)
+    return tuple(
+        None if (found := _telemetry(push, proxy, cls)) is None else found.fingerprint
+        for cls in TelemetryClass
+    )

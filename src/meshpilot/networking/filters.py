@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envoy.config.core.v3 import protocol_pb2
-from envoy.config.listener.v3 import listener_components_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.grpc_stats.v3 import config_pb2 as grpc_stats_pb2
@@ -110,6 +110,47 @@ def http_filters(
     return out
 
 
+def set_tracing(hcm: Any, tracing: HcmTracing | None) -> None:
+    """All that tracing sets on an HCM: its ``tracing`` block, and whether the request ID decides
+    sampling. ``retraced`` relies on nothing else of an HCM depending on tracing."""
+    if tracing is not None and tracing.tracing is not None:
+        hcm.tracing.CopyFrom(tracing.tracing)
+    else:
+        hcm.ClearField("tracing")
+    sample_by_request_id = tracing is None or tracing.use_request_id_for_trace_sampling
+    hcm.request_id_extension.typed_config.CopyFrom(
+        pack(uuid_pb2.UuidRequestIdConfig(use_request_id_for_trace_sampling=boolean(sample_by_request_id)))
+    )
+
+
+def _chains(listener: Any) -> list[Any]:
+    default = [listener.default_filter_chain] if listener.HasField("default_filter_chain") else []
+    return [*listener.filter_chains, *default]
+
+
+def holds_hcm(listener: Any) -> bool:
+    return any(f.name == HCM for chain in _chains(listener) for f in chain.filters)
+
+
+def retraced(listener: Any, tracing: HcmTracing) -> Any:
+    """A copy of ``listener`` whose HCMs carry ``tracing`` instead.
+
+    Outbound listeners differ between the workloads of one scope only in their HCMs' tracing
+    (Istio's tags name the workload), so they are built once per scope and re-traced per workload.
+    """
+
+    out = listener_pb2.Listener()
+    out.CopyFrom(listener)
+    for chain in _chains(out):
+        for found in chain.filters:
+            if found.name == HCM:
+                hcm = hcm_pb2.HttpConnectionManager()
+                found.typed_config.Unpack(hcm)
+                set_tracing(hcm, tracing)
+                found.typed_config.CopyFrom(pack(hcm))
+    return out
+
+
 def http_connection_manager(
     proxy: Proxy,
     *,
@@ -143,12 +184,7 @@ def http_connection_manager(
         proxy_100_continue=True,
         access_log=access_log,
     )
-    if tracing is not None and tracing.tracing is not None:
-        hcm.tracing.CopyFrom(tracing.tracing)
-    sample_by_request_id = tracing is None or tracing.use_request_id_for_trace_sampling
-    hcm.request_id_extension.typed_config.CopyFrom(
-        pack(uuid_pb2.UuidRequestIdConfig(use_request_id_for_trace_sampling=boolean(sample_by_request_id)))
-    )
+    set_tracing(hcm, tracing)
     if rds_name is not None:
         hcm.rds.config_source.CopyFrom(ads_config_source())
         hcm.rds.route_config_name = rds_name

@@ -92,31 +92,23 @@ def http(push: PushContext, proxy: Proxy, cls: TelemetryClass) -> list[Any]:
     """The ``istio.stats`` HTTP filters of one side of ``proxy`` (callers must not change the list)."""
     if not extensions.has_http_stats(proxy):
         return []
-    scope = telemetry.applicable(push, proxy)
-    question = ("stats-http", cls, proxy.type is NodeType.ROUTER)
-
-    def make() -> list[Any]:
-        return [
-            hcm_pb2.HttpFilter(name=extensions.STATS, typed_config=config)
-            for config in _configs(push, proxy, cls)
-        ]
-
-    found: list[Any] = telemetry.derived(push, scope, question, make)
-    return found
+    return _filters(push, proxy, cls, hcm_pb2.HttpFilter)
 
 
 def tcp(push: PushContext, proxy: Proxy, cls: TelemetryClass) -> list[Any]:
     """The ``istio.stats`` network filters of one side of ``proxy`` (callers must not change the list)."""
     if not extensions.has_tcp_stats(proxy):
         return []
+    return _filters(push, proxy, cls, listener_components_pb2.Filter)
+
+
+def _filters(push: PushContext, proxy: Proxy, cls: TelemetryClass, kind: Any) -> list[Any]:
+    """``kind`` (an HTTP or a network filter message) of each config: once per snapshot and scope."""
     scope = telemetry.applicable(push, proxy)
-    question = ("stats-tcp", cls, proxy.type is NodeType.ROUTER)
+    question = ("stats", kind, cls, proxy.type is NodeType.ROUTER)
 
     def make() -> list[Any]:
-        return [
-            listener_components_pb2.Filter(name=extensions.STATS, typed_config=config)
-            for config in _configs(push, proxy, cls)
-        ]
+        return [kind(name=extensions.STATS, typed_config=config) for config in _configs(push, proxy, cls)]
 
     found: list[Any] = telemetry.derived(push, scope, question, make)
     return found

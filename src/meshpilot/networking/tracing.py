@@ -14,7 +14,9 @@ namespace, cluster, and the dry-run authorization results), then the Telemetry's
 config's custom tags, sorted by name.
 
 A tracing block depends on the proxy only through the inputs ``_ProxyInputs`` names, so it is built
-once per snapshot for each distinct set of them. A provider meshpilot cannot configure is logged and
+once per snapshot for each distinct set of them. The set holds only what the block being built
+reads (the version reduced to the thresholds tested here): what a client sends beyond that, such
+as a random version, must not add memo entries. A provider meshpilot cannot configure is logged and
 counted by name (``telemetry_problems``) and the HCM gets no tracing, as istiod leaves it when its
 provider setup fails.
 """
@@ -73,6 +75,9 @@ _DRY_RUN_TAGS = (
 _VERSION = re.compile(r"^([1-9]+)\.([0-9]+)(\.([0-9]+))?")
 #: istiod's version of a proxy that names none: newer than any.
 _LATEST = (65535, 65535, 65535)
+#: Every version this module compares a proxy's with, newest first (see _version_step).
+_VERSION_STEPS = ((1, 30, 0), (1, 29, 0), (1, 28, 0))
+_OLDEST = (0, 0, 0)
 
 
 def trace_sampling(environ: Mapping[str, str]) -> float:
@@ -122,9 +127,19 @@ def istio_version(text: str) -> tuple[int, int, int]:
     return int(found.group(1)), int(found.group(2)), patch
 
 
+def _version_step(version: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The newest of ``_VERSION_STEPS`` that ``version`` reaches: every comparison here gives the
+    same answer for both, and a memo key holds one of four values instead of the client's string."""
+    for step in _VERSION_STEPS:
+        if version >= step:
+            return step
+    return _OLDEST
+
+
 @dataclass(frozen=True, slots=True)
 class _ProxyInputs:
-    """Everything of a proxy a tracing block reads; equal inputs give equal blocks."""
+    """Everything of a proxy a tracing block reads; equal inputs give equal blocks. Fields the
+    block being built does not read are left empty (``_inputs``)."""
 
     router: bool
     canonical_service: str
@@ -146,6 +161,10 @@ def _proxy_tracing_json(proxy: Proxy, push: PushContext) -> str:
         # istiod uses the proxy's own config whole when it sent one (ProxyConfigOrDefault).
         found = raw.get("tracing")
         return json.dumps(found, sort_keys=True) if isinstance(found, dict) else ""
+    return push.memoized(("mesh-proxy-tracing",), lambda: _mesh_tracing_json(push))
+
+
+def _mesh_tracing_json(push: PushContext) -> str:
     if push.mesh.default_config.HasField("tracing"):
         return json_format.MessageToJson(push.mesh.default_config.tracing, sort_keys=True, indent=None)
     return ""
@@ -173,25 +192,51 @@ def _otel_service_name(proxy: Proxy) -> str:
     return "unknown_service"
 
 
-def _inputs(proxy: Proxy, push: PushContext) -> _ProxyInputs:
+def _inputs(proxy: Proxy, push: PushContext, spec: TracingSpec | None) -> _ProxyInputs:
+    """What the block for ``spec`` (None: the legacy one) reads of ``proxy``, and nothing else."""
+    proxy_tracing = _proxy_tracing_json(proxy, push)
+    if spec is None:
+        # Whether the proxy config turns Istio's tags off is read when building; the tags are kept.
+        istio_tags = True
+        router, node_cluster, otel_service_name, version = False, "", "", _OLDEST
+    else:
+        istio_tags = spec.enable_istio_tags
+        provider = spec.provider
+        assert provider is not None  # a spec without one is disabled, and has no inputs
+        kind = provider.WhichOneof("provider")
+        semantic = kind == "opentelemetry" and (
+            provider.opentelemetry.service_attribute_enrichment == _Provider.OTEL_SEMANTIC_CONVENTIONS
+        )
+        router = proxy.type is NodeType.ROUTER
+        node_cluster = proxy.node_cluster if kind in ("datadog", "opentelemetry") and not semantic else ""
+        otel_service_name = _otel_service_name(proxy) if semantic else ""
+        version = _version_step(istio_version(proxy.metadata.istio_version))
+    service = revision = mesh_id = namespace = cluster_id = ""
+    if istio_tags:
+        labels, metadata = proxy.labels, proxy.metadata
+        service = labels.get("service.istio.io/canonical-name") or "unknown"
+        revision = labels.get("service.istio.io/canonical-revision") or "latest"
+        mesh_id = metadata.mesh_id or "unknown"
+        namespace = metadata.namespace or "default"
+        cluster_id = metadata.cluster_id or "unknown"
     return _ProxyInputs(
-        router=proxy.type is NodeType.ROUTER,
-        canonical_service=proxy.labels.get("service.istio.io/canonical-name") or "unknown",
-        canonical_revision=proxy.labels.get("service.istio.io/canonical-revision") or "latest",
-        mesh_id=proxy.metadata.mesh_id or "unknown",
-        namespace=proxy.metadata.namespace or "default",
-        cluster_id=proxy.metadata.cluster_id or "unknown",
-        node_cluster=proxy.node_cluster,
-        version=istio_version(proxy.metadata.istio_version),
-        proxy_tracing=_proxy_tracing_json(proxy, push),
-        otel_service_name=_otel_service_name(proxy),
+        router=router,
+        canonical_service=service,
+        canonical_revision=revision,
+        mesh_id=mesh_id,
+        namespace=namespace,
+        cluster_id=cluster_id,
+        node_cluster=node_cluster,
+        version=version,
+        proxy_tracing=proxy_tracing,
+        otel_service_name=otel_service_name,
     )
 
 
-def _proxy_tracing(inputs: _ProxyInputs) -> Any:
+def _proxy_tracing(text: str) -> Any:
     out = proxy_pb2.Tracing()
-    if inputs.proxy_tracing:
-        json_format.Parse(inputs.proxy_tracing, out, ignore_unknown_fields=True)
+    if text:
+        json_format.Parse(text, out, ignore_unknown_fields=True)
     return out
 
 
@@ -237,15 +282,21 @@ def _custom_tag(name: str, spec: Any, *, formatter: bool) -> Any | None:
     return tag
 
 
-def _tags(inputs: _ProxyInputs, spec: TracingSpec | None, proxy_tracing: Any) -> list[Any]:
+def _istio_tags_enabled(spec: TracingSpec | None, proxy_tracing: Any) -> bool:
     if spec is None:
-        istio = not proxy_tracing.HasField("enable_istio_tags") or proxy_tracing.enable_istio_tags.value
-    else:
-        istio = spec.enable_istio_tags
-    tags = _istio_tags(inputs) if istio else []
+        return not proxy_tracing.HasField("enable_istio_tags") or bool(proxy_tracing.enable_istio_tags.value)
+    return spec.enable_istio_tags
+
+
+def _tags(inputs: _ProxyInputs, spec: TracingSpec | None, proxy_tracing: Any) -> list[Any]:
+    tags = _istio_tags(inputs) if _istio_tags_enabled(spec, proxy_tracing) else []
     if spec is not None and spec.custom_tags:
-        # Formatter tags need an Istio 1.29 proxy.
+        # Formatter tags need an Istio 1.29 proxy; istiod leaves them out for older ones.
         formatter = inputs.version >= (1, 29, 0)
+        if not formatter and any(t.WhichOneof("type") == "formatter" for t in spec.custom_tags.values()):
+            provider_problem(
+                spec.provider, "formatter custom tags need an Istio 1.29 proxy; left out for older ones"
+            )
         found = (_custom_tag(n, t, formatter=formatter) for n, t in spec.custom_tags.items())
     else:
         found = (_custom_tag(n, t, formatter=False) for n, t in proxy_tracing.custom_tags.items())
@@ -299,7 +350,8 @@ def _header_value(header: Any) -> str:
     return str(header.value)
 
 
-def _zipkin(push: PushContext, settings: Any, inputs: _ProxyInputs) -> Any:
+def _zipkin(push: PushContext, provider: Any, inputs: _ProxyInputs) -> Any:
+    settings = provider.zipkin
     hostname, cluster = _cluster(push, settings.service, settings.port)
     path = settings.path or "/api/v2/spans"
     config = zipkin_pb2.ZipkinConfig(
@@ -322,7 +374,10 @@ def _zipkin(push: PushContext, settings: Any, inputs: _ProxyInputs) -> Any:
         config.collector_endpoint = path
         config.collector_hostname = hostname
         if settings.HasField("timeout") or settings.headers:
-            log.warning("zipkin timeout and headers need an Istio 1.29 proxy; not set for this proxy")
+            # As istiod: the collector form older proxies read carries neither.
+            provider_problem(
+                provider, "zipkin timeout and headers need an Istio 1.29 proxy; left out for older ones"
+            )
     if inputs.version >= (1, 28, 0):
         with_w3c = _Provider.ZipkinTracingProvider.USE_B3_WITH_W3C_PROPAGATION
         config.trace_context_option = (
@@ -434,7 +489,7 @@ def _provider_block(push: PushContext, provider: Any, inputs: _ProxyInputs) -> A
     spawn_upstream = inputs.router
     max_tag_length = 0
     if kind == "zipkin":
-        name, config = ZIPKIN, _zipkin(push, provider.zipkin, inputs)
+        name, config = ZIPKIN, _zipkin(push, provider, inputs)
         max_tag_length = provider.zipkin.max_tag_length
     elif kind == "datadog":
         name, config = DATADOG, _datadog(push, provider.datadog, inputs)
@@ -464,7 +519,7 @@ def _provider_block(push: PushContext, provider: Any, inputs: _ProxyInputs) -> A
 def _legacy(push: PushContext, inputs: _ProxyInputs) -> HcmTracing:
     if not push.mesh.enable_tracing:
         return _NONE
-    proxy_tracing = _proxy_tracing(inputs)
+    proxy_tracing = _proxy_tracing(inputs.proxy_tracing)
     block = hcm_pb2.HttpConnectionManager.Tracing()
     _sampling(block, _proxy_config_sampling(proxy_tracing))
     block.custom_tags.extend(_tags(inputs, None, proxy_tracing))
@@ -481,7 +536,7 @@ def _from_spec(push: PushContext, spec: TracingSpec, inputs: _ProxyInputs) -> Hc
     except _Unbuilt as err:
         provider_problem(spec.provider, str(err))
         return _NONE
-    proxy_tracing = _proxy_tracing(inputs)
+    proxy_tracing = _proxy_tracing(inputs.proxy_tracing)
     if _has_sampler(spec.provider):
         # The provider's sampler decides; Envoy hands it every request.
         sampling = 100.0
@@ -507,30 +562,24 @@ def _has_sampler(provider: Any) -> bool:
     return bool(provider.opentelemetry.HasField("dynatrace_sampler"))
 
 
-def _spec_key(spec: TracingSpec) -> tuple[object, ...]:
-    return (
-        spec.provider.SerializeToString(deterministic=True) if spec.provider is not None else None,
-        spec.disabled,
-        spec.random_sampling_percentage,
-        tuple(sorted((n, t.SerializeToString(deterministic=True)) for n, t in spec.custom_tags.items())),
-        spec.use_request_id_for_trace_sampling,
-        spec.enable_istio_tags,
-        spec.disable_context_propagation,
-    )
-
-
 def hcm_tracing(push: PushContext, proxy: Proxy, cls: TelemetryClass) -> HcmTracing:
     """The tracing of an HCM serving ``cls`` on ``proxy`` (gateways are clients)."""
-    return _hcm_tracing(push, _inputs(proxy, push), tracing(push, proxy), cls)
+    return _hcm_tracing(push, proxy, tracing(push, proxy), cls)
 
 
 def _hcm_tracing(
-    push: PushContext, inputs: _ProxyInputs, config: TracingConfig | None, cls: TelemetryClass
+    push: PushContext, proxy: Proxy, config: TracingConfig | None, cls: TelemetryClass
 ) -> HcmTracing:
     if config is None:
-        return push.memoized(("hcm-tracing", None, inputs), lambda: _legacy(push, inputs))
+        if not push.mesh.enable_tracing:
+            return _NONE
+        legacy = _inputs(proxy, push, None)
+        return push.memoized(("hcm-tracing", None, legacy), lambda: _legacy(push, legacy))
     spec = config.client if cls is TelemetryClass.CLIENT else config.server
-    return push.memoized(("hcm-tracing", _spec_key(spec), inputs), lambda: _from_spec(push, spec, inputs))
+    if spec.disabled:
+        return _NONE
+    inputs = _inputs(proxy, push, spec)
+    return push.memoized(("hcm-tracing", spec.key, inputs), lambda: _from_spec(push, spec, inputs))
 
 
 def key(push: PushContext, proxy: Proxy) -> tuple[bytes, ...]:
@@ -539,7 +588,17 @@ def key(push: PushContext, proxy: Proxy) -> tuple[bytes, ...]:
     The built blocks, not their inputs: whether a provider's collector service exists is part of
     the outcome, and listeners kept across snapshots must change when it does.
     """
-    inputs, config = _inputs(proxy, push), tracing(push, proxy)
+    client, server = sides(push, proxy)
+    return (client.fingerprint, server.fingerprint)
+
+
+def sides(push: PushContext, proxy: Proxy) -> tuple[HcmTracing, HcmTracing]:
+    """The tracing of ``proxy``'s client-side and server-side HCMs."""
+    config = tracing(push, proxy)
     if config is None:
-        return (_hcm_tracing(push, inputs, None, TelemetryClass.CLIENT).fingerprint,)
-    return tuple(_hcm_tracing(push, inputs, config, cls).fingerprint for cls in TelemetryClass)
+        legacy = _hcm_tracing(push, proxy, None, TelemetryClass.CLIENT)
+        return legacy, legacy
+    return (
+        _hcm_tracing(push, proxy, config, TelemetryClass.CLIENT),
+        _hcm_tracing(push, proxy, config, TelemetryClass.SERVER),
+    )

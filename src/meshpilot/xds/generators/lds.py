@@ -1,13 +1,17 @@
 """LDS: listeners, rebuilt on full pushes whose changes can affect them.
 
 Outbound listeners are shared, per snapshot, by the proxies of one scope with
-the same capabilities (and, with headless services, the same addresses);
-inbound listeners by the proxies that serve the same ports.
+the same capabilities (and, with headless services, the same addresses), but
+for their HCMs' tracing, which names the workload: they are built once per
+scope and re-traced per distinct tracing (``filters.retraced``). Inbound
+listeners are shared by the proxies that serve the same ports.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Hashable
+from typing import Any
 
 from meshpilot.model import telemetry
 from meshpilot.model.kind import Kind
@@ -16,10 +20,13 @@ from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import access_log, inbound_security, tracing
 from meshpilot.networking.envoyfilter.patches import Context, patch_set
+from meshpilot.networking.filters import holds_hcm, retraced
 from meshpilot.networking.gateway import gateway_listeners, service_port_map
 from meshpilot.networking.listener import build_outbound_listeners
 from meshpilot.networking.listener_inbound import build_inbound_listeners, workload_mtls
 from meshpilot.networking.tcp_routes import source_label_key
+from meshpilot.networking.telemetry_problems import report_undefined
+from meshpilot.networking.tracing import HcmTracing
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
 from meshpilot.xds.generators.envoy_filters import has_listener_patches, patch_listeners
@@ -28,9 +35,46 @@ from meshpilot.xds.types import TypeUrl
 log = logging.getLogger(__name__)
 
 
-def telemetry_outputs(proxy: Proxy, push: PushContext) -> tuple[object, ...]:
-    """The proxy's tracing (Istio's tags name its workload) and its loggers' collector clusters."""
-    return (tracing.key(push, proxy), access_log.key(push, proxy))
+def telemetry_key(proxy: Proxy, push: PushContext) -> tuple[object, object]:
+    """What of telemetry decides the proxy's listeners but tracing: the Telemetry objects in its
+    scope (with their specs, as inbound keys outlive the snapshot) and its loggers (with their
+    collectors' clusters). Asked once per generation; the providers the scope names but MeshConfig
+    lacks are reported here."""
+    report_undefined(push, proxy)
+    return (telemetry.fingerprint(push, proxy), access_log.key(push, proxy))
+
+
+class _Traced:
+    """Listeners as built for the first of the workloads sharing them, with the tracing they were
+    built with and those of them that hold HCMs (which another workload's tracing changes)."""
+
+    __slots__ = ("resources", "traced", "tracing")
+
+    def __init__(self, tracing: HcmTracing, listeners: list[Any]) -> None:
+        self.tracing = tracing
+        self.resources = ResourceList(Resource.of(li.name, li) for li in listeners)
+        self.traced = [(i, li) for i, li in enumerate(listeners) if holds_hcm(li)]
+
+    def with_tracing(self, tracing: HcmTracing) -> ResourceList:
+        out = list(self.resources)
+        for i, listener in self.traced:
+            copy = retraced(listener, tracing)
+            out[i] = Resource.of(copy.name, copy)
+        return ResourceList(out)
+
+
+def _shared(
+    memo: Callable[[Hashable, Callable[[], Any]], Any],
+    key: Hashable,
+    tracing: HcmTracing,
+    build: Callable[[], list[Any]],
+) -> ResourceList:
+    """Listeners shared under ``key`` by workloads whose HCMs differ only in ``tracing``."""
+    template: _Traced = memo(key, lambda: _Traced(tracing, build()))
+    if template.tracing.fingerprint == tracing.fingerprint:
+        return template.resources
+    found: ResourceList = memo((key, tracing.fingerprint), lambda: template.with_tracing(tracing))
+    return found
 
 
 # Gateway changes reach only routers (see dependencies.proxy_needs_push), whose listeners they make.
@@ -53,19 +97,22 @@ class ListenerGenerator:
         assert scope is not None
         # Headless services get a listener per endpoint, except the proxy's own address.
         headless = (proxy.ip_addresses, ctx.index.generation) if scope.has_headless else None
-        outbound = push.memoized(
+        # Keys name everything the listeners read but their HCMs' tracing (see _shared).
+        fingerprint, loggers = telemetry_key(proxy, push)
+        client_tracing, server_tracing = tracing.sides(push, proxy)
+        outbound = _shared(
+            push.memoized,
             (
                 "lds-out",
                 id(scope),
                 proxy.capabilities,
                 headless,
                 source_label_key(proxy),
-                telemetry.fingerprint(push, proxy),
-                telemetry_outputs(proxy, push),
+                fingerprint,
+                loggers,
             ),
-            lambda: ResourceList(
-                Resource.of(li.name, li) for li in build_outbound_listeners(proxy, push, ctx.index)
-            ),
+            client_tracing,
+            lambda: build_outbound_listeners(proxy, push, ctx.index),
         )
         inbound_key = (
             "lds-in",
@@ -76,19 +123,25 @@ class ListenerGenerator:
             # The workload's PeerAuthentication: each port's chains (it follows the labels too).
             workload_mtls(proxy, push),
             # The Telemetry objects in its scope (with their specs: this key outlives the snapshot).
-            telemetry.fingerprint(push, proxy),
-            telemetry_outputs(proxy, push),
+            fingerprint,
+            loggers,
         )
-
-        def build_inbound() -> ResourceList:
-            return ResourceList(Resource.of(li.name, li) for li in build_inbound_listeners(proxy, push))
-
         if scope.has_ingress:
             # Sidecar ingress listeners come from the scope and bind the proxy's own address by default.
-            inbound = push.memoized((inbound_key, id(scope), proxy.ip_addresses), build_inbound)
+            inbound = _shared(
+                push.memoized,
+                (inbound_key, id(scope), proxy.ip_addresses),
+                server_tracing,
+                lambda: build_inbound_listeners(proxy, push),
+            )
         else:
             # Without a Sidecar, inbound listeners read only what the key names (and the mesh).
-            inbound = push.memoized_lasting(inbound_key, build_inbound)
+            inbound = _shared(
+                push.memoized_lasting,
+                inbound_key,
+                server_tracing,
+                lambda: build_inbound_listeners(proxy, push),
+            )
         patches = patch_set(proxy, push)
         if patches is not None:
             if has_listener_patches(patches, inbound=False):
@@ -126,8 +179,9 @@ class ListenerGenerator:
             proxy.config_namespace,
             proxy.capabilities,
             ports,
-            telemetry.fingerprint(push, proxy),
-            telemetry_outputs(proxy, push),
+            telemetry_key(proxy, push),
+            # Its tracing: Istio's tags name the gateway's workload.
+            tracing.key(push, proxy),
         )
         generated = push.memoized(
             key, lambda: ResourceList(Resource.of(li.name, li) for li in gateway_listeners(proxy, push))
