@@ -12,30 +12,20 @@ from pathlib import Path
 
 import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
-from google.rpc import status_pb2
-from support.ads_client import DeltaClient, lost_status, node
+from support.ads_client import DeltaClient, lost_status
 from support.kube import workload, write
 from support.log_volume import log_volume, series
 from support.xds_server import NODE, Server, three_services
 
+from bench.ads_flood import Mix, random_delta, random_sotw
+
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
-RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
-TYPES = [CDS, EDS, LDS, RDS, "type.googleapis.com/no.such.Type", "", "istio.io/debug/syncz"]
-NAMES = [
-    "*",
-    "outbound|9080||reviews.default.svc.cluster.local",
-    "outbound|9080||ratings.default.svc.cluster.local",
-    "9080",
-    "",
-    "x" * 70_000,
-    "\u00e9\u4e2d",
-]
-#: A NACK detail as a hostile client writes it: long, and with line breaks that would forge log lines.
-DETAIL = "bad cluster\n2026-01-01T00:00:00Z\terror\tforged line " + "x" * 65_536
+#: The requests of the flood (bench/ads_flood.py), with the oversized parts ten times as often as in
+#: the flood: here each is sent and answered one at a time, and must be refused clearly.
+MIX = Mix(heavy=0.1)
+
 #: Log bytes the server may write per bad message, on average over the flood (one clipped line
 #: and a share of the per-stream connect and disconnect lines).
 LOG_BYTES_PER_MESSAGE = 600
@@ -54,63 +44,6 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
         yield served
 
 
-def _type_url(rng: random.Random) -> str:
-    if rng.random() < 0.2:  # a new one every time: each would be a metric series if labelled as sent
-        return f"type.googleapis.com/fuzz.T{rng.getrandbits(64):x}"
-    return rng.choice(TYPES)
-
-
-def _node(rng: random.Random) -> base_pb2.Node:
-    roll = rng.random()
-    if roll < 0.05:
-        return node("")
-    if roll < 0.1:
-        return node("sidecar~" + "1" * 1_000_000)  # echoed whole, the status would not fit a header
-    metadata = {
-        "NAMESPACE": "default",
-        "INTERCEPTION_MODE": "NONE",
-        "ISTIO_VERSION": rng.choice(["1.28.0", f"1.{rng.randrange(10**6)}.0", f"v{rng.getrandbits(64):x}"]),
-    }
-    if rng.random() < 0.1:
-        metadata["POD_PORTS"] = "[" * 100_000 + "]" * 100_000
-    return node(NODE, metadata)
-
-
-def _random_sotw(rng: random.Random, nonces: list[str], first: bool) -> discovery_pb2.DiscoveryRequest:
-    request = discovery_pb2.DiscoveryRequest(
-        type_url=_type_url(rng),
-        resource_names=rng.sample(NAMES, rng.randrange(0, 3)),
-        response_nonce=rng.choice([*nonces, "", "stale-nonce"]) if nonces else rng.choice(["", "x"]),
-    )
-    if first or rng.random() < 0.1:
-        request.node.CopyFrom(_node(rng))
-    if rng.random() < 0.1:
-        request.error_detail.CopyFrom(status_pb2.Status(code=13, message=DETAIL))
-    if rng.random() < 0.02:
-        request.resource_names.extend(f"n{i}" for i in range(70_000))
-    return request
-
-
-def _random_delta(rng: random.Random, nonces: list[str], first: bool) -> bytes:
-    if rng.random() < 0.05:
-        return rng.randbytes(rng.randrange(1, 64))  # not a DeltaDiscoveryRequest at all
-    request = discovery_pb2.DeltaDiscoveryRequest(
-        type_url=_type_url(rng),
-        resource_names_subscribe=rng.sample(NAMES, rng.randrange(0, 3)),
-        resource_names_unsubscribe=rng.sample(NAMES, rng.randrange(0, 2)),
-        response_nonce=rng.choice([*nonces, "", "stale-nonce"]) if nonces else rng.choice(["", "x"]),
-    )
-    if first or rng.random() < 0.1:
-        request.node.CopyFrom(_node(rng))
-    if rng.random() < 0.1:
-        request.error_detail.CopyFrom(status_pb2.Status(code=13, message=DETAIL))
-    if rng.random() < 0.1:
-        request.initial_resource_versions.update({rng.choice(NAMES): rng.choice(["0" * 16, "junk", ""])})
-    if rng.random() < 0.02:
-        request.resource_names_subscribe.extend(f"n{i}" for i in range(70_000))
-    return bytes(request.SerializeToString())
-
-
 async def _fuzz_stream(server: Server, seed: int, protocol: str, sent: list[int]) -> grpc.StatusCode | None:
     rng = random.Random(seed)
     client = server.delta_client() if protocol == "delta" else server.client()
@@ -119,9 +52,11 @@ async def _fuzz_stream(server: Server, seed: int, protocol: str, sent: list[int]
         for i in range(rng.randrange(1, 15)):
             sent[0] += 1
             if isinstance(client, DeltaClient):
-                client.send_raw(_random_delta(rng, nonces, first=i == 0))
+                client.send_raw(random_delta(rng, nonces, first=i == 0, mix=MIX))
             else:
-                client.send_message(_random_sotw(rng, nonces, first=i == 0))
+                client.send_message(
+                    discovery_pb2.DiscoveryRequest.FromString(random_sotw(rng, nonces, first=i == 0, mix=MIX))
+                )
             try:
                 while True:
                     response = await client.recv(0.05)
