@@ -6,7 +6,8 @@ a change; the change is then written into the config directory and what each cli
 recorded. The preview's proxies and resources must be exactly what the push sent. Then
 ``/debug/explain`` (and ``meshpilot explain``) must name that change as the trigger of the proxy's
 last push, with why it concerned the proxy, and trace a cluster and a route back to their
-DestinationRule and VirtualServices.
+DestinationRule and VirtualServices; for a gateway (a ``router`` client), the Gateway that selects
+it and the VirtualService bound to it.
 """
 
 from __future__ import annotations
@@ -92,8 +93,20 @@ def _allow_put() -> list[dict[str, Any]]:
     return [policy]
 
 
+def _bookinfo_timeout() -> list[dict[str, Any]]:
+    """The gateway's VirtualService with its first route's timeout changed from 5s to 7s."""
+    vs = _object("gateway", "VirtualService", "bookinfo")
+    vs["spec"]["http"][0]["timeout"] = "7s"
+    return [vs]
+
+
 def _sidecar(ip: str, pod: str, ns: str, labels: dict[str, str], *, delta: bool) -> Client:
     return Client(f"sidecar~{ip}~{pod}.{ns}~{ns}.svc.cluster.local", labels, delta)
+
+
+INGRESS = Client(
+    "router~10.1.0.100~gw-1.istio-system~istio-system.svc.cluster.local", {"istio": "ingressgateway"}, False
+)
 
 
 SCENARIOS = [
@@ -138,6 +151,14 @@ SCENARIOS = [
         _allow_put(),
         frozenset({"api-1.default"}),
         frozenset({"client-1.default"}),
+    ),
+    # A VirtualService bound to a Gateway only: the gateway is pushed, the sidecar is not.
+    Scenario(
+        "gateway",
+        (INGRESS, _sidecar("10.1.0.21", "reviews-v1", "default", {"app": "reviews"}, delta=True)),
+        _bookinfo_timeout(),
+        frozenset({"gw-1.istio-system"}),
+        frozenset({"reviews-v1.default"}),
     ),
 ]
 
@@ -371,6 +392,62 @@ async def test_explain_says_why_a_scoped_proxy_was_left_out(served: tuple[Meshpi
             resource="cds/outbound|80||charge.payments.svc.cluster.local",
         )
         assert listed["service"]["namespace"] == "payments"
+    finally:
+        for recorder in recorders:
+            await recorder.close()
+
+
+@pytest.mark.parametrize("served", ["gateway"], indirect=True)
+async def test_explain_traces_a_gateway_push_and_its_route(served: tuple[Meshpilot, Path]) -> None:
+    mp, config = served
+    (gateway,) = recorders = await _connect(mp, (INGRESS,))
+    try:
+        write(config / "change.yaml", _bookinfo_timeout())
+        changed, _, _ = await gateway.record(quiet=1.0, first=15.0)
+        assert changed == {("rds", "http.8080", "changed")}
+
+        explained = await asyncio.to_thread(_get, mp, "/debug/explain", proxyID="gw-1.istio-system")
+        assert explained["connected"] is True
+        assert explained["scope"] == "the default scope of namespace istio-system (gateways take no Sidecar)"
+        assert explained["gateways"] == [
+            {"name": "default/bookinfo-gateway", "selector": {"istio": "ingressgateway"}, "ports": [80]}
+        ]
+        last = explained["pushes"][0]
+        (trigger,) = last["changes"]
+        assert (trigger["kind"], trigger["namespace"], trigger["name"], trigger["change"]) == (
+            "VirtualService",
+            "default",
+            "bookinfo",
+            "update",
+        )
+        assert trigger["concerns"] is True
+        assert trigger["why"] == (
+            "VirtualService default/bookinfo (gateways: bookinfo-gateway) serves bookinfo.example.com, "
+            "cart.shop.example.com on port 80 of Gateway default/bookinfo-gateway (route http.8080)"
+        )
+        sent = {s["type"]: s for s in last["sent"]}
+        assert sent["rds"]["names"] == ["http.8080"]
+
+        route = await asyncio.to_thread(
+            _get, mp, "/debug/explain", proxyID="gw-1.istio-system", resource="rds/http.8080"
+        )
+        assert [(s["gateway"], s["port"], s["listenPort"]) for s in route["servers"]] == [
+            ("default/bookinfo-gateway", 80, 8080)
+        ]
+        assert [(vs["name"], vs["hosts"]) for vs in route["virtualServices"]] == [
+            ("default/bookinfo", ["bookinfo.example.com", "cart.shop.example.com"])
+        ]
+        listener = await asyncio.to_thread(
+            _get, mp, "/debug/explain", proxyID="gw-1.istio-system", resource="lds/0.0.0.0_8080"
+        )
+        assert [s["route"] for s in listener["servers"]] == ["http.8080"]
+
+        server = f"http://127.0.0.1:{mp.monitoring_port}"
+        told = await asyncio.to_thread(_cli, "explain", "--proxy", "gw-1.istio-system", "--server", server)
+        assert told.returncode == 0, told.stderr
+        assert "selected by Gateway default/bookinfo-gateway (istio=ingressgateway; ports 80)" in told.stdout
+        assert "update VirtualService default/bookinfo: VirtualService default/bookinfo" in told.stdout
+        assert "sent rds (1, " in told.stdout
     finally:
         for recorder in recorders:
             await recorder.close()

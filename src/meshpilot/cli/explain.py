@@ -1,8 +1,9 @@
 """``meshpilot explain --proxy ID``: why a proxy got its last pushes, asked of a running server.
 
-Reads ``/debug/explain`` on the server's debug port and prints, per push, what set it off, why
-each change concerned the proxy, and what was sent. ``--resource TYPE/NAME`` prints instead the
-Istio objects behind one resource the proxy holds. ``--json`` prints the server's answer as it is.
+Reads ``/debug/explain`` on the server's debug port and prints the Gateways that select the proxy (for
+a gateway), then, per push, what set it off, why each change concerned the proxy, and what was sent.
+``--resource TYPE/NAME`` prints instead the Istio objects behind one resource the proxy holds.
+``--json`` prints the server's answer as it is.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "or, with --resource, which Istio objects produced one resource it holds.",
     )
     p.add_argument("--proxy", required=True, help="the proxy (a part of its ID, e.g. pod.namespace)")
-    p.add_argument("--resource", default="", help="TYPE/NAME, e.g. cds/outbound|9080||reviews.default.svc...")
+    p.add_argument(
+        "--resource",
+        default="",
+        help="TYPE/NAME, e.g. cds/outbound|9080||reviews.default.svc... or rds/http.8080",
+    )
     p.add_argument("--server", default=DEFAULT_SERVER, help=f"the server's debug address ({DEFAULT_SERVER})")
     p.add_argument("--limit", type=int, default=10, help="pushes to show (at most 10)")
     p.add_argument("--json", action="store_true", help="print the server's JSON answer")
@@ -54,6 +59,10 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def show(data: dict[str, Any], out: TextIO) -> None:
     state = "connected" if data.get("connected") else "not connected"
     print(f"{data['proxy']} ({state}; {data.get('scope', 'no scope')})", file=out)
+    for gateway in data.get("gateways", ()):
+        selector = ", ".join(f"{k}={v}" for k, v in sorted(gateway["selector"].items())) or "every gateway"
+        ports = ", ".join(str(p) for p in gateway["ports"])
+        print(f"selected by Gateway {gateway['name']} ({selector}; ports {ports})", file=out)
     if not data["pushes"]:
         print("no pushes recorded", file=out)
     for push in data["pushes"]:

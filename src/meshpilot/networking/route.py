@@ -100,7 +100,9 @@ def catch_all_virtual_host(proxy: Proxy, port: int = 0) -> Any:
     )
 
 
-def _hosts_for_vs(vs: VirtualServiceEntry, services: dict[str, Service]) -> tuple[list[str], list[Service]]:
+def hosts_for_virtual_service(
+    vs: VirtualServiceEntry, services: dict[str, Service]
+) -> tuple[list[str], list[Service]]:
     """(VirtualService hosts outside the registry, registry services the VirtualService covers)."""
     outside: list[str] = []
     matched: list[Service] = []
@@ -134,7 +136,7 @@ def route_cache_parts(scope: SidecarScope, name: str, domain_suffix: str) -> Rou
     memo_key = ("route", name)
     if memo_key in scope.memo:
         return scope.memo[memo_key]  # type: ignore[return-value]
-    port, _ = _parse_route_name(name)
+    port, _ = parse_route_name(name)
     parts = None
     listener = scope.egress_listener_for_port(port) if port is not None else None
     if listener is not None:
@@ -256,14 +258,14 @@ def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener:
     table = _RouteTable(port, services, ports, known)
     virtual_services = list(listener.virtual_services)
     if port != 80:
-        virtual_services = [vs for vs in virtual_services if _hosts_for_vs(vs, services)[1]]
+        virtual_services = [vs for vs in virtual_services if hosts_for_virtual_service(vs, services)[1]]
     scope = proxy.sidecar_scope
     assert scope is not None
     for vs in virtual_services:
         routes = virtual_service_routes(proxy, push, vs.config, port)
         if not routes:
             continue
-        outside, matched = _hosts_for_vs(vs, services)
+        outside, matched = hosts_for_virtual_service(vs, services)
         http_matched = [s for s in matched if table.is_http(s)]
         table.covered.update(s.hostname for s in matched)
         if http_matched or port == 80:
@@ -328,7 +330,7 @@ def _hash_lookup(scope: SidecarScope, namespace: str, domain_suffix: str) -> Loo
 
 
 def _listener_for(proxy: Proxy, name: str) -> tuple[int, bool, Any] | None:
-    port, sniffed = _parse_route_name(name)
+    port, sniffed = parse_route_name(name)
     scope = proxy.sidecar_scope
     if port is None or scope is None:
         return None
@@ -412,7 +414,7 @@ def _http_or_sniffed(protocol: Protocol) -> bool:
     return protocol.is_http or protocol is Protocol.UNSUPPORTED
 
 
-def _parse_route_name(name: str) -> tuple[int | None, bool]:
+def parse_route_name(name: str) -> tuple[int | None, bool]:
     """(listener port, sniffed) of a route name; (None, False) for names meshpilot does not serve."""
     if name.isdigit():
         return int(name), False

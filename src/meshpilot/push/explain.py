@@ -7,18 +7,24 @@ event why it concerned this proxy. That last part is worked out now, from the cu
 rule the push applies (``xds.dependencies``): the proxy's scope (its Sidecar or the namespace's
 default), how the changed object reaches that scope (an imported service, a VirtualService of an
 egress listener, the DestinationRule of an imported host, a policy of the proxy's or the root
-namespace), and the object's ``exportTo``. Since the model may have moved on since the push, the
-answer says it is the current one.
+namespace), and the object's ``exportTo``. For a gateway the words first say how the object reaches
+its Gateways (``push.explain_gateway``): the Gateway selecting it, the VirtualService bound to one,
+the destination of such a VirtualService, the Secret a server names. Since the model may have moved
+on since the push, the answer says it is the current one.
 
 ``resource`` goes the other way, for one resource the proxy holds: the objects of the current
 PushContext that produced it. A cluster: its service (Kubernetes Service or ServiceEntry), the
 DestinationRules merged for its host and the subset used, the EnvoyFilters whose cluster patches
-select it. A route configuration (sidecar port routes): the services on the port, the VirtualServices
-of the egress listener that cover them, DestinationRules that add hash policies, route EnvoyFilters.
-A listener: the services on its port (outbound) or the proxy's own service ports (inbound), the
-Sidecar, and the PeerAuthentications, AuthorizationPolicies, RequestAuthentications and listener
-EnvoyFilters that select the workload. Endpoints: the service and its endpoint shards by source.
-All of it comes from the indexes generation uses, not from reading names.
+select it, and on a gateway the bound VirtualServices that route to it. A sidecar's route
+configuration: the services on the port, the VirtualServices of the egress listener that cover them,
+DestinationRules that add hash policies, route EnvoyFilters. A gateway's (``http.<port>``,
+``https.<port>.<name>.<gateway>.<namespace>``): the Gateway servers behind it and the VirtualServices
+bound to them with the hosts each serves. A sidecar listener: the services on its port (outbound) or
+the proxy's own service ports (inbound), the Sidecar, and the PeerAuthentications,
+AuthorizationPolicies and RequestAuthentications that select the workload; a gateway listener: the
+Gateway servers on its port (TLS mode, credentialName, what they route) and the policies. Both list
+the listener EnvoyFilters. Endpoints: the service and its endpoint shards by source. All of it comes
+from the indexes generation uses, not from reading names.
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ import datetime
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from meshpilot.model.authorization import authorization_policies
-from meshpilot.model.config import Config, ConfigKey
+from meshpilot.model.authorization import authorization_policies, request_authentications
+from meshpilot.model.config import ConfigKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.labels import selector_matches
 from meshpilot.model.proxy import NodeType, Proxy
@@ -41,10 +47,13 @@ from meshpilot.networking.envoyfilter.listeners import LISTENER_KINDS
 from meshpilot.networking.envoyfilter.patches import ApplyTo, Context, Operation, Patch, patch_set
 from meshpilot.networking.envoyfilter.routes import ROUTE_KINDS
 from meshpilot.networking.envoyfilter.routes import name_matches as name_matches_route
-from meshpilot.networking.route import _hosts_for_vs, _parse_route_name, route_cache_parts
+from meshpilot.networking.route import hosts_for_virtual_service, parse_route_name, route_cache_parts
 from meshpilot.networking.vhosts import services_on_port
+from meshpilot.push import explain_gateway
+from meshpilot.push.explain_gateway import config_ref as _ref
 from meshpilot.push.history import ConfigChange, PushHistory
 from meshpilot.xds.connection import Connection
+from meshpilot.xds.generators.envoy_filters import gateway_port_map
 
 #: Names listed per type and push; the count says how many there were.
 MAX_NAMES = 50
@@ -56,14 +65,11 @@ def _iso(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
-def _ref(config: Config) -> str:
-    return f"{config.meta.kind.value} {config.namespace}/{config.name}"
-
-
-def scope_name(scope: SidecarScope) -> str:
+def scope_name(scope: SidecarScope, router: bool = False) -> str:
     if scope.config is not None:
         return f"Sidecar {scope.config.namespace}/{scope.config.name}"
-    return f"the default scope of namespace {scope.namespace} (no Sidecar selects it)"
+    why = "gateways take no Sidecar" if router else "no Sidecar selects it"
+    return f"the default scope of namespace {scope.namespace} ({why})"
 
 
 def _export(export_to: Iterable[str]) -> str:
@@ -78,14 +84,28 @@ def why_in_scope(proxy: Proxy, key: ConfigKey, push: PushContext) -> tuple[bool,
     """Whether a change to ``key`` concerns ``proxy`` under the current model, and why, in words.
 
     The verdict is ``xds.dependencies``' rule, asked the same way; the words say which part of it
-    matched."""
+    matched. For a gateway they first say how the object reaches its Gateways
+    (``push.explain_gateway``)."""
+    concerned, why = _why_in_scope(proxy, key, push)
+    if proxy.type is NodeType.ROUTER and concerned:
+        gateway = explain_gateway.why(proxy, key, push)
+        if gateway is not None:
+            # The scope's words still matter after a rule or service: a gateway gets the clusters
+            # of every service its scope imports, routed to or not.
+            scoped = key.kind in (Kind.DESTINATION_RULE, Kind.SERVICE_ENTRY)
+            why = f"{gateway}; and {why}" if scoped else gateway
+    return concerned, why
+
+
+def _why_in_scope(proxy: Proxy, key: ConfigKey, push: PushContext) -> tuple[bool, str]:
     root = push.mesh.root_namespace
     scope = proxy.sidecar_scope
+    router = proxy.type is NodeType.ROUTER
     if key.kind is Kind.SECRET:
         return True, "any proxy may watch a Secret; SDS sends it only to those that do"
     if proxy.type is NodeType.SIDECAR and key.kind is Kind.GATEWAY:
         return False, "sidecars take no Gateway"
-    if proxy.type is NodeType.ROUTER and key.kind in (Kind.GATEWAY, Kind.VIRTUAL_SERVICE):
+    if router and key.kind in (Kind.GATEWAY, Kind.VIRTUAL_SERVICE):
         return True, "a gateway takes every Gateway and VirtualService that may bind to it"
     if key.kind is Kind.SERVICE_ENTRY:
         for target in proxy.service_targets:
@@ -93,7 +113,7 @@ def why_in_scope(proxy: Proxy, key: ConfigKey, push: PushContext) -> tuple[bool,
                 return True, f"the proxy serves {key.name} on port {target.port.port} (its inbound config)"
     if scope is None:
         return True, "no scope was computed for it yet: every change concerns it"
-    where = scope_name(scope)
+    where = scope_name(scope, router)
     if key.kind is Kind.PEER_AUTHENTICATION and key.namespace in scope.service_namespaces:
         if key.namespace in (scope.namespace, root):
             return True, f"a PeerAuthentication of {_namespace_role(key.namespace, scope, root)}"
@@ -110,7 +130,7 @@ def why_in_scope(proxy: Proxy, key: ConfigKey, push: PushContext) -> tuple[bool,
     if key not in scope.dependencies:
         previous = proxy.previous_scope
         if previous is not None and previous.depends_on(key, root):
-            return True, f"it was in the proxy's previous scope ({scope_name(previous)})"
+            return True, f"it was in the proxy's previous scope ({scope_name(previous, router)})"
         return False, f"{where} does not import it"
     return True, f"{where} {_dependency(scope, key, push)}"
 
@@ -195,9 +215,12 @@ def pushes(
     proxy = conn.proxy if conn is not None else None
     out: dict[str, Any] = {"proxy": proxy_id, "connected": conn is not None}
     if proxy is not None and proxy.sidecar_scope is not None:
-        out["scope"] = scope_name(proxy.sidecar_scope)
+        out["scope"] = scope_name(proxy.sidecar_scope, proxy.type is NodeType.ROUTER)
     if push is not None:
         out["modelVersion"] = push.version
+        if proxy is not None and proxy.type is NodeType.ROUTER:
+            out["gateways"] = explain_gateway.selecting_gateways(proxy, push)
+            out["gatewaySelection"] = explain_gateway.SELECTION
     entries = []
     for record, sent in history.for_proxy(proxy_id, limit):
         types = []
@@ -293,6 +316,15 @@ def _cluster(proxy: Proxy, push: PushContext, name: str) -> dict[str, Any]:
                 }
         elif subset:
             out["subset"] = {"name": subset, "from": None}
+        if proxy.type is NodeType.ROUTER and names.is_sni_cluster(name):
+            out["from"] = (
+                "an SNI-DNAT cluster of the AUTO_PASSTHROUGH servers: mesh mTLS passes through to the "
+                "service, chosen by SNI"
+            )
+        elif proxy.type is NodeType.ROUTER:
+            # A gateway gets a cluster for every service its scope imports (as istiod, without
+            # PILOT_FILTER_GATEWAY_CLUSTER_CONFIG); these are the routes that use this one.
+            out["routedBy"] = explain_gateway.routed_by(proxy, push, host, port)
 
     context = _context(proxy, direction == "inbound")
     hosts = [t.service.hostname for t in proxy.service_targets]
@@ -316,12 +348,24 @@ def _builtin(name: str, scope: SidecarScope | None) -> str:
 
 
 def _route(proxy: Proxy, push: PushContext, name: str) -> dict[str, Any]:
+    context = _context(proxy, inbound=False)
+    if proxy.type is NodeType.ROUTER:
+        out = explain_gateway.route(proxy, push, name)
+        # A gateway's route patches match the Gateway server ports behind the listen port.
+        ports = {listen: frozenset(servers) for listen, servers in gateway_port_map(proxy, push)}
+        out["envoyFilters"] = _patches(
+            proxy,
+            push,
+            ROUTE_KINDS,
+            lambda patch: patch.matches_context(context) and name_matches_route(name, patch, context, ports),
+        )
+        return out
     scope = proxy.sidecar_scope
-    port, _ = _parse_route_name(name)
-    out: dict[str, Any] = {"port": port}
+    port, _ = parse_route_name(name)
+    out = {"port": port}
     listener = scope.egress_listener_for_port(port) if scope is not None and port is not None else None
     if proxy.type is not NodeType.SIDECAR:
-        out["from"] = "gateway routes are not traced yet (see /debug/config_dump)"
+        out["from"] = "routes of this kind of proxy are not traced (see /debug/config_dump)"
         return out
     if scope is None or listener is None or port is None:
         out["from"] = "no egress listener of the proxy's scope serves this route"
@@ -336,14 +380,13 @@ def _route(proxy: Proxy, push: PushContext, name: str) -> dict[str, Any]:
             "exportTo": sorted(vs.export_to),
         }
         for vs in listener.virtual_services
-        if port == 80 or _hosts_for_vs(vs, services)[1]
+        if port == 80 or hosts_for_virtual_service(vs, services)[1]
     ]
     parts = route_cache_parts(scope, name, push.domain_suffix)
     if parts is not None:
         out["destinationRules"] = sorted(
             f"{k.namespace}/{k.name}" for k in parts.dependencies if k.kind is Kind.DESTINATION_RULE
         )
-    context = _context(proxy, inbound=False)
     out["envoyFilters"] = _patches(
         proxy,
         push,
@@ -353,7 +396,57 @@ def _route(proxy: Proxy, push: PushContext, name: str) -> dict[str, Any]:
     return out
 
 
+def _security(proxy: Proxy, push: PushContext) -> dict[str, Any]:
+    """The AuthorizationPolicies (by action) and RequestAuthentications that select the workload, as
+    the inbound security filters of a sidecar's inbound chains and of a gateway's listeners take them."""
+    policies = authorization_policies(push, proxy)
+    return {
+        "authorizationPolicies": {
+            action: [_ref(c) for c in group]
+            for action, group in (
+                ("CUSTOM", policies.custom),
+                ("DENY", policies.deny),
+                ("ALLOW", policies.allow),
+                ("AUDIT", policies.audit),
+            )
+            if group
+        },
+        "requestAuthentications": [_ref(c) for c in request_authentications(push, proxy)],
+    }
+
+
+def _listener_patches(
+    proxy: Proxy, push: PushContext, name: str, inbound: bool, ports: set[int]
+) -> list[str]:
+    """The listener EnvoyFilter patches that may apply to listener ``name`` listening on ``ports``."""
+    context = _context(proxy, inbound)
+
+    def fits(patch: Patch) -> bool:
+        if not patch.matches_context(context):
+            return False
+        if not patch.match.HasField("listener"):
+            return True
+        wanted = patch.match.listener
+        if wanted.name:
+            return bool(wanted.name == name)
+        return not wanted.port_number or wanted.port_number in ports
+
+    return _patches(proxy, push, LISTENER_KINDS, fits)
+
+
+def _gateway_listener(proxy: Proxy, push: PushContext, name: str) -> dict[str, Any]:
+    out, port, policies = explain_gateway.listener(proxy, push, name)
+    if policies:
+        out.update(_security(proxy, push))
+    out["envoyFilters"] = _listener_patches(proxy, push, name, False, {port} if port is not None else set())
+    return out
+
+
 def _listener(proxy: Proxy, push: PushContext, name: str) -> dict[str, Any]:
+    if proxy.type is NodeType.ROUTER:
+        return _gateway_listener(proxy, push, name)
+    if proxy.type is not NodeType.SIDECAR:
+        return {"from": "listeners of this kind of proxy are not traced (see /debug/config_dump)"}
     scope = proxy.sidecar_scope
     out: dict[str, Any] = {}
     if scope is not None:
@@ -366,7 +459,7 @@ def _listener(proxy: Proxy, push: PushContext, name: str) -> dict[str, Any]:
             f"the outboundTrafficPolicy of {where} decides where the rest go"
         )
     elif name != "virtualInbound" and not port_text.isdigit():
-        out["from"] = "not a sidecar listener explain knows (gateway listeners are not traced yet)"
+        out["from"] = "not a sidecar listener explain knows"
     elif name != "virtualInbound":
         port = int(port_text)
         listener = scope.egress_listener_for_port(port) if scope is not None else None
@@ -387,41 +480,15 @@ def _listener(proxy: Proxy, push: PushContext, name: str) -> dict[str, Any]:
             for c in push.configs(Kind.PEER_AUTHENTICATION, ns)
             if not c.spec.HasField("selector") or selector_matches(c.spec.selector.match_labels, labels)
         ]
-        policies = authorization_policies(push, proxy)
-        out["authorizationPolicies"] = {
-            action: [_ref(c) for c in group]
-            for action, group in (
-                ("CUSTOM", policies.custom),
-                ("DENY", policies.deny),
-                ("ALLOW", policies.allow),
-                ("AUDIT", policies.audit),
-            )
-            if group
-        }
-        out["requestAuthentications"] = [
-            _ref(c)
-            for ns in namespaces
-            for c in push.configs(Kind.REQUEST_AUTHENTICATION, ns)
-            if not c.spec.HasField("selector") or selector_matches(c.spec.selector.match_labels, labels)
-        ]
+        out.update(_security(proxy, push))
     if scope is not None and scope.config is not None:
         out["sidecar"] = _ref(scope.config)
-    context = _context(proxy, inbound=name == "virtualInbound")
-    port = int(port_text) if port_text.isdigit() else 0
-
-    def fits(patch: Patch) -> bool:
-        if not patch.matches_context(context):
-            return False
-        if not patch.match.HasField("listener"):
-            return True
-        wanted = patch.match.listener
-        if wanted.name:
-            return bool(wanted.name == name)
-        # A port of the virtual listeners is that of their filter chains: the workload's ports.
-        ports = {t.target_port for t in proxy.service_targets} if name == "virtualInbound" else {port}
-        return not wanted.port_number or wanted.port_number in ports
-
-    out["envoyFilters"] = _patches(proxy, push, LISTENER_KINDS, fits)
+    inbound = name == "virtualInbound"
+    # A port of the virtual listeners is that of their filter chains: the workload's ports.
+    ports = {t.target_port for t in proxy.service_targets} if inbound else set()
+    if port_text.isdigit():
+        ports.add(int(port_text))
+    out["envoyFilters"] = _listener_patches(proxy, push, name, inbound, ports)
     return out
 
 

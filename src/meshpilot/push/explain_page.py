@@ -1,7 +1,8 @@
 """``/debug/explain``: the push explanation as a debug page (``push.explain``).
 
 ``?proxyID=ID`` (a part of the connection ID, as ``config_dump`` takes it) lists the proxy's last
-pushes with their triggers, what was sent and why the proxy was in scope; ``&resource=TYPE/NAME``
+pushes with their triggers, what was sent and why the proxy was in scope (for a gateway, also the
+Gateways that select it); ``&resource=TYPE/NAME``
 instead names the Istio objects behind one resource it holds; ``&limit=N`` bounds the pushes (10).
 """
 
