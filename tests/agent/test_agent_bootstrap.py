@@ -59,26 +59,67 @@ def _capture(agent: PilotAgent) -> dict[str, Any]:
     return bootstrap
 
 
+#: The agent's root in the reference case (``prepare_agent``'s default), for the files TLS settings name.
+AGENT_ROOT = "agent-root"
+CREDENTIALS = "var/run/secrets/workload-spiffe-credentials"
+#: Legacy ``tracing`` sections each agent turns into a bootstrap tracer; ``{root}`` is the agent's root.
+TRACING_CASES: dict[str, dict[str, Any]] = {
+    "no-tracer": {},
+    "zipkin": {
+        "zipkin": {"address": "127.0.0.1:9411"},
+        "sampling": 100,
+        "customTags": {"team": {"literal": {"value": "payments"}}},
+    },
+    "zipkin-simple-tls": {
+        "zipkin": {"address": "localhost:9411"},
+        "tlsSettings": {
+            "mode": "SIMPLE",
+            "caCertificates": "{root}/var/run/secrets/istio/root-cert.pem",
+            "sni": "zipkin.example.com",
+            "subjectAltNames": ["zipkin.example.com", "collector.example.com"],
+        },
+    },
+    "zipkin-mutual-tls": {
+        "zipkin": {"address": "127.0.0.1:9411"},
+        "tlsSettings": {
+            "mode": "MUTUAL",
+            "caCertificates": f"{{root}}/{CREDENTIALS}/root-cert.pem",
+            "clientCertificate": f"{{root}}/{CREDENTIALS}/cert-chain.pem",
+            "privateKey": f"{{root}}/{CREDENTIALS}/key.pem",
+        },
+    },
+    "zipkin-istio-mutual": {"zipkin": {"address": "127.0.0.1:9411"}, "tlsSettings": {"mode": "ISTIO_MUTUAL"}},
+    "datadog-host-ip": {"datadog": {"address": "$(HOST_IP):8126"}},
+}
+
+
 @pytest.mark.integration
 @pytest.mark.envoy
 @pytest.mark.reference
-def test_bootstrap_matches_pilot_agent(mesh, ca) -> None:  # noqa: F811
+@pytest.mark.parametrize("case", list(TRACING_CASES))
+def test_bootstrap_matches_pilot_agent(mesh, ca, case: str) -> None:  # noqa: F811
+    """Both agents on the same pod, with no tracer or with the legacy ``tracing`` section of ``case``:
+    pilot-agent is the referee for the tracer and its collector cluster too."""
     binary = reference.binary("pilot-agent")
     template = reference.istio_file("tools/packaging/common/envoy_bootstrap.json")
     start_mesh(mesh)
+    tracing = json.loads(json.dumps(TRACING_CASES[case]).replace("{root}", str(mesh.tmp / AGENT_ROOT)))
     inputs = prepare_agent(
         mesh,
         ca,
         template=template,
-        proxy_config={"controlPlaneAuthPolicy": "NONE"},
+        proxy_config={"controlPlaneAuthPolicy": "NONE", **({"tracing": tracing} if tracing else {})},
         mounted_certs=True,
         extra_env={"ISTIO_DELTA_XDS": "false"},
+        root_name=AGENT_ROOT,
     )
     theirs = _capture(inputs.launch(mesh, [str(binary)], "pilot-agent"))
     ours = _capture(inputs.launch(mesh, MESHPILOT_AGENT, "meshpilot-agent"))
     found = differences(ours, theirs)
     assert found.keys() == KNOWN_DIFFERENCES.keys(), json.dumps(found, indent=1, default=str)
     assert ours["node"]["metadata"]["INSTANCE_IPS"] == POD_IP
+    # The comparison saw a tracer exactly when the case has one.
+    assert ("tracing" in theirs) == bool(tracing)
 
 
 # Unit tests: the bootstrap built in-process from a laid-out root.

@@ -5,10 +5,12 @@ metadata), the stats tags and inclusion list, the admin listener on ``proxyAdmin
 ``xds-grpc`` cluster (the agent's XDS Unix socket; ``DELTA_GRPC`` unless ``ISTIO_DELTA_XDS=false``), SDS
 over ``sds-grpc`` (``./var/run/secrets/workload-spiffe-uds/socket``), the ``agent`` cluster to the status
 port, the Prometheus listener (``ENVOY_PROMETHEUS_PORT``, 15090) and the readiness listener
-(``ENVOY_STATUS_PORT``, 15021), a global runtime layer, and no tracer. What pilot-agent's template adds for
-inputs meshpilot does not take yet (tracers, metrics and access-log services, statsd, secure metrics
-ports, self-discovery, a custom bootstrap template) is left out; ``tests/agent/test_agent_bootstrap.py``
-compares the result with the real agent's file.
+(``ENVOY_STATUS_PORT``, 15021), a global runtime layer, and the tracer of the ProxyConfig's legacy
+``tracing`` section (zipkin or datadog, with the static cluster to its collector; see
+``bootstrap_tracing.py``). What pilot-agent's template adds for inputs meshpilot does not take yet
+(metrics and access-log services, statsd, secure metrics ports, self-discovery, a custom bootstrap
+template) is left out; ``tests/agent/test_agent_bootstrap.py`` compares the result with the real
+agent's file, with and without a tracer.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from meshpilot.agent.bootstrap_tracing import bootstrap_tracer
 from meshpilot.agent.settings import (
     WORKLOAD_SOCKET_DIR,
     AgentSettings,
     node_locality,
     node_metadata,
+    proxy_tracing,
     service_cluster,
 )
 
@@ -105,11 +109,14 @@ H2_OPTIONS = {
 }
 
 
+def _ipv6_only(ips: Iterable[str]) -> bool:
+    """Every address IPv6: pilot-agent (without dual stack) then binds and resolves IPv6 only."""
+    return all(ipaddress.ip_address(ip).version == 6 for ip in ips)
+
+
 def _addresses(ips: Iterable[str]) -> tuple[str, str]:
-    """(localhost, wildcard): IPv6 only when every address is IPv6, as pilot-agent without dual stack."""
-    if all(ipaddress.ip_address(ip).version == 6 for ip in ips):
-        return "::1", "::"
-    return "127.0.0.1", "0.0.0.0"
+    """(localhost, wildcard) for the pod's addresses."""
+    return ("::1", "::") if _ipv6_only(ips) else ("127.0.0.1", "0.0.0.0")
 
 
 def _split(text: str) -> list[str]:
@@ -210,6 +217,7 @@ def _tcp(address: str, port: int) -> dict[str, Any]:
 
 
 def clusters(settings: AgentSettings, localhost: str, socket_file: str) -> list[dict[str, Any]]:
+    """The template's static clusters, before any for a tracer."""
     prometheus = _static_cluster("prometheus_stats", _tcp(localhost, settings.admin_port), "0.250s")
     agent = _static_cluster("agent", _tcp(localhost, settings.status_port), "0.250s")
     sds_path = f"./{WORKLOAD_SOCKET_DIR}/{socket_file}"
@@ -297,17 +305,29 @@ def listeners(settings: AgentSettings, localhost: str, wildcard: str) -> list[di
 
 
 def build_bootstrap(settings: AgentSettings) -> dict[str, Any]:
-    """The bootstrap for ``settings``, as JSON-ready data."""
+    """The bootstrap for ``settings``, as JSON-ready data; raises SettingsError for a tracer the proxy
+    could not start with."""
     metadata = node_metadata(settings)
     localhost, wildcard = _addresses(settings.ip_addresses)
+    cluster = service_cluster(settings, metadata)
+    tracer = bootstrap_tracer(
+        proxy_tracing(settings.proxy_config),
+        metadata=metadata,
+        environ=settings.environ,
+        service_cluster=cluster,
+        dns_lookup_family="V6_ONLY" if _ipv6_only(settings.ip_addresses) else "V4_ONLY",
+    )
+    static_clusters = clusters(settings, localhost, str(metadata["WORKLOAD_IDENTITY_SOCKET_FILE"]))
+    if tracer is not None:
+        static_clusters.append(tracer.cluster)
     ads = {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
-    return {
+    bootstrap: dict[str, Any] = {
         "application_log_config": {
             "log_format": {"text_format": "%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t"}
         },
         "node": {
             "id": settings.node_id,
-            "cluster": service_cluster(settings, metadata),
+            "cluster": cluster,
             "locality": node_locality(metadata),
             "metadata": metadata,
         },
@@ -352,7 +372,7 @@ def build_bootstrap(settings: AgentSettings) -> dict[str, Any]:
             },
         },
         "static_resources": {
-            "clusters": clusters(settings, localhost, str(metadata["WORKLOAD_IDENTITY_SOCKET_FILE"])),
+            "clusters": static_clusters,
             "listeners": listeners(settings, localhost, wildcard),
         },
         "overload_manager": {
@@ -368,6 +388,9 @@ def build_bootstrap(settings: AgentSettings) -> dict[str, Any]:
         },
         "deferred_stat_options": {"enable_deferred_creation_stats": True},
     }
+    if tracer is not None:
+        bootstrap["tracing"] = tracer.tracing
+    return bootstrap
 
 
 def _max_connections(settings: AgentSettings) -> int:

@@ -12,8 +12,10 @@ Inputs, as in a pod (paths relative to the working directory, which stands in fo
 
 The ProxyConfig is merged as pilot-agent merges it: its defaults, then the mesh file's ``defaultConfig``,
 then ``PROXY_CONFIG``, then the ``proxy.istio.io/config`` annotation. A field present in a later layer
-replaces the earlier one; messages merge field by field, lists are replaced, ``proxyMetadata`` maps merge.
-Then the ``sidecar.istio.io/discoveryAddress`` and ``status.sidecar.istio.io/port`` annotations apply.
+replaces the earlier one; messages merge field by field, lists are replaced, ``proxyMetadata`` maps merge,
+and a tracer set by a later layer replaces the earlier layer's (the tracer is a oneof).
+Then the ``sidecar.istio.io/discoveryAddress`` and ``status.sidecar.istio.io/port`` annotations apply,
+and the ``tracing`` section is checked as pilot-agent checks it (a bad collector address stops the agent).
 The ProxyConfig is kept as its JSON form (camelCase keys, durations as ``"45s"``), which is also what
 the node metadata's ``PROXY_CONFIG`` carries.
 """
@@ -30,6 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from google.protobuf import json_format
+
+from meshpilot._proto.istio.mesh.v1alpha1 import proxy_pb2
+
+# The one check of a tracing section, which MeshConfig validation also runs on defaultConfig.
+from meshpilot.config.validation.mesh import _tracing_errors as tracing_errors
 
 #: The Istio release whose agent this one stands in for; sent as ISTIO_VERSION, which istiod (and
 #: meshpilot) gate behaviour on, unless ``ISTIO_META_ISTIO_VERSION`` says otherwise.
@@ -65,6 +73,10 @@ LOCALITY_LABELS = ("topology.istio.io/locality", "istio-locality")
 APP_LABELS = ("app", "app.kubernetes.io/name", "service.istio.io/canonical-name")
 CANONICAL_NAME_LABELS = ("service.istio.io/canonical-name", "app.kubernetes.io/name", "app")
 NODE_TYPES = ("sidecar", "router")
+#: ProxyConfig messages holding a oneof, with its members (JSON names).
+ONEOFS: Mapping[str, frozenset[str]] = {
+    "tracing": frozenset({"zipkin", "lightstep", "datadog", "stackdriver", "openCensusAgent"}),
+}
 #: ProxyConfig fields that are wrapper messages in the proto: present even when zero.
 WRAPPER_FIELDS = frozenset({"concurrency", "holdApplicationUntilProxyStarts", "statsCompression"})
 
@@ -203,15 +215,40 @@ def parse_downward_api(text: str) -> dict[str, str]:
     return out
 
 
-def merge_proxy_config(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    """One layer over another: messages merge field by field, everything else is replaced."""
+def merge_proxy_config(
+    base: Mapping[str, Any], overlay: Mapping[str, Any], oneof: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """One layer over another: messages merge field by field, everything else is replaced. A member of
+    a oneof (``oneof``: the members among this message's fields) set by the overlay clears the others,
+    as decoding into the proto does: a pod's datadog tracer replaces the mesh's zipkin one."""
     out = dict(base)
     for key, value in overlay.items():
+        if key in oneof:
+            for other in oneof - {key}:
+                out.pop(other, None)
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge_proxy_config(out[key], value)
+            out[key] = merge_proxy_config(out[key], value, ONEOFS.get(key, frozenset()))
         else:
             out[key] = value
     return out
+
+
+def proxy_tracing(config: Mapping[str, Any]) -> proxy_pb2.Tracing | None:
+    """The ProxyConfig's ``tracing``, checked as pilot-agent checks it when it starts (collector
+    addresses, TLS settings); None when there is none."""
+    value = config.get("tracing")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise SettingsError("ProxyConfig tracing: not a mapping")
+    try:
+        tracing = json_format.ParseDict(dict(value), proxy_pb2.Tracing())
+    except json_format.ParseError as err:
+        raise SettingsError(f"ProxyConfig tracing: {err}") from None
+    errors = tracing_errors(tracing)
+    if errors:
+        raise SettingsError("ProxyConfig " + "; ".join(errors))
+    return tracing
 
 
 def _layer(text: str, what: str) -> dict[str, Any]:
@@ -279,6 +316,7 @@ def build_proxy_config(
             raise SettingsError(f"ProxyConfig {key}: not a port: {config.get(key)!r}")
     if config.get("controlPlaneAuthPolicy", "NONE") not in ("NONE", "MUTUAL_TLS"):
         raise SettingsError(f"controlPlaneAuthPolicy {config['controlPlaneAuthPolicy']!r} is not supported")
+    proxy_tracing(config)
     return config
 
 
