@@ -1,7 +1,9 @@
-"""The server's garbage-collector settings: defaults, the environment override, bad values ignored."""
+"""The server's garbage-collector settings: defaults, the environment override, bad values ignored, and
+full collections paced by ended streams."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterator
 
@@ -36,3 +38,51 @@ def test_bad_values_are_ignored(
     monkeypatch.setenv(gc_tuning.ENV, raw)
     assert gc_tuning.configure() == gc_tuning.DEFAULT_THRESHOLDS
     assert gc_tuning.ENV in caplog.text
+
+
+async def test_full_collections_follow_ended_streams() -> None:
+    """A batch of ended streams brings a full collection (not more than one per interval), and what
+    is left after a flood is collected once it ends."""
+    ended = gc_tuning.EndedStreams(every=100, min_interval=0.2)
+    for _ in range(100):
+        ended.ended()
+    await asyncio.sleep(0)  # scheduled, not run inside the stream's own exception handling
+    await asyncio.sleep(0)
+    assert ended.collections == 1
+    for _ in range(100):
+        ended.ended()  # within the interval: the next one waits for the timer
+    await asyncio.sleep(0)
+    assert ended.collections == 1
+    await asyncio.sleep(0.3)
+    assert ended.collections == 2
+    for _ in range(9):
+        ended.ended()  # fewer than a tenth of `every`: no collection for these alone
+    await asyncio.sleep(0.3)
+    assert ended.collections == 2
+
+
+async def test_a_cycle_left_by_ended_streams_is_freed() -> None:
+    """What the collections are for: a reference cycle holding a large buffer (as grpc's call state
+    and an abort's traceback do) is freed after the streams end, not at some later full collection."""
+    import weakref
+
+    class Held:
+        def __init__(self) -> None:
+            self.me = self
+            self.payload = bytearray(1 << 20)
+
+    gc.collect()
+    gc.disable()  # only the collection under test may free it
+    try:
+        held = Held()
+        alive = weakref.ref(held)
+        del held
+        ended = gc_tuning.EndedStreams(every=10, min_interval=0.0)
+        for _ in range(10):
+            ended.ended()
+        assert alive() is not None
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert alive() is None
+    finally:
+        gc.enable()
