@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import bulk_config, report_delta
 from bench import ca as ca_bench
-from bench import report_delta
 from bench.report_peer import peer_section
 from bench.tables import fleet_run, fmt, get, goal_row, table
 
@@ -479,6 +479,7 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         out += report_delta.push_floor_section(results, floor_image)
         out += storm_section(results)
         out += ca_bench.section(results)
+        out += bulk_config.section(results)
     kube = all_results.get("kube")
     if kube is not None:
         out += kube_section(kube)

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench import bulk_config, grpc_floor
 from bench import ca as ca_bench
-from bench import grpc_floor
 from bench import istiod as peer_istiod
 from bench.ca_job import CaJob
 from bench.fleet import ack_bytes
@@ -127,6 +127,8 @@ class Suite:
     floor: tuple[FloorJob, ...] = ()
     #: The mesh CA's signing rate and certificate storm (bench.ca).
     ca: CaJob | None = None
+    #: Thousands of objects in one config file, added and removed (bench.bulk_config).
+    bulk: tuple[bulk_config.BulkJob, ...] = ()
 
 
 def _scenario(file: str, scale: float = 1.0, **overrides: Any) -> Scenario:
@@ -164,6 +166,7 @@ def suites(scale: float = 1.0) -> dict[str, Suite]:
             storm=(StormJob(_scenario("storm", scale, proxies=1000, name="storm-1000")),),
             floor=_floors(quick_http),
             ca=CaJob(sign_count=100, workloads=500),
+            bulk=(bulk_config.BulkJob(_scenario("se-10k", scale, services=2500, name="se-2500")),),
         ),
         "full": Suite(
             "full",
@@ -181,6 +184,7 @@ def suites(scale: float = 1.0) -> dict[str, Suite]:
             storm=(StormJob(_scenario("storm", scale)),),
             floor=_floors(full_http),
             ca=CaJob(sign_count=300, workloads=2000),
+            bulk=(bulk_config.BulkJob(_scenario("se-10k", scale)),),
         ),
     }
 
@@ -305,6 +309,11 @@ def run_suite(
         log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
     if suite.ca is not None and (not only or "ca" in only):
         results["ca"] = ca_bench.run(suite.ca)
+    for bulk in suite.bulk:
+        if only and bulk.scenario.name not in only and "bulk" not in only:
+            continue
+        log(f"bulk config, {bulk.scenario.services} objects of kind {bulk.kind} in one file")
+        results.setdefault("bulk", []).append(bulk_config.run(bulk))
     results["wall_seconds"] = round(time.time() - started, 1)
     return results
 
@@ -312,7 +321,9 @@ def run_suite(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=sorted(suites()), default="quick")
-    parser.add_argument("--only", nargs="*", help="micro, floor, fleet, peer, storm, ca or scenario names")
+    parser.add_argument(
+        "--only", nargs="*", help="micro, floor, fleet, peer, storm, ca, bulk or scenario names"
+    )
     parser.add_argument(
         "--peer",
         choices=sorted(PEERS),

@@ -222,3 +222,41 @@ def test_only_ready_pods_are_selected() -> None:
     assert [e.address for e in updater.endpoints["vm.example.com"]] == ["10.4.0.4", "10.4.0.1"]
     kube.upsert(with_status("starting", "10.4.0.2", conditions=[{"type": "Ready", "status": "True"}]))
     assert [e.address for e in updater.endpoints["vm.example.com"]] == ["10.4.0.4", "10.4.0.1", "10.4.0.2"]
+
+
+def test_workload_entries_of_a_batch_are_refreshed_once_at_its_end() -> None:
+    """A file of many entries computes each selecting host's endpoints once, not once per entry."""
+    store, updater = ConfigStore(), Updater()
+    ServiceEntryRegistry(store, updater)
+    add(store, _selecting_entry())
+    calls = updater.eds_calls
+    with store.batch():
+        for i in range(50):
+            add(
+                store,
+                istio(
+                    "WorkloadEntry", f"vm-{i}", "default", {"address": f"10.3.0.{i}", "labels": {"app": "vm"}}
+                ),
+            )
+        assert updater.eds_calls == calls, "nothing is recomputed inside the batch"
+        store.delete(ConfigKey(Kind.WORKLOAD_ENTRY, "vm-7", "default"))
+    assert updater.eds_calls == calls + 1
+    addresses = [e.address for e in updater.endpoints["vm.example.com"]]
+    assert addresses == [f"10.3.0.{i}" for i in sorted(set(range(50)) - {7}, key=lambda i: f"vm-{i}")]
+    # Outside a batch an entry's change is reported at once.
+    store.delete(ConfigKey(Kind.WORKLOAD_ENTRY, "vm-8", "default"))
+    assert updater.eds_calls == calls + 2 and len(updater.endpoints["vm.example.com"]) == 48
+
+
+def test_selected_pods_of_a_batch_are_refreshed_at_its_end() -> None:
+    store, updater = ConfigStore(), Updater()
+    kube = KubeRegistry(updater)
+    ServiceEntryRegistry(store, updater, pods=kube)
+    add(store, _selecting_entry())
+    calls = updater.eds_calls
+    with store.batch():
+        for i in range(20):
+            kube.upsert(decode_object(kube_pod(f"vm-{i:02}", "default", f"10.4.0.{i}", {"app": "vm"})).obj)
+        assert updater.eds_calls == calls
+    assert updater.eds_calls == calls + 1
+    assert [e.address for e in updater.endpoints["vm.example.com"]] == [f"10.4.0.{i}" for i in range(20)]

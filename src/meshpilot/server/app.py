@@ -12,8 +12,8 @@ import contextlib
 import logging
 import signal
 from collections import Counter
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -116,8 +116,10 @@ class ObjectRouter:
         else:
             self.kube.remove(kind, namespace, name)
 
-    def batch(self) -> AbstractContextManager[None]:
-        return self.kube.batch()
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        with self.kube.batch(), self.store.batch():
+            yield
 
 
 def load_mesh_config(settings: DiscoverySettings) -> Any:
