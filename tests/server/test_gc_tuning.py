@@ -43,7 +43,7 @@ def test_bad_values_are_ignored(
 async def test_full_collections_follow_ended_streams() -> None:
     """A batch of ended streams brings a full collection (not more than one per interval), and what
     is left after a flood is collected once it ends."""
-    ended = gc_tuning.EndedStreams(every=100, min_interval=0.2)
+    ended = gc_tuning.EndedStreams(every=100, min_interval=1.0)
     for _ in range(100):
         ended.ended()
     await asyncio.sleep(0)  # scheduled, not run inside the stream's own exception handling
@@ -53,11 +53,11 @@ async def test_full_collections_follow_ended_streams() -> None:
         ended.ended()  # within the interval: the next one waits for the timer
     await asyncio.sleep(0)
     assert ended.collections == 1
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(1.2)
     assert ended.collections == 2
     for _ in range(9):
         ended.ended()  # fewer than a tenth of `every`: no collection for these alone
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(1.2)
     assert ended.collections == 2
 
 
