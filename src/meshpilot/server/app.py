@@ -273,7 +273,10 @@ class DiscoveryApp:
                 inject_config = InjectConfigSource.load(settings.inject_config)
             except InjectionError as err:
                 raise ConfigError(f"--inject-config {settings.inject_config}: {err}") from None
-            handler = InjectionHandler(inject_config, InjectionMetrics.create(self.metrics.registry))
+            # The mesh is read per pod, so _on_mesh's new MeshConfig (defaultConfig) reaches the next one.
+            handler = InjectionHandler(
+                inject_config, InjectionMetrics.create(self.metrics.registry), lambda: self.env.mesh
+            )
             self.webhooks.add_review_handler("/inject", handler)
             self.inject_source = InjectConfigSource(handler, settings.inject_config)
 

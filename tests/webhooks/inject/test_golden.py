@@ -1,4 +1,5 @@
-"""Golden cases: each ``cases/NAME.yaml`` (a pod, optional injector ``config``) goes through
+"""Golden cases: each ``cases/NAME.yaml`` (a pod, optional injector ``config``, optional ``mesh``:
+the server's MeshConfig) goes through
 ``handle_inject`` as an AdmissionReview; the returned JSON patch is applied to the pod and the result
 compared with ``cases/NAME.golden.yaml``. ``UPDATE_GOLDEN=1`` rewrites the goldens."""
 
@@ -14,6 +15,7 @@ import jsonpatch
 import pytest
 import yaml
 
+from meshpilot.model.mesh import apply_mesh_config
 from meshpilot.webhooks.inject.config import InjectConfig, parse_config
 from meshpilot.webhooks.inject.review import handle_inject
 
@@ -23,13 +25,14 @@ INPUTS = sorted(p for p in CASES.glob("*.yaml") if not p.name.endswith(".golden.
 
 def _run(case: dict[str, Any]) -> dict[str, Any]:
     config = parse_config(case["config"]) if "config" in case else InjectConfig()
+    mesh = apply_mesh_config(yaml.safe_dump(case["mesh"])) if "mesh" in case else None
     pod = case["pod"]
     review = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {"uid": "u-1", "namespace": pod["metadata"].get("namespace", ""), "object": pod},
     }
-    response = handle_inject(review, config)["response"]
+    response = handle_inject(review, config, mesh=mesh)["response"]
     result: dict[str, Any] = {"allowed": response["allowed"]}
     if "patch" in response:
         assert response["patchType"] == "JSONPatch"

@@ -10,7 +10,7 @@ from google.protobuf import json_format
 from meshpilot.config.errors import ConfigError
 from meshpilot.config.protojson import parse_spec
 from meshpilot.input_limits import InputRejected, load_yaml
-from meshpilot.model.mesh import ProxyConfig
+from meshpilot.model.mesh import ProxyConfig, default_proxy_config
 from meshpilot.webhooks.inject.config import InjectionError
 
 PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
@@ -28,6 +28,9 @@ class Workload:
 
 @dataclass(frozen=True)
 class TemplateContext:
+    """One pod's injection inputs; ``proxy_config`` is its effective proxy config (protojson, every set
+    field: what templates read as ``.ProxyConfig``)."""
+
     pod: dict[str, Any]
     workload: Workload
     proxy_config: dict[str, Any]
@@ -52,12 +55,11 @@ class TemplateContext:
         return str(value)
 
 
-def proxy_config_overlay(pod: dict[str, Any]) -> dict[str, Any]:
-    """The ``proxy.istio.io/config`` annotation (YAML or JSON) as a mapping; meshpilot's mesh defaults
-    add nothing, so PROXY_CONFIG carries exactly this overlay, as istiod's does with a default mesh."""
+def _annotation_proxy_config(pod: dict[str, Any]) -> Any | None:
+    """The ``proxy.istio.io/config`` annotation (YAML or JSON) as a ProxyConfig, None without one."""
     text = ((pod.get("metadata") or {}).get("annotations") or {}).get(PROXY_CONFIG_ANNOTATION)
     if text is None:
-        return {}
+        return None
     try:
         data = load_yaml(str(text), f"annotation {PROXY_CONFIG_ANNOTATION}")
     except InputRejected as err:
@@ -67,11 +69,97 @@ def proxy_config_overlay(pod: dict[str, Any]) -> dict[str, Any]:
         parse_spec(data, message, PROXY_CONFIG_ANNOTATION)
     except ConfigError as err:
         raise InjectionError(f"annotation {err}") from None
-    # Through the proto so PROXY_CONFIG lists fields in the proto's order, as istiod's protoToJSON.
-    out: dict[str, Any] = json_format.MessageToDict(message)
-    if "proxyMetadata" in out:
-        out["proxyMetadata"] = dict(sorted(out["proxyMetadata"].items()))
+    return message
+
+
+# ProxyHeaders fields a layer that sets proxyHeaders but not these keeps from the layer below
+# (istiod's correctProxyHeaders).
+_INHERITED_HEADERS = ("request_id", "server", "attempt_count", "envoy_debug_headers")
+
+
+def _layer(merged: Any, over: Any) -> None:
+    """istiod's MergeProxyConfig of one layer as mergeWithPrecedence feeds it (the layer's protojson, so
+    only its populated fields): each replaces the field below whole, except that proxyMetadata maps
+    are united and proxyHeaders keeps the header settings the layer leaves unset."""
+    below = ProxyConfig()
+    below.CopyFrom(merged)
+    for field, value in over.ListFields():
+        if field.name == "proxy_metadata":
+            merged.proxy_metadata.update(value)
+            continue
+        merged.ClearField(field.name)
+        if field.is_repeated or field.message_type is not None:
+            getattr(merged, field.name).MergeFrom(value)
+        else:
+            setattr(merged, field.name, value)
+    if over.HasField("proxy_headers") and below.HasField("proxy_headers"):
+        headers, previous = merged.proxy_headers, below.proxy_headers
+        if not headers.forwarded_client_cert:
+            headers.forwarded_client_cert = previous.forwarded_client_cert
+        for name in _INHERITED_HEADERS:
+            if not headers.HasField(name) and previous.HasField(name):
+                getattr(headers, name).CopyFrom(getattr(previous, name))
+
+
+def _go_json(message: Any) -> dict[str, Any]:
+    """protomarshal.ToJSON's object: set fields in declaration order (not Python's field-number order),
+    map keys sorted."""
+    data: dict[str, Any] = json_format.MessageToDict(message)
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        key = field.camelcase_name
+        if key not in data:
+            continue
+        value = data[key]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value = dict(sorted(value.items()))
+        elif field.message_type is not None and not field.is_repeated and isinstance(value, dict):
+            value = _go_json(getattr(message, field.name))
+        out[key] = value
     return out
+
+
+def effective_proxy_config(pod: dict[str, Any], mesh: Any | None = None) -> dict[str, Any]:
+    """The pod's proxy config as istiod's webhook computes it (EffectiveProxyConfig): the built-in
+    defaults, then the mesh's ``defaultConfig``, then the ``proxy.istio.io/config`` annotation, each
+    layered as mergeWithPrecedence does; as protojson, every set field included (what templates read
+    as ``.ProxyConfig``). ProxyConfig resources, the layer between mesh and annotation, are a kind
+    meshpilot does not read, so they add nothing here."""
+    merged = ProxyConfig()
+    _layer(merged, default_proxy_config())
+    # Without a mesh (offline kube-inject, tests) the mesh's defaultConfig is the defaults themselves.
+    if mesh is not None:
+        _layer(merged, mesh.default_config)
+    annotation = _annotation_proxy_config(pod)
+    if annotation is not None:
+        _layer(merged, annotation)
+    return _go_json(merged)
+
+
+# The fields istiod's cleanProxyConfig leaves out of PROXY_CONFIG when they equal the defaults.
+_CLEANED = (
+    "configPath",
+    "binaryPath",
+    "controlPlaneAuthPolicy",
+    "serviceCluster",
+    "drainDuration",
+    "terminationDrainDuration",
+    "discoveryAddress",
+    "envoyMetricsService",
+    "envoyAccessLogService",
+    "tracing",
+    "proxyAdminPort",
+    "statNameLength",
+    "statusPort",
+    "concurrency",
+)
+_DEFAULTS = _go_json(default_proxy_config())
+
+
+def clean_proxy_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A proxy config (protojson) without the fields equal to istiod's defaults, as istiod's
+    protoToJSON writes PROXY_CONFIG: a default mesh gives ``{}``."""
+    return {k: v for k, v in data.items() if not (k in _CLEANED and v == _DEFAULTS.get(k))}
 
 
 def pod_workload(pod: dict[str, Any], namespace: str) -> Workload:

@@ -8,7 +8,7 @@ from typing import Any
 
 from meshpilot.input_limits import is_decimal
 from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
-from meshpilot.webhooks.inject.context import TemplateContext, Workload, pod_workload, proxy_config_overlay
+from meshpilot.webhooks.inject.context import TemplateContext, Workload, effective_proxy_config, pod_workload
 from meshpilot.webhooks.inject.decision import STATUS_ANNOTATION, injection_required
 from meshpilot.webhooks.inject.merge import merge
 from meshpilot.webhooks.inject.overrides import adjust_init_user, reapply_user_containers
@@ -24,10 +24,9 @@ from meshpilot.webhooks.inject.template import render_templates
 
 
 def _names(items: list[Any] | None) -> list[str] | None:
-    # Go writes a list the templates never set as null, and one they set empty as [].
-    if items is None:
-        return None
-    return [str(i.get("name")) for i in items if isinstance(i, dict)]
+    # istiod appends names to a nil slice, so no names at all (unset or empty) is written as null.
+    names = [str(i.get("name")) for i in items or [] if isinstance(i, dict)]
+    return names or None
 
 
 def _status(spec: dict[str, Any], revision: str) -> str:
@@ -111,9 +110,14 @@ def _check_shape(pod: dict[str, Any]) -> None:
 
 
 def inject_pod(
-    pod: dict[str, Any], namespace: str, config: InjectConfig, workload: Workload | None = None
+    pod: dict[str, Any],
+    namespace: str,
+    config: InjectConfig,
+    workload: Workload | None = None,
+    mesh: Any | None = None,
 ) -> dict[str, Any] | None:
-    """The injected pod, or None when istiod's policy says this pod gets no sidecar."""
+    """The injected pod, or None when istiod's policy says this pod gets no sidecar. ``mesh`` is the
+    server's MeshConfig (its ``defaultConfig`` reaches the proxy config); None means istiod's defaults."""
     if not isinstance(pod, dict):
         raise InjectionError("the object is not a pod")
     _check_shape(pod)
@@ -126,7 +130,7 @@ def inject_pod(
     ctx = TemplateContext(
         pod=pod,
         workload=workload or pod_workload(pod, namespace),
-        proxy_config=proxy_config_overlay(pod),
+        proxy_config=effective_proxy_config(pod, mesh),
         values=config.values,
         revision=config.revision,
     )

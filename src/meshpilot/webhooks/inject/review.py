@@ -4,6 +4,7 @@ without HTTP: a decoded review in, the review to send back out."""
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,11 +63,11 @@ def create_patch(original: dict[str, Any], injected: dict[str, Any]) -> bytes:
 
 
 def handle_inject(
-    review: Any, config: InjectConfig, metrics: InjectionMetrics | None = None
+    review: Any, config: InjectConfig, metrics: InjectionMetrics | None = None, mesh: Any | None = None
 ) -> dict[str, Any]:
     """A whole AdmissionReview answered as the webhook server answers it (one envelope path:
     ``admission.answer``), for callers holding a decoded review."""
-    handler = InjectionHandler(config, metrics)
+    handler = InjectionHandler(config, metrics, lambda: mesh)
     answered: dict[str, Any] = orjson.loads(answer(orjson.dumps(review), handler))
     return answered
 
@@ -80,8 +81,15 @@ class InjectionHandler:
     is Fail, so the pod is then refused).
     """
 
-    def __init__(self, config: InjectConfig, metrics: InjectionMetrics | None = None) -> None:
+    def __init__(
+        self,
+        config: InjectConfig,
+        metrics: InjectionMetrics | None = None,
+        mesh: Callable[[], Any] | None = None,
+    ) -> None:
         self.config = config
+        # Read per request, so a MeshConfig change reaches the next pod as it does in istiod.
+        self.mesh = mesh or (lambda: None)
         # Without the server's registry (tests, kube-inject), counters go to a registry of their own.
         self.metrics = metrics or InjectionMetrics.create()
 
@@ -103,7 +111,7 @@ class InjectionHandler:
         try:
             if not isinstance(pod, dict):
                 raise InjectionError("request.object is not a pod")
-            injected = inject_pod(pod, str(request.get("namespace") or ""), self.config)
+            injected = inject_pod(pod, str(request.get("namespace") or ""), self.config, mesh=self.mesh())
         except (InjectionError, InputRejected) as err:
             return denied(str(err))
         if injected is None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from meshpilot.input_limits import InputRejected, is_decimal, load_json
 from meshpilot.webhooks.inject.config import InjectionError
-from meshpilot.webhooks.inject.context import TemplateContext
+from meshpilot.webhooks.inject.context import TemplateContext, clean_proxy_config
 from meshpilot.webhooks.inject.gotemplate.encode import proto_json, to_json
 from meshpilot.webhooks.inject.quantity import canonical_quantity
 
@@ -112,12 +112,36 @@ def _resources(ctx: TemplateContext) -> dict[str, Any]:
     return out
 
 
-def image_reference(ctx: TemplateContext, image: str) -> str:
+IMAGE_TYPES = ("distroless", "debug")
+
+
+def image_reference(ctx: TemplateContext, image: str, image_type: str = "") -> str:
+    """The image: the ``sidecar.istio.io/proxyImage`` annotation when it is a reference, else
+    hub/image:tag with the image type (``image_type``, else ``global.variant``, the
+    ``sidecar.istio.io/proxyImageType`` annotation over both) as the tag's suffix, as istiod's
+    ProxyImage; type ``default`` means the plain tag."""
     override = ctx.annotations.get("sidecar.istio.io/proxyImage", image)
     if "/" in override:
         return override
     glob = ctx.values["global"]
-    return f"{glob['hub']}/{image}:{glob['tag']}"
+    tag = str(glob["tag"])
+    kind = ctx.annotations.get(
+        "sidecar.istio.io/proxyImageType", image_type or str(glob.get("variant") or "")
+    )
+    if kind:
+        for known in IMAGE_TYPES:
+            if tag.endswith("-" + known):
+                tag = tag[: -len(known) - 1]
+                break
+        if kind != "default":
+            tag = f"{tag}-{kind}"
+    return f"{glob['hub']}/{image}:{tag}"
+
+
+def proxy_image(ctx: TemplateContext) -> str:
+    """The proxy's image, whose type the effective proxy config's ``image.imageType`` may set."""
+    image_type = str((ctx.proxy_config.get("image") or {}).get("imageType") or "")
+    return image_reference(ctx, ctx.values["global"]["proxy"]["image"], image_type)
 
 
 def app_containers(pod: dict[str, Any]) -> list[str]:
@@ -240,7 +264,7 @@ def _proxy_env(ctx: TemplateContext, mode: str) -> list[dict[str, Any]]:
         _field_env("SERVICE_ACCOUNT", "spec.serviceAccountName"),
         _field_env("HOST_IP", "status.hostIP"),
         _resource_env("ISTIO_CPU_LIMIT", "limits.cpu"),
-        {"name": "PROXY_CONFIG", "value": proto_json(ctx.proxy_config) + "\n"},
+        {"name": "PROXY_CONFIG", "value": proto_json(clean_proxy_config(ctx.proxy_config)) + "\n"},
         {"name": "ISTIO_META_POD_PORTS", "value": _pod_ports(ctx.pod)},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(app_containers(ctx.pod))},
         _resource_env("GOMEMLIMIT", "limits.memory"),
@@ -293,7 +317,7 @@ def _proxy_container(ctx: TemplateContext, mode: str) -> dict[str, Any]:
     ann = ctx.annotation
     container: dict[str, Any] = {
         "name": PROXY_NAME,
-        "image": image_reference(ctx, proxy["image"]),
+        "image": proxy_image(ctx),
         "ports": [{"containerPort": 15090, "protocol": "TCP", "name": "http-envoy-prom"}],
         "args": [
             "proxy",

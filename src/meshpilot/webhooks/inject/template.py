@@ -24,7 +24,12 @@ from meshpilot.webhooks.inject.config import InjectConfig, InjectionError
 from meshpilot.webhooks.inject.context import TemplateContext
 from meshpilot.webhooks.inject.gotemplate import Template, TemplateError
 from meshpilot.webhooks.inject.gotemplate.sprig import FUNCS as SPRIG_FUNCS
-from meshpilot.webhooks.inject.sidecar_template import image_reference, render_sidecar, validate_annotations
+from meshpilot.webhooks.inject.sidecar_template import (
+    image_reference,
+    proxy_image,
+    render_sidecar,
+    validate_annotations,
+)
 from meshpilot.webhooks.inject.template_data import template_data
 from meshpilot.webhooks.inject.template_funcs import injection_funcs
 
@@ -64,9 +69,8 @@ def check_templates(config: InjectConfig) -> InjectConfig:
 def render_text(name: str, text: str, ctx: TemplateContext) -> str:
     """The template's output for this pod."""
     template = parse_template(name, text)
-    proxy = ctx.values["global"]["proxy"]
     proxy_init = ctx.values["global"]["proxy_init"]
-    data = template_data(ctx, image_reference(ctx, proxy["image"]), image_reference(ctx, proxy_init["image"]))
+    data = template_data(ctx, proxy_image(ctx), image_reference(ctx, proxy_init["image"]))
     try:
         return template.execute(data)
     except TemplateError as err:

@@ -52,6 +52,7 @@ _MESSAGES = frozenset(
      "meshMTLS", "outboundTrafficPolicy", "inboundTrafficPolicy", "localityLbSetting", "drainDuration",
      "terminationDrainDuration", "privateKeyProvider", "readinessProbe", "image"}
 )  # fmt: skip
+PROXY_CONFIG_TYPE = "v1alpha1.ProxyConfig"
 # istiod's mesh defaults (mesh.DefaultMeshConfig) for the fields templates read.
 MESH_DEFAULTS: dict[str, Any] = {
     "proxyListenPort": 15001,
@@ -228,7 +229,7 @@ def template_data(ctx: TemplateContext, proxy_image: str, proxy_init_image: str)
             ),
             "ObjectMeta": KubeObject(metadata, "v1.ObjectMeta"),
             "Spec": KubeObject(ctx.pod.get("spec") or {}, "v1.PodSpec"),
-            "ProxyConfig": ProtoMessage(ctx.proxy_config, "v1alpha1.ProxyConfig"),
+            "ProxyConfig": ProtoMessage(ctx.proxy_config, PROXY_CONFIG_TYPE),
             "MeshConfig": ProtoMessage(mesh, "v1alpha1.MeshConfig"),
             "Values": ctx.values,
             "Revision": ctx.revision,

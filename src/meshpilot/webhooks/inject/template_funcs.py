@@ -9,11 +9,13 @@ from typing import Any
 
 from meshpilot.config.validation.formatting import go_duration
 from meshpilot.input_limits import load_json
+from meshpilot.webhooks.inject.context import clean_proxy_config
 from meshpilot.webhooks.inject.gotemplate import GoStruct, StrMap
 from meshpilot.webhooks.inject.gotemplate.convert import strval, to_int
 from meshpilot.webhooks.inject.gotemplate.encode import proto_json, to_json, to_yaml
 from meshpilot.webhooks.inject.gotemplate.values import sprint
 from meshpilot.webhooks.inject.sidecar_template import PROXY_NAME, exclude_inbound_ports
+from meshpilot.webhooks.inject.template_data import PROXY_CONFIG_TYPE
 
 
 def _field(obj: Any, go_name: str, json_name: str) -> Any:
@@ -98,10 +100,14 @@ def _struct_to_json(value: Any) -> str:
 
 
 def _proto_to_json(value: Any) -> str:
-    """protomarshal.ToJSON of the message's set fields (the view holds exactly those, in proto order)."""
+    """protomarshal.ToJSON of the message's set fields (the view holds exactly those, in proto order);
+    a ProxyConfig loses its default-valued fields first, as istiod's protoToJSON cleans it."""
     if value is None or (isinstance(value, GoStruct) and not value):
         return "{}"
-    return proto_json(value.to_plain() if isinstance(value, GoStruct) else value)
+    plain = value.to_plain() if isinstance(value, GoStruct) else value
+    if isinstance(value, GoStruct) and value.go_type() == "*" + PROXY_CONFIG_TYPE:
+        plain = clean_proxy_config(dict(plain))
+    return proto_json(plain)
 
 
 def _istio_indent(spaces: Any, source: Any) -> str:
