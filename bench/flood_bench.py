@@ -31,7 +31,8 @@ RESULTS = Path(__file__).parent / "results" / "ads-flood.json"
 def _three_services() -> list[dict[str, Any]]:
     """productpage, reviews and ratings in ``default``, one endpoint each (the fuzz tests' mesh)."""
     objects: list[dict[str, Any]] = []
-    for i, (name, ip) in enumerate((("productpage", "127.0.0.11"), ("reviews", "127.0.0.21"), ("ratings", "127.0.0.31"))):
+    apps = (("productpage", "127.0.0.11"), ("reviews", "127.0.0.21"), ("ratings", "127.0.0.31"))
+    for i, (name, ip) in enumerate(apps):
         objects.append(
             {
                 "apiVersion": "v1",
@@ -117,7 +118,9 @@ def run(rounds: int, per_round: int) -> dict[str, Any]:
                     {
                         "messages": messages,
                         "rss_mib": round(server.memory()["rss_mib"], 1),
-                        "log_bytes_per_message": round((server.log.stat().st_size - log_before) / result.messages, 1),
+                        "log_bytes_per_message": round(
+                            (server.log.stat().st_size - log_before) / result.messages, 1
+                        ),
                         "series": _series(server),
                     }
                 )
