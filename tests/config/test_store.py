@@ -51,3 +51,20 @@ def test_snapshots_are_immutable_and_lists_are_ordered_oldest_first() -> None:
     assert again[Kind.VIRTUAL_SERVICE] is store.snapshot()[Kind.VIRTUAL_SERVICE], (
         "unchanged kinds are not copied"
     )
+
+
+def test_every_batch_end_handler_runs_even_if_one_fails() -> None:
+    store = ConfigStore()
+    ran: list[str] = []
+
+    def failing() -> None:
+        ran.append("failing")
+        raise RuntimeError("broken handler")
+
+    store.add_batch_end_handler(failing)
+    store.add_batch_end_handler(lambda: ran.append("second"))
+    with store.batch():
+        with store.batch():
+            pass
+        assert ran == []  # only the outermost batch's end runs them
+    assert ran == ["failing", "second"]

@@ -86,3 +86,25 @@ async def test_a_cycle_left_by_ended_streams_is_freed() -> None:
         assert alive() is None
     finally:
         gc.enable()
+
+
+def test_ends_while_a_collection_is_queued_queue_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streams that end before the queued collection runs wait for it: a reconnect storm queues one
+    collection, not one per end past the threshold (which would run them back to back)."""
+
+    class Loop:
+        def __init__(self) -> None:
+            self.queued: list[object] = []
+
+        def call_soon(self, callback: object) -> None:
+            self.queued.append(callback)
+
+        def call_later(self, delay: float, callback: object) -> object:
+            return None
+
+    loop = Loop()
+    monkeypatch.setattr(gc_tuning.asyncio, "get_running_loop", lambda: loop)
+    ended = gc_tuning.EndedStreams(every=10, min_interval=0.0)
+    for _ in range(50):
+        ended.ended()
+    assert len(loop.queued) == 1

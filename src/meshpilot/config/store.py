@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,6 +11,8 @@ from types import MappingProxyType
 
 from meshpilot.model.config import Config, ConfigKey
 from meshpilot.model.kind import Kind
+
+log = logging.getLogger(__name__)
 
 
 class EventType(enum.Enum):
@@ -78,7 +81,11 @@ class ConfigStore:
             self._batch_depth -= 1
             if self._batch_depth == 0:
                 for handler in self._batch_end_handlers:
-                    handler()
+                    # Each handler runs whatever another does, and none hides the batch's own error.
+                    try:
+                        handler()
+                    except Exception:
+                        log.exception("applying the end of a config batch failed (%s)", handler)
 
     def get(self, kind: Kind, name: str, namespace: str) -> Config | None:
         return self._by_kind.get(kind, {}).get((namespace, name))

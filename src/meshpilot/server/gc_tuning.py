@@ -71,17 +71,23 @@ class EndedStreams:
         self._ended = 0
         self._last = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        #: A collection is queued with call_soon: the ends until it runs wait for it.
+        self._scheduled = False
         self.collections = 0
 
     def ended(self) -> None:
         self._ended += 1
+        if self._scheduled:
+            return
         if self._ended >= self.every and time.monotonic() - self._last >= self.min_interval:
             # Not from inside the stream's own exception handling, whose traceback is still alive.
+            self._scheduled = True
             asyncio.get_running_loop().call_soon(self._collect)
         elif self._ended >= self.every // 10 and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.min_interval, self._collect)
 
     def _collect(self) -> None:
+        self._scheduled = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

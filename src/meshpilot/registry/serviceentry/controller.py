@@ -149,8 +149,9 @@ class ServiceEntryRegistry:
 
     def _end_batch(self) -> None:
         if self._pending:
-            pending, self._pending = self._pending, set()
-            self._refresh(pending)
+            # Forgotten only once refreshed: if the refresh fails, the next batch's end tries again.
+            self._refresh(self._pending)
+            self._pending = set()
 
     def _on_pod(self, old: KubePod | None, new: KubePod | None) -> None:
         pods = [p for p in (old, new) if p is not None]
