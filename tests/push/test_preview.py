@@ -22,8 +22,9 @@ from support.golden import agent_metadata
 from support.kube import write
 from support.xds_server import running, settings_for
 
-from meshpilot.push.preview import MAX_BODY_BYTES, copy_index, preview
+from meshpilot.push.preview import MAX_BODY_BYTES, preview
 from meshpilot.push.preview_change import ChangeReader
+from meshpilot.push.preview_scratch import copy_index
 from meshpilot.server.app import DiscoveryApp
 
 CASE = Path(__file__).parents[1] / "golden" / "cases" / "http-routing"

@@ -18,8 +18,9 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from meshpilot.push.preview import MAX_BODY_BYTES, PreviewSources, preview
+from meshpilot.push.preview import MAX_BODY_BYTES, preview
 from meshpilot.push.preview_change import ChangeReader, PreviewError
+from meshpilot.push.preview_scratch import PreviewSources
 from meshpilot.server.debug_access import SCOPE
 
 PATH = "/debug/preview"

@@ -49,8 +49,8 @@ from meshpilot.networking.telemetry_problems import TELEMETRY_PROBLEMS
 from meshpilot.push.debounce import DebounceOptions
 from meshpilot.push.environment import MeshEnvironment
 from meshpilot.push.jwks_resolver import JwksResolver
-from meshpilot.push.preview import PreviewSources
 from meshpilot.push.preview_page import preview_route
+from meshpilot.push.preview_scratch import PreviewSources
 from meshpilot.registry.aggregate import AggregateRegistry
 from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
