@@ -22,9 +22,9 @@ does not concern it is reported apart (``unscoped``): the push would not send it
 
 The work runs on the server's event loop in slices (``preview_scratch.SLICE_SECONDS``): it may
 yield between any two generations, so a preview over thousands of proxies delays other work by one
-slice at a time, not by its whole duration. Everything it reads of the live server (config snapshot, services, endpoint
-index, proxies and their watches) is taken before its first yield, so what it computes is
-consistent even when a push happens meanwhile.
+slice at a time, not by its whole duration. Everything it reads of the live server (config
+snapshot, services, endpoint index, proxies and their watches) is taken before its first yield, so
+what it computes is consistent even when a push happens meanwhile.
 """
 
 from __future__ import annotations
