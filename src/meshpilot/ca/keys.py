@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,3 +216,23 @@ def _public_bytes(key: Any) -> bytes:
     info = serialization.PublicFormat.SubjectPublicKeyInfo
     data: bytes = key.public_bytes(serialization.Encoding.DER, info)
     return data
+
+
+def plugged_files(
+    signer: SigningKey, chain: Sequence[x509.Certificate], roots: Sequence[x509.Certificate]
+) -> dict[str, bytes]:
+    """A CA as the files of a plugged-in one, which ``load_plugged_files`` reads back (a push worker
+    gets the main process's CA this way)."""
+
+    def pem(certificates: Sequence[x509.Certificate]) -> bytes:
+        return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates)
+
+    key_pem = signer.key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return {
+        CA_CERT: pem([signer.certificate]),
+        CA_KEY: key_pem,
+        CERT_CHAIN: pem([signer.certificate, *chain]),
+        ROOT_CERT: pem(roots),
+    }

@@ -38,6 +38,19 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _push_workers(text: str) -> int:
+    """A worker count; 0 is one per usable core, capped (``pool.supervisor.default_workers``)."""
+    from meshpilot.pool.supervisor import default_workers
+
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid worker count {text!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"invalid worker count {text!r}: 0 or more")
+    return count or default_workers()
+
+
 def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "discovery",
@@ -179,6 +192,13 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default=int(env_default("PILOT_PUSH_THROTTLE", "0")),
         help="concurrent pushes; 0 means min(15+5*CPUs, 100) (default $PILOT_PUSH_THROTTLE or 0)",
     )
+    p.add_argument(
+        "--push-workers",
+        type=_push_workers,
+        default=_push_workers(env_default("MESHPILOT_PUSH_WORKERS", "1")),
+        help="processes serving xDS, sharing its ports; 0 means one per usable core (at most "
+        "8); 1 serves everything from one process (default $MESHPILOT_PUSH_WORKERS or 1)",
+    )
     cache_default = env_default("PILOT_XDS_CACHE_SIZE", "60000")
     if env_default("PILOT_ENABLE_XDS_CACHE", "true").lower() == "false":
         cache_default = "0"
@@ -256,6 +276,7 @@ def _run_discovery(args: argparse.Namespace) -> int:
         debounce_after=args.debounce_after,
         debounce_max=args.debounce_max,
         push_throttle=args.push_throttle,
+        push_workers=args.push_workers,
         xds_cache_size=args.xds_cache_size,
         max_requests_per_second=args.max_requests_per_second,
         debug_endpoint_auth=args.debug_endpoint_auth,

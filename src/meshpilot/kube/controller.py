@@ -99,6 +99,7 @@ class KubeController:
         attach: Callable[[KubeRegistry], None],
         detach: Callable[[KubeRegistry], None],
         mesh: Any = None,
+        remote_sink: Callable[[KubeRegistry], ObjectSink] | None = None,
     ) -> None:
         self.api = api
         self.options = options
@@ -122,6 +123,7 @@ class KubeController:
             metrics=metrics,
             selectors=self._selectors,
             watch_timeout=options.watch_timeout,
+            sink=remote_sink,
         )
         self.elector = LeaderElector(
             api,

@@ -27,6 +27,7 @@ from kubernetes import client as kclient
 
 from meshpilot.config.decode import Decoded
 from meshpilot.config.errors import ConfigError
+from meshpilot.config.file_source import ObjectSink
 from meshpilot.kube.client import KubeError, client_from_kubeconfig_text
 from meshpilot.kube.informer import Change
 from meshpilot.kube.metrics import KubeMetrics
@@ -86,8 +87,12 @@ class RemoteClusters:
         metrics: KubeMetrics | None = None,
         selectors: Callable[[], list[dict[str, Any]]] = list,
         watch_timeout: tuple[int, int] | None = None,
+        sink: Callable[[KubeRegistry], ObjectSink] | None = None,
     ) -> None:
+        """``sink``: what a remote cluster's source writes to, given its registry (the registry
+        itself by default; the main process of a push-worker pool also records the changes)."""
         self._local = local_cluster
+        self._sink = sink or registry_sink
         self._make_registry = make_registry
         self._attach = attach
         self._detach = detach
@@ -151,7 +156,7 @@ class RemoteClusters:
         registry = self._make_registry(cluster_id)
         source = KubeSource(
             api,
-            _RegistrySink(registry),
+            self._sink(registry),
             kinds=REGISTRY_KINDS,
             cluster=cluster_id,
             metrics=self._metrics,
@@ -172,6 +177,10 @@ class RemoteClusters:
         self._detach(cluster.registry)
         cluster.api.close()  # type: ignore[no-untyped-call]
         log.info("multicluster: removed cluster %s", cluster_id)
+
+
+def registry_sink(registry: KubeRegistry) -> ObjectSink:
+    return _RegistrySink(registry)
 
 
 class _RegistrySink:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import signal
 from collections import Counter
@@ -24,13 +25,14 @@ from meshpilot import __version__
 from meshpilot.config.core_objects import KubeSecret
 from meshpilot.config.decode import Decoded
 from meshpilot.config.errors import ConfigError
-from meshpilot.config.file_source import FileSource
+from meshpilot.config.file_source import FileSource, ObjectSink
 from meshpilot.config.store import ConfigEvent, ConfigStore
 from meshpilot.config.unapplied import UnappliedConfig
 from meshpilot.kube.client import KubeError, client_from_kubeconfig
 from meshpilot.kube.controller import KubeController, KubeOptions
 from meshpilot.kube.leader import LeaseTimings
 from meshpilot.kube.metrics import KubeMetrics
+from meshpilot.kube.multicluster import registry_sink
 from meshpilot.kube.namespaces import selectors_of
 from meshpilot.kube.root_cert import RootCertPublisher
 from meshpilot.kube.secret_access import KubeSecretAccess, NamespaceAccess, subject_access_review
@@ -46,6 +48,9 @@ from meshpilot.networking.envoyfilter.patches import unapplied as envoy_filter_u
 from meshpilot.networking.envoyfilter.problems import PATCH_PROBLEMS
 from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.networking.telemetry_problems import TELEMETRY_PROBLEMS
+from meshpilot.pool.change_log import ChangeLog, LoggedSink
+from meshpilot.pool.ops import Attach, Authority, Detach, Mesh, Push, Start
+from meshpilot.pool.supervisor import PushWorkerPool
 from meshpilot.push.debounce import DebounceOptions
 from meshpilot.push.environment import MeshEnvironment
 from meshpilot.push.jwks_resolver import JwksResolver
@@ -135,11 +140,32 @@ def load_mesh_config(settings: DiscoverySettings) -> Any:
         raise ConfigError(f"mesh config {settings.mesh_config}: {err}") from None
 
 
-class DiscoveryApp:
-    """A running meshpilot discovery server."""
+class Role(enum.Enum):
+    """What a process of ``meshpilot discovery`` does."""
 
-    def __init__(self, settings: DiscoverySettings, *, after_load: Callable[[], None] | None = None) -> None:
+    #: Everything, in one process (``--push-workers 1``).
+    SINGLE = "single"
+    #: The sources, the registries' debounce, the CA's loading, webhooks, HTTP and monitoring; the
+    #: push workers serve xDS (``pool``).
+    MAIN = "main"
+    #: xDS and CreateCertificate on the shared ports, from a replica the main process keeps current.
+    WORKER = "worker"
+
+
+class DiscoveryApp:
+    """A running meshpilot discovery server (or one process of it: ``Role``)."""
+
+    def __init__(
+        self,
+        settings: DiscoverySettings,
+        *,
+        after_load: Callable[[], None] | None = None,
+        role: Role | None = None,
+    ) -> None:
         self.settings = settings
+        self.role = role or (Role.MAIN if settings.push_workers > 1 else Role.SINGLE)
+        #: The main process's record of every change, which its push workers apply (MAIN only).
+        self.changes = ChangeLog() if self.role is Role.MAIN else None
         #: Called once the config sources were read, before serving (the process freezes the GC here).
         self._after_load = after_load
         self.metrics = Metrics()
@@ -191,6 +217,8 @@ class DiscoveryApp:
                 SecretGenerator(self.credentials, self.secret_access, sds_errors.inc)
             ),
         )
+        if self.changes is not None:
+            self.changes.record(Mesh(mesh))
         #: Fetches the keys of RequestAuthentication jwksUris; new keys push the policies using them.
         self.jwks = JwksResolver(self._jwks_changed)
         self.env.jwks = self.jwks
@@ -198,7 +226,7 @@ class DiscoveryApp:
         PATCH_PROBLEMS.register(self.metrics.registry)
         TELEMETRY_PROBLEMS.register(self.metrics.registry)
         trust_domain = mesh.trust_domain
-        self.kube = self._make_registry(settings.cluster_id)
+        self.kube = self.make_registry(settings.cluster_id)
         self.service_entries = ServiceEntryRegistry(
             self.store,
             self.server,
@@ -215,13 +243,12 @@ class DiscoveryApp:
         )
         self.store.add_handler(unapplied.on_event)
         self.sources: list[FileSource] = []
-        if settings.config_dir is not None:
-            self.sources.append(
-                FileSource(settings.config_dir, ObjectRouter(self.store, self.kube, self.credentials))
-            )
         self.kube_controller: KubeController | None = None
-        if kube_api is not None:
-            self.kube_controller = self._kube_controller(settings, kube_api)
+        if self.role is not Role.WORKER:
+            if settings.config_dir is not None:
+                self.sources.append(FileSource(settings.config_dir, self._router()))
+            if kube_api is not None:
+                self.kube_controller = self._kube_controller(settings, kube_api)
         self.identity: IdentityPlane | None = None
         if settings.secure_grpc_addr is not None or settings.secure_grpc_client_cert_addr is not None:
             self.identity = IdentityPlane(
@@ -229,9 +256,10 @@ class DiscoveryApp:
             )
             self.server.authenticators = self.identity.authenticators
             self.server.trust_domains = self._trust_domains
-            if kube_api is None:
+            if kube_api is None and self.role is not Role.WORKER:
                 # Files only: a bad CA stops the start at once. On Kubernetes the CA waits for the
-                # API server in the background (see _run_identity), as the informers do.
+                # API server in the background (see _run_identity), as the informers do. A push
+                # worker is given the main process's.
                 self.identity.load()
         self._kube_api = kube_api
         self.root_certs: RootCertPublisher | None = None
@@ -259,7 +287,7 @@ class DiscoveryApp:
         self.secure_server: grpc.aio.Server | None = None
         self.webhooks: WebhookServer | None = None
         self.inject_source: InjectConfigSource | None = None
-        if settings.webhook_addr is not None:
+        if settings.webhook_addr is not None and self.role is not Role.WORKER:
             self.webhooks = WebhookServer(
                 settings.webhook_addr,
                 self.metrics,
@@ -273,12 +301,34 @@ class DiscoveryApp:
                 inject_config = InjectConfigSource.load(settings.inject_config)
             except InjectionError as err:
                 raise ConfigError(f"--inject-config {settings.inject_config}: {err}") from None
-            # The mesh is read per pod, so _on_mesh's new MeshConfig (defaultConfig) reaches the next one.
+            # The mesh is read per pod, so on_mesh's new MeshConfig (defaultConfig) reaches the next one.
             handler = InjectionHandler(
                 inject_config, InjectionMetrics.create(self.metrics.registry), lambda: self.env.mesh
             )
             self.webhooks.add_review_handler("/inject", handler)
             self.inject_source = InjectConfigSource(handler, settings.inject_config)
+        #: The push workers (MAIN only; started by run()).
+        self.pool: PushWorkerPool | None = None
+        if self.changes is not None:
+            self.pool = PushWorkerPool(settings, self.changes, self.metrics.registry)
+            self.server.add_push_listener(self._record_push)
+
+    def _router(self) -> ObjectSink:
+        """Where the local sources write: the store, the credentials and the local registry; in the
+        main process of a pool, also the change log."""
+        router = ObjectRouter(self.store, self.kube, self.credentials)
+        return router if self.changes is None else LoggedSink(router, self.changes)
+
+    def _record_push(self, request: PushRequest) -> None:
+        assert self.changes is not None and self.pool is not None
+        seq = self.changes.push_seq + 1
+        self.changes.record(Push.of(seq, request))
+        self.pool.note_push(seq)
+
+    @property
+    def ready(self) -> bool:
+        """Every port serves (with a pool: every push worker has served once)."""
+        return self.server.ready and (self.pool is None or self.pool.ready)
 
     def _debug_access(self) -> Middleware:
         """Who may read /debug on the HTTP and monitoring ports: token authentication, then the
@@ -309,7 +359,7 @@ class DiscoveryApp:
         """A service account's access to its namespace's Secrets became known or changed."""
         self._secret_changed(ConfigKey(Kind.SECRET, "", namespace))
 
-    def _make_registry(self, cluster_id: str) -> KubeRegistry:
+    def make_registry(self, cluster_id: str) -> KubeRegistry:
         """The Kubernetes registry of one cluster (the local one, or a remote one from a Secret)."""
         return KubeRegistry(
             self.server,
@@ -319,9 +369,10 @@ class DiscoveryApp:
         )
 
     def _kube_controller(self, settings: DiscoverySettings, api: Any) -> KubeController:
+        changes = self.changes
         return KubeController(
             api,
-            ObjectRouter(self.store, self.kube, self.credentials),
+            self._router(),
             options=KubeOptions(
                 istio_namespace=settings.istio_namespace,
                 cluster_id=settings.cluster_id,
@@ -331,12 +382,27 @@ class DiscoveryApp:
                 remote_cluster_timeout=settings.remote_cluster_timeout,
             ),
             metrics=KubeMetrics.create(self.metrics.registry),
-            on_mesh=self._on_mesh,
-            make_registry=self._make_registry,
-            attach=self.registry.workloads.append,
-            detach=self.registry.workloads.remove,
+            on_mesh=self.on_mesh,
+            make_registry=self.make_registry,
+            attach=self._attach,
+            detach=self._detach,
             mesh=self.env.mesh if settings.mesh_config is not None else None,
+            remote_sink=(
+                None
+                if changes is None
+                else lambda registry: LoggedSink(registry_sink(registry), changes, registry.cluster_id)
+            ),
         )
+
+    def _attach(self, registry: KubeRegistry) -> None:
+        self.registry.workloads.append(registry)
+        if self.changes is not None:
+            self.changes.record(Attach(registry.cluster_id))
+
+    def _detach(self, registry: KubeRegistry) -> None:
+        self.registry.workloads.remove(registry)
+        if self.changes is not None:
+            self.changes.record(Detach(registry.cluster_id))
 
     def _rejection_count(self) -> float:
         count = sum(len(source.rejections) for source in self.sources)
@@ -348,9 +414,11 @@ class DiscoveryApp:
         mesh = self.env.mesh
         return (mesh.trust_domain, *mesh.trust_domain_aliases)
 
-    def _on_mesh(self, mesh: Any) -> None:
+    def on_mesh(self, mesh: Any) -> None:
         """A new MeshConfig (from the ConfigMap): everything may change, so every proxy gets a full push."""
         self.env.mesh = mesh
+        if self.changes is not None:
+            self.changes.record(Mesh(mesh))
         if self.root_certs is not None:
             self.root_certs.set_discovery_selectors(selectors_of(mesh))
         if self.server.ready:
@@ -383,21 +451,40 @@ class DiscoveryApp:
             if not self.identity.loaded and not await self.identity.load_until_ready(self._stop):
                 return
             await self._serve_identity(self.identity)
+            if self.changes is not None:
+                self.changes.record(Authority(self.identity.files()))
         if self._after_load is not None:
             self._after_load()
         self.server.start_serving()
+        if self.changes is not None:
+            push = self.server.push_context
+            assert push is not None
+            self.changes.record(Start(push.version, self.changes.push_seq))
 
     def stop(self) -> None:
         self._stop.set()
 
-    async def run(self) -> None:
-        settings = self.settings
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set by ``stop``."""
+        return self._stop
+
+    def xds_server(self) -> grpc.aio.Server:
+        """The plaintext xDS port's server, not started. Bound with SO_REUSEPORT (gRPC's default on
+        Linux), which is what lets push workers share the port."""
         server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers([self.server.grpc_handler()])
-        bound = server.add_insecure_port(settings.grpc_addr.grpc_target)
+        bound = server.add_insecure_port(self.settings.grpc_addr.grpc_target)
         if bound == 0:
-            raise OSError(f"cannot listen on {settings.grpc_addr} for xDS")
+            raise OSError(f"cannot listen on {self.settings.grpc_addr} for xDS")
         self.grpc_server = server
+        return server
+
+    async def run(self) -> None:
+        assert self.role is not Role.WORKER, "a push worker runs pool.worker_main"
+        settings = self.settings
+        # With push workers the xDS ports are theirs: the kernel spreads new connections over them.
+        server = self.xds_server() if self.pool is None else None
         runners = []
         tasks: list[asyncio.Task[Any]] = []
         # The HTTP port (/ready, debug) on its own thread: probes must not queue behind pushes.
@@ -406,7 +493,7 @@ class DiscoveryApp:
         heartbeat.start()
         http = ThreadedSite(
             http_app(
-                lambda: self.server.ready and heartbeat.moving(),
+                lambda: self.ready and heartbeat.moving(),
                 self.debug if settings.debug_on_http else None,
                 on_loop(asyncio.get_running_loop()),
                 self._debug_access(),
@@ -423,7 +510,11 @@ class DiscoveryApp:
             runners.append(await start_site(monitoring, settings.monitoring_addr))
             if self.webhooks is not None and not self.webhooks.serves_mesh_certificate:
                 await self.webhooks.start()
-            await server.start()
+            if server is not None:
+                await server.start()
+            if self.pool is not None:
+                # Started before the sources load: the workers import meanwhile and follow the log.
+                self.pool.start()
             log.info(
                 "meshpilot %s serving: xDS on %s, HTTP on %s, monitoring on %s; webhooks on %s",
                 __version__,
@@ -436,6 +527,8 @@ class DiscoveryApp:
             if not await self._load_unless_stopped():
                 return
             tasks.append(asyncio.create_task(self.server.run(), name="push"))
+            if self.pool is not None:
+                tasks.append(asyncio.create_task(self.pool.watch(), name="push workers"))
             if self.identity is not None:
                 tasks.append(asyncio.create_task(self.identity.run(self._stop), name="serving certificate"))
             tasks.append(asyncio.create_task(self.jwks.run(), name="jwks"))
@@ -453,7 +546,10 @@ class DiscoveryApp:
         finally:
             if self.secure_server is not None:
                 await self.secure_server.stop(settings.shutdown_grace)
-            await server.stop(settings.shutdown_grace)
+            if server is not None:
+                await server.stop(settings.shutdown_grace)
+            if self.pool is not None:
+                await self.pool.stop(settings.shutdown_grace)
             await http.stop()
             for runner in runners:
                 await runner.cleanup()
@@ -479,6 +575,13 @@ class DiscoveryApp:
         if self.webhooks is not None and self.webhooks.serves_mesh_certificate:
             self.webhooks.serving = identity.serving
             await self.webhooks.start()
+        if self.pool is None:
+            await self.serve_secure(identity)
+        if self.role is not Role.WORKER:
+            self._start_publishing_root()
+
+    async def serve_secure(self, identity: IdentityPlane) -> None:
+        """The secure ports (ADS and CreateCertificate), with the CA ``identity`` has."""
         # The secure ports have a server of their own: the CA must not answer on the plaintext port.
         secure = grpc.aio.server(options=GRPC_OPTIONS)
         secure.add_generic_rpc_handlers([self.server.grpc_handler(secure=True)])
@@ -486,7 +589,6 @@ class DiscoveryApp:
         await secure.start()
         self.secure_server = secure
         log.info("secure xDS and the CA serving on %s", ", ".join(bound))
-        self._start_publishing_root()
 
     def _start_publishing_root(self) -> None:
         """On Kubernetes: the root as the ``istio-ca-root-cert`` ConfigMap of every watched namespace,

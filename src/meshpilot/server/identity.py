@@ -20,6 +20,7 @@ from meshpilot.ca.authenticate import (
     kubernetes_token_reviewer,
 )
 from meshpilot.ca.authority import CertificateAuthority, IPAddress
+from meshpilot.ca.keys import load_plugged_files, plugged_files
 from meshpilot.ca.mesh_ca import load_authority
 from meshpilot.ca.service import CaMetrics, CertificateService
 from meshpilot.ca.serving import ServingCertificate, istiod_dns_names
@@ -66,6 +67,12 @@ class IdentityPlane:
         authority, source = load_authority(
             settings.ca, self._trust_domain(), kube=self._kube_api, namespace=settings.istio_namespace
         )
+        self.use(authority)
+        log.info("mesh CA: %s", source)
+
+    def use(self, authority: CertificateAuthority) -> None:
+        """Serve with ``authority``, loaded elsewhere (a push worker's is the main process's)."""
+        settings = self.settings
         addresses = [settings.secure_grpc_addr, settings.secure_grpc_client_cert_addr, settings.webhook_addr]
         self._serving = ServingCertificate(
             authority,
@@ -74,7 +81,6 @@ class IdentityPlane:
         )
         self._ca_service = CertificateService(authority, self.authenticators, CaMetrics(self._registry))
         self._authority = authority
-        log.info("mesh CA: %s", source)
 
     async def load_until_ready(self, stop: asyncio.Event) -> bool:
         """``load``, off the event loop, again and again while the API server cannot be reached (at most
@@ -107,6 +113,16 @@ class IdentityPlane:
     def serving(self) -> ServingCertificate:
         assert self._serving is not None, "the CA is not loaded yet"
         return self._serving
+
+    def files(self) -> dict[str, bytes]:
+        """The CA as a plugged-in CA's files (what a push worker is given)."""
+        authority = self.authority
+        return plugged_files(authority.signer, authority.chain, authority.roots)
+
+    @staticmethod
+    def authority_from(files: dict[str, bytes]) -> CertificateAuthority:
+        signer, chain, roots = load_plugged_files(files, "the main process's CA")
+        return CertificateAuthority(signer, chain, roots)
 
     @property
     def root_pem(self) -> bytes:

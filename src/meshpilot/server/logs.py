@@ -288,7 +288,16 @@ def configure(level: str | LogOptions = "info") -> list[str]:
         logging.getLogger(prefix).setLevel(LEVELS[levels[scope]])
     # aiohttp's access log is chatty at info.
     logging.getLogger("aiohttp.access").setLevel(max(logging.WARNING, root.level))
+    _configured[0] = options
     return options.unknown_scopes()
+
+
+#: What ``configure`` was given last (a push worker process sets up its logging the same way).
+_configured: list[LogOptions] = [LogOptions()]
+
+
+def configured() -> LogOptions:
+    return _configured[0]
 
 
 def _levels_arg(text: str) -> dict[str, str]:

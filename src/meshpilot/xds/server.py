@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -127,6 +127,16 @@ class DiscoveryServer:
         #: The trust domains whose identities may ask for config on the secure port (MeshConfig's
         #: trustDomain and aliases, read per stream: the mesh may change).
         self.trust_domains: Callable[[], Collection[str]] = lambda: ("cluster.local",)
+        #: In a push worker: while the main process's changes are applied, the model's updates are
+        #: not debounced here (the main process debounces them and sends the push; ``pool.replica``).
+        self.muted = False
+        #: In a push worker: waited on before a new stream is served, so that a proxy that moves to
+        #: this worker never gets an older state than the one it left (``pool.replica``).
+        self.admission_gate: Callable[[], Awaitable[None]] | None = None
+        #: A push worker: full pushes of its own (a JWKS fetched here) extend the version of the main
+        #: process's last one instead of counting on their own.
+        self.follower = False
+        self._local_pushes = itertools.count(1)
 
     # -- what streams read (xds.host.StreamHost) ---------------------------------------
 
@@ -156,19 +166,26 @@ class DiscoveryServer:
     def ready(self) -> bool:
         return self.push_context is not None
 
-    def start_serving(self) -> None:
-        """Build the first snapshot; streams are accepted from now on.
+    def start_serving(self, version: str | None = None) -> None:
+        """Build the first snapshot; streams are accepted from now on. ``version``: the snapshot's
+        version when another process chose it (a push worker starts at the main process's).
 
         Changes reported while the sources loaded are all in this snapshot, so
         they are dropped instead of causing a push nobody needs.
         """
         while not self._events.empty():
             self._events.get_nowait()
-        self._rebuild_push_context()
+        self._rebuild_push_context(version)
+
+    def _queue_event(self, request: PushRequest) -> None:
+        if not self.muted:
+            self._events.put_nowait(request)
 
     # -- XdsUpdater -------------------------------------------------------------
 
     def config_update(self, request: PushRequest) -> None:
+        if self.muted:
+            return
         for reason in request.reasons:
             if reason is TriggerReason.CONFIG:
                 self.metrics.inbound_updates.labels(type="config").inc()
@@ -177,7 +194,8 @@ class DiscoveryServer:
     def eds_update(
         self, shard: ShardKey, hostname: str, namespace: str, endpoints: Sequence[Endpoint]
     ) -> None:
-        self.metrics.inbound_updates.labels(type="eds").inc()
+        if not self.muted:
+            self.metrics.inbound_updates.labels(type="eds").inc()
         push_type = self.env.index.update_service_endpoints(shard, hostname, namespace, endpoints)
         if push_type is PushType.NO_PUSH:
             return
@@ -187,17 +205,18 @@ class DiscoveryServer:
             # Now, not at push time: a proxy asking meanwhile must not get the old endpoints.
             self.cache.clear({key})
         full = push_type is PushType.FULL
-        self._events.put_nowait(registry_request(key, TriggerReason.ENDPOINT, full=full))
+        self._queue_event(registry_request(key, TriggerReason.ENDPOINT, full=full))
 
     def service_update(self, shard: ShardKey, hostname: str, namespace: str, deleted: bool) -> None:
-        self.metrics.inbound_updates.labels(type="svcdelete" if deleted else "svc").inc()
+        if not self.muted:
+            self.metrics.inbound_updates.labels(type="svcdelete" if deleted else "svc").inc()
         if deleted:
             self.env.index.delete_service_shard(shard, hostname, namespace)
         key = ConfigKey(Kind.SERVICE_ENTRY, hostname, namespace)
         self.history.note_change(key, "delete" if deleted else "update")
         if self.cache is not None:
             self.cache.clear({key})
-        self._events.put_nowait(registry_request(key, TriggerReason.SERVICE))
+        self._queue_event(registry_request(key, TriggerReason.SERVICE))
 
     def proxy_update(self, cluster_id: str, ip: str) -> None:
         push = self.push_context
@@ -216,9 +235,15 @@ class DiscoveryServer:
         """Observe every push as it starts (for the debug endpoints and tests)."""
         self._listeners.append(listener)
 
-    def _rebuild_push_context(self) -> PushContext:
+    def _next_version(self) -> str:
+        if not self.follower or self.push_context is None:
+            return push_version(next(self._versions))
+        # A push worker's own full push (not one the main process sent): after the main's version.
+        return f"{self.push_context.version.partition('+')[0]}+{next(self._local_pushes)}"
+
+    def _rebuild_push_context(self, version: str | None = None) -> PushContext:
         started = time.monotonic()
-        push = self.env.build_push_context(push_version(next(self._versions)))
+        push = self.env.build_push_context(version or self._next_version())
         took = time.monotonic() - started
         self.metrics.pushcontext_init.observe(took)
         log.debug("InitContext %s for push took %s", push.version, go_duration(took))
@@ -229,9 +254,14 @@ class DiscoveryServer:
 
     async def push(self, request: PushRequest) -> None:
         """Push a debounced request to every connection."""
+        self.start_push(request)
+
+    def start_push(self, request: PushRequest, version: str | None = None) -> None:
+        """Build the snapshot a push needs and queue every connection; ``version`` names a full
+        push's snapshot when another process chose it (the main process of a push-worker pool)."""
         try:
             if request.full or self.push_context is None:
-                push = self._rebuild_push_context()
+                push = self._rebuild_push_context(version)
                 if self.cache is not None:
                     if request.is_everything:
                         self.cache.clear_all()
@@ -337,6 +367,8 @@ class DiscoveryServer:
         port; None on the plaintext one). Aborts the stream when it may not."""
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+        if self.admission_gate is not None:
+            await self.admission_gate()
         if not await self._stream_limit.acquire(self.options.request_wait):
             self.metrics.rate_limited.inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request rate limit exceeded")

@@ -1,0 +1,133 @@
+"""The messages of the change log, from the main process to its push workers: plain data, applied
+in order. A worker that applies the same messages in the same order holds the same model as the main
+process, and so serves the same bytes a single process would.
+
+``target`` names where an object goes in the worker: ``LOCAL`` is the local cluster's router (Istio
+config to the store, Secrets to the credentials, other objects to the Kubernetes registry); any other
+value is a remote cluster's registry, by cluster ID.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from meshpilot.config.decode import Decoded
+from meshpilot.model.config import ConfigKey
+from meshpilot.model.kind import Kind
+from meshpilot.model.push_request import PushRequest, TriggerReason
+
+LOCAL = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Upsert:
+    target: str
+    obj: Decoded
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    target: str
+    kind: Kind
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStart:
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEnd:
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """A remote cluster's registry joins (multicluster secrets)."""
+
+    cluster: str
+
+
+@dataclass(frozen=True, slots=True)
+class Detach:
+    cluster: str
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """A new MeshConfig (a protobuf message: it pickles as its bytes)."""
+
+    mesh: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Authority:
+    """The mesh CA's key and certificates as the files of a plugged-in CA (``ca.keys``), so that
+    the worker's secure ports and CreateCertificate sign as the main process does."""
+
+    files: dict[str, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The model is loaded: build the first snapshot, under the main process's version, and serve.
+    ``push_seq``: the number of the last push sent before it (the admission gate's reference)."""
+
+    version: str
+    push_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A debounced push the main process started; ``version`` is its snapshot's (full pushes)."""
+
+    seq: int
+    version: str
+    full: bool
+    forced: bool
+    configs_updated: frozenset[ConfigKey]
+    reasons: dict[TriggerReason, int]
+
+    @classmethod
+    def of(cls, seq: int, request: PushRequest) -> Push:
+        version = request.push.version if request.push is not None else ""
+        return cls(seq, version, request.full, request.forced, request.configs_updated, dict(request.reasons))
+
+    def request(self) -> PushRequest:
+        return PushRequest(
+            full=self.full,
+            configs_updated=self.configs_updated,
+            reasons=Counter(self.reasons),
+            forced=self.forced,
+        )
+
+
+Op = Upsert | Remove | BatchStart | BatchEnd | Attach | Detach | Mesh | Authority | Start | Push
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A question to a worker (its debug pages, its metrics), answered by a ``Reply``."""
+
+    id: int
+    name: str
+    args: tuple[Any, ...] = ()
+
+
+# -- from a worker to the main process ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The worker applied the log up to Start and serves."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    id: int
+    value: Any = None
+    error: str = ""

@@ -1,0 +1,192 @@
+"""A push worker's side of the change log: applies the main process's changes, in order, to the
+worker's own model, and starts the pushes the main process debounced.
+
+While a change is applied the worker's server is muted: the registries' updates change the worker's
+model (endpoints, caches) but are not debounced here, since the main process saw the same updates
+and sends the push. What a worker learns by itself (a JWKS it fetched, a SubjectAccessReview's
+answer) is pushed by its own debounce, under a version that extends the main process's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import ExitStack
+from multiprocessing.connection import Connection
+from multiprocessing.sharedctypes import Synchronized
+from typing import TYPE_CHECKING, Any
+
+from meshpilot.config.file_source import ObjectSink
+from meshpilot.kube.multicluster import registry_sink
+from meshpilot.pool.change_log import encode
+from meshpilot.pool.ops import (
+    LOCAL,
+    Attach,
+    Authority,
+    BatchEnd,
+    BatchStart,
+    Call,
+    Detach,
+    Mesh,
+    Push,
+    Ready,
+    Remove,
+    Reply,
+    Start,
+    Upsert,
+)
+from meshpilot.registry.kube.controller import KubeRegistry
+
+if TYPE_CHECKING:
+    from meshpilot.server.app import DiscoveryApp
+
+log = logging.getLogger(__name__)
+
+#: How long a new stream waits for this worker to catch up with the pushes already sent before it
+#: is served anyway (a worker far behind is stuck; its proxies are better served than refused).
+CATCH_UP_WAIT = 2.0
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+class Replica:
+    def __init__(self, app: DiscoveryApp, conn: Connection, pushes_sent: Synchronized[int]) -> None:
+        from meshpilot.server.app import ObjectRouter
+
+        self.app = app
+        self._conn = conn
+        self._pushes_sent = pushes_sent
+        self._send_lock = threading.Lock()
+        #: Set once Start was applied: the model is loaded and the first snapshot built.
+        self.started = asyncio.Event()
+        #: The CA as the main process loaded it (None until it did, or with no secure ports).
+        self.authority: Authority | None = None
+        #: The number of the last push applied; ``_pushed`` is set (and replaced) at each.
+        self.push_seq = 0
+        self._pushed = asyncio.Event()
+        self._sinks: dict[str, ObjectSink] = {LOCAL: ObjectRouter(app.store, app.kube, app.credentials)}
+        self._remote: dict[str, KubeRegistry] = {}
+        self._batches: dict[str, ExitStack] = {}
+        #: Questions the main process may ask (its debug pages and /metrics read the workers).
+        self.handlers: dict[str, Handler] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        app.server.follower = True
+        app.server.admission_gate = self.caught_up
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        threading.Thread(target=self._read, args=(loop,), name="change-log-reader", daemon=True).start()
+
+    def send(self, message: object) -> None:
+        data = encode(message)
+        with self._send_lock, contextlib.suppress(OSError):
+            self._conn.send_bytes(data)
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            try:
+                data = self._conn.recv_bytes()
+            except (EOFError, OSError):
+                # The main process is gone: nothing keeps this replica current any more.
+                log.error("the main process closed the change log; stopping")
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self.app.stop)
+                return
+            try:
+                loop.call_soon_threadsafe(self._received, data)
+            except RuntimeError:  # the loop closed: exiting
+                return
+
+    def _received(self, data: bytes) -> None:
+        message = pickle.loads(data)
+        if isinstance(message, Call):
+            task = asyncio.create_task(self._answer(message))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        try:
+            self.apply(message)
+        except Exception:
+            # The main process applied the same change without an error; a replica that differs
+            # would serve other bytes. Exit: the supervisor starts a fresh one from the snapshot.
+            log.exception("cannot apply %s from the change log; exiting", type(message).__name__)
+            self.app.stop()
+
+    def apply(self, op: object) -> None:
+        server = self.app.server
+        if isinstance(op, Push):
+            self.push_seq = op.seq
+            server.start_push(op.request(), op.version)
+            self._pushed.set()
+            self._pushed = asyncio.Event()
+        elif isinstance(op, Start):
+            with self._muted():
+                server.start_serving(op.version)
+            self.push_seq = max(self.push_seq, op.push_seq)
+            self.started.set()
+        elif isinstance(op, Authority):
+            self.authority = op
+        else:
+            with self._muted():
+                self._apply_model(op)
+
+    def _apply_model(self, op: object) -> None:
+        if isinstance(op, Upsert):
+            self._sinks[op.target].upsert(op.obj)
+        elif isinstance(op, Remove):
+            self._sinks[op.target].remove(op.kind, op.namespace, op.name)
+        elif isinstance(op, BatchStart):
+            stack = self._batches[op.target] = ExitStack()
+            stack.enter_context(self._sinks[op.target].batch())
+        elif isinstance(op, BatchEnd):
+            self._batches.pop(op.target).close()
+        elif isinstance(op, Attach):
+            registry = self.app.make_registry(op.cluster)
+            self._remote[op.cluster] = registry
+            self._sinks[op.cluster] = registry_sink(registry)
+            self.app.registry.workloads.append(registry)
+        elif isinstance(op, Detach):
+            registry = self._remote.pop(op.cluster)
+            del self._sinks[op.cluster]
+            self.app.registry.workloads.remove(registry)
+        elif isinstance(op, Mesh):
+            self.app.on_mesh(op.mesh)
+        else:
+            raise TypeError(f"not a change log message: {op!r}")
+
+    @contextlib.contextmanager
+    def _muted(self) -> Iterator[None]:
+        server = self.app.server
+        server.muted = True
+        try:
+            yield
+        finally:
+            server.muted = False
+
+    async def caught_up(self) -> None:
+        """Wait (bounded) until this worker applied every push the main process had sent when the
+        stream arrived: a proxy that got version N from another worker must not get N-1 here."""
+        wanted = self._pushes_sent.value
+        deadline = time.monotonic() + CATCH_UP_WAIT
+        while self.push_seq < wanted and (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pushed.wait(), left)
+
+    def ready(self) -> None:
+        self.send(Ready())
+
+    async def _answer(self, call: Call) -> None:
+        handler = self.handlers.get(call.name)
+        if handler is None:
+            self.send(Reply(call.id, error=f"no handler for {call.name!r}"))
+            return
+        try:
+            value = await handler(*call.args)
+        except Exception as err:
+            log.exception("answering %s", call.name)
+            self.send(Reply(call.id, error=f"{type(err).__name__}: {err}"))
+            return
+        self.send(Reply(call.id, value))

@@ -1,0 +1,177 @@
+"""The pool of push workers: starting them, restarting one that died, stopping them all, and
+whether every one of them serves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from meshpilot.pool.change_log import ChangeLog
+from meshpilot.pool.link import WorkerLink
+from meshpilot.server.settings import DiscoverySettings
+from meshpilot.xds.rate_limit import default_rate
+from meshpilot.xds.server import default_push_throttle
+
+log = logging.getLogger(__name__)
+
+#: How often the supervisor looks for workers that died.
+WATCH_INTERVAL = 0.2
+#: The shortest time between two starts of the same worker (a worker that dies at start must not spin).
+RESTART_BACKOFF = 1.0
+
+
+#: The most workers ``--push-workers 0`` starts: past it, the main process (one core) feeding
+#: them the change log and the debounce becomes the limit before the workers do.
+MAX_DEFAULT_WORKERS = 8
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    return max(1, min(usable_cores(), MAX_DEFAULT_WORKERS))
+
+
+def worker_settings(settings: DiscoverySettings, workers: int) -> DiscoverySettings:
+    """A worker's settings: no sources, no webhooks; its share of the server's push throttle and
+    new-stream rate, so that the pool as a whole keeps istiod's limits."""
+    throttle = settings.push_throttle or default_push_throttle()
+    rate = settings.max_requests_per_second or default_rate()
+    return dataclasses.replace(
+        settings,
+        config_dir=None,
+        webhook_addr=None,
+        push_throttle=max(1, math.ceil(throttle / workers)),
+        max_requests_per_second=rate / workers,
+        push_workers=1,
+    )
+
+
+class PushWorkerPool:
+    def __init__(
+        self, settings: DiscoverySettings, changes: ChangeLog, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.count = settings.push_workers
+        self._settings = worker_settings(settings, self.count)
+        self._log = changes
+        self._context = multiprocessing.get_context("spawn")
+        #: The number of the last push sent; a worker admits a new stream once it applied that one.
+        self.pushes_sent = self._context.Value("Q", 0, lock=False)
+        self.links: list[WorkerLink | None] = [None] * self.count
+        self._subscriptions: dict[int, int] = {}
+        self._started_at: dict[int, float] = {}
+        self._ever_ready: set[int] = set()
+        self._all_ready = asyncio.Event()
+        self._stopping = False
+        self.restarts = Counter(
+            "meshpilot_push_worker_restarts",
+            "Push workers started again after they died.",
+            registry=registry,
+        )
+
+    @property
+    def ready(self) -> bool:
+        """Every worker has served once (a worker that restarts does not make the pool unready:
+        its proxies reconnect to the others)."""
+        return self._all_ready.is_set()
+
+    def start(self) -> None:
+        for index in range(self.count):
+            self._start(index)
+
+    def note_push(self, seq: int) -> None:
+        self.pushes_sent.value = seq
+
+    async def wait_ready(self) -> None:
+        await self._all_ready.wait()
+
+    def _start(self, index: int) -> None:
+        link = WorkerLink(
+            index,
+            self._settings,
+            self._context,
+            self.pushes_sent,
+            asyncio.get_running_loop(),
+            self._ready,
+        )
+        link.start()
+        self.links[index] = link
+        self._started_at[index] = time.monotonic()
+        # After the start: ops recorded meanwhile wait in the link's queue, in order.
+        self._subscriptions[index] = self._log.subscribe(link.send)
+        log.info("push worker %d started (pid %s)", index, link.pid)
+
+    def _ready(self, link: WorkerLink) -> None:
+        log.info("push worker %d serving", link.index)
+        self._ever_ready.add(link.index)
+        if len(self._ever_ready) == self.count:
+            self._all_ready.set()
+
+    async def watch(self) -> None:
+        """Restart workers that died, until cancelled."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL)
+            for index, link in enumerate(self.links):
+                if link is None or link.alive() or self._stopping:
+                    continue
+                wait = self._started_at[index] + RESTART_BACKOFF - time.monotonic()
+                if wait > 0:
+                    continue
+                log.warning(
+                    "push worker %d (pid %s) exited with %s; starting it again",
+                    index,
+                    link.pid,
+                    link.process.exitcode,
+                )
+                self._log.unsubscribe(self._subscriptions.pop(index))
+                link.close()
+                self.restarts.inc()
+                self._start(index)
+
+    def live_links(self) -> list[WorkerLink]:
+        return [link for link in self.links if link is not None and link.alive()]
+
+    async def call_all(self, name: str, *args: Any, timeout: float = 5.0) -> list[Any]:
+        """Every live worker's answer (a worker that does not answer is left out, and logged)."""
+        links = self.live_links()
+        answers = await asyncio.gather(
+            *(link.call(name, *args, timeout=timeout) for link in links), return_exceptions=True
+        )
+        results = []
+        for link, answer in zip(links, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning("push worker %d did not answer %s: %s", link.index, name, answer)
+            else:
+                results.append(answer)
+        return results
+
+    async def stop(self, grace: float) -> None:
+        """SIGTERM to every worker (each drains its streams), then SIGKILL after ``grace`` + 2 s."""
+        self._stopping = True
+        links = [link for link in self.links if link is not None]
+        for link in links:
+            if link.alive() and link.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(link.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace + 2.0
+        for link in links:
+            await asyncio.to_thread(link.process.join, max(0.0, deadline - time.monotonic()))
+            if link.alive():
+                log.warning("push worker %d did not stop in time; killing it", link.index)
+                link.process.kill()
+            link.process.join(1.0)
+            link.close()

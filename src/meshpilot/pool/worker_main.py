@@ -1,0 +1,87 @@
+"""A push worker process: a replica of the main process's model, serving xDS (and CreateCertificate)
+on the ports it shares with the other workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from multiprocessing.connection import Connection
+from multiprocessing.sharedctypes import Synchronized
+from typing import Any
+
+from meshpilot.pool.replica import Replica
+from meshpilot.server import gc_tuning, logs, malloc_tuning
+from meshpilot.server.app import DiscoveryApp, Role
+from meshpilot.server.identity import IdentityPlane
+from meshpilot.server.settings import DiscoverySettings
+
+log = logging.getLogger(__name__)
+
+
+def worker_main(
+    settings: DiscoverySettings,
+    index: int,
+    conn: Connection,
+    pushes_sent: Synchronized[int],
+    log_options: logs.LogOptions,
+) -> None:
+    """The process's entry (multiprocessing's spawn start method)."""
+    logs.configure(log_options)
+    malloc_tuning.configure()
+    gc_tuning.configure()
+    # The terminal's ^C reaches every process of the group; the main process stops the workers.
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(settings, index, conn, pushes_sent))
+
+
+async def _serve(
+    settings: DiscoverySettings, index: int, conn: Connection, pushes_sent: Synchronized[int]
+) -> None:
+    app = DiscoveryApp(settings, role=Role.WORKER)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, app.stop)
+    replica = Replica(app, conn, pushes_sent)
+    replica.start(loop)
+    await run_worker(app, replica, index)
+
+
+async def run_worker(app: DiscoveryApp, replica: Replica, index: int) -> None:
+    """Serve once the change log reached Start; stop on ``app.stop``. The ports are bound only then,
+    so that the kernel sends no connection to a worker that would refuse it."""
+    settings = app.settings
+    stopping = asyncio.create_task(app.stopping.wait())
+    started = asyncio.create_task(replica.started.wait())
+    await asyncio.wait({stopping, started}, return_when=asyncio.FIRST_COMPLETED)
+    started.cancel()
+    tasks: list[asyncio.Task[Any]] = []
+    servers = []
+    try:
+        if stopping.done():
+            return
+        gc_tuning.freeze_loaded()
+        if app.identity is not None and replica.authority is not None:
+            app.identity.use(IdentityPlane.authority_from(replica.authority.files))
+            await app.serve_secure(app.identity)
+            tasks.append(asyncio.create_task(app.identity.run(app.stopping), name="serving certificate"))
+        server = app.xds_server()
+        await server.start()
+        servers.append(server)
+        tasks.append(asyncio.create_task(app.server.run(), name="push"))
+        tasks.append(asyncio.create_task(app.jwks.run(), name="jwks"))
+        replica.ready()
+        log.info("push worker %d serving xDS on %s", index, settings.grpc_addr)
+        await stopping
+    finally:
+        stopping.cancel()
+        if app.secure_server is not None:
+            await app.secure_server.stop(settings.shutdown_grace)
+        for server in servers:
+            await server.stop(settings.shutdown_grace)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
