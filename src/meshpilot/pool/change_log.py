@@ -77,6 +77,8 @@ class ChangeLog:
         for target, objects in self._objects.items():
             if target != LOCAL:
                 yield Attach(target)
+            if not objects:
+                continue
             yield BatchStart(target)
             for obj in objects.values():
                 yield Upsert(target, obj)
