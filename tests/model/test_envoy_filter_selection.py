@@ -21,7 +21,6 @@ def proxy(labels: dict[str, str] | None = None, **metadata: Any) -> Proxy:
         **metadata,
     }
     out = parse_proxy(NODE, NodeMetadata.parse(raw))
-    out.labels = dict(raw["LABELS"])
     return out
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -72,7 +72,7 @@ def _created(config: Config) -> str:
     return config.meta.creation_timestamp or ""
 
 
-def _attaches(config: Config, labels: dict[str, str]) -> bool:
+def _attaches(config: Config, labels: Mapping[str, str]) -> bool:
     spec = config.spec
     if len(spec.targetRefs) > 0:
         return False

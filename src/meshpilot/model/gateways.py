@@ -11,7 +11,7 @@ server's hosts, and a server host ``ns/host`` admits only VirtualServices of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +105,7 @@ def servers_of(config: Config) -> list[GatewayServer]:
     return out
 
 
-def merge_gateways(gateways: Iterable[Config], labels: dict[str, str]) -> MergedGateway:
+def merge_gateways(gateways: Iterable[Config], labels: Mapping[str, str]) -> MergedGateway:
     """The Gateways (oldest first) whose selector matches a router's ``labels``, merged."""
     chosen = [g for g in gateways if selector_matches(dict(g.spec.selector), labels)]
     return MergedGateway(servers=tuple(s for g in chosen for s in servers_of(g)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -111,9 +112,26 @@ class NodeMetadata:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ProxyState:
+    """What a proxy's config depends on besides its identity, recomputed on every full push (istiod's
+    ``computeProxyState``: ``push.environment.refresh_proxy``). Replaced whole, never edited."""
+
+    #: The workload's labels (its Pod's, else the node's metadata), with the topology labels.
+    labels: Mapping[str, str] = field(default_factory=dict)
+    locality: Locality = field(default_factory=Locality)
+    #: Service ports the proxy's own workload serves (inbound listeners and clusters).
+    service_targets: tuple[ServiceTarget, ...] = ()
+    sidecar_scope: SidecarScope | None = None
+    #: The scope before the last recomputation; a change concerns the proxy if it
+    #: concerns either scope (a host may have just left or entered it).
+    previous_scope: SidecarScope | None = None
+
+
 @dataclass(slots=True)
 class Proxy:
-    """A connected proxy. Identity fields are fixed; labels and locality follow its Pod."""
+    """A connected proxy: an identity fixed when its stream opened, and ``state``, which each full
+    push replaces. Assigning any other field after construction raises."""
 
     type: NodeType
     ip_addresses: tuple[str, ...]
@@ -125,19 +143,11 @@ class Proxy:
     cluster_id: str
     #: Envoy extension names the proxy reported (``node.extensions``).
     extensions: frozenset[str] = frozenset()
-    labels: dict[str, str] = field(default_factory=dict)
     #: The locality Envoy reported in its node (``region/zone/subzone``); the registry's wins.
     node_locality: str = ""
     #: Envoy's ``node.cluster`` (the agent's service cluster): tracers name the spans' service by it.
     node_cluster: str = ""
-    locality: Locality = field(default_factory=Locality)
-    # State recomputed on every full push (istiod's computeProxyState):
-    #: Service ports the proxy's own workload serves (inbound listeners and clusters).
-    service_targets: tuple[ServiceTarget, ...] = ()
-    sidecar_scope: SidecarScope | None = None
-    #: The scope before the last recomputation; a change concerns the proxy if it
-    #: concerns either scope (a host may have just left or entered it).
-    previous_scope: SidecarScope | None = None
+    state: ProxyState = field(default_factory=ProxyState)
     #: Derived from the identity fields once: generators ask for them per resource.
     ipv6_only: bool = field(init=False)
     capabilities: tuple[frozenset[str], bool, bool, InterceptionMode, bool] = field(init=False)
@@ -153,6 +163,36 @@ class Proxy:
             self.interception_mode,
             self.metadata.unprivileged_pod,
         )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name != "state":
+            try:
+                object.__getattribute__(self, name)
+            except AttributeError:  # being constructed
+                pass
+            else:
+                raise AttributeError(f"a proxy's {name} is part of its identity and does not change")
+        object.__setattr__(self, name, value)
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return self.state.labels
+
+    @property
+    def locality(self) -> Locality:
+        return self.state.locality
+
+    @property
+    def service_targets(self) -> tuple[ServiceTarget, ...]:
+        return self.state.service_targets
+
+    @property
+    def sidecar_scope(self) -> SidecarScope | None:
+        return self.state.sidecar_scope
+
+    @property
+    def previous_scope(self) -> SidecarScope | None:
+        return self.state.previous_scope
 
     @property
     def ip(self) -> str:
@@ -241,7 +281,7 @@ def parse_proxy(
         config_namespace=namespace,
         cluster_id=metadata.cluster_id or default_cluster_id,
         extensions=extensions,
-        labels=dict(metadata.labels),
+        state=ProxyState(labels=dict(metadata.labels)),
         node_locality=locality,
         node_cluster=node_cluster,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Hashable
 from typing import Any
 
@@ -68,14 +69,22 @@ class MeshEnvironment:
         # As istiod's setTopologyLabels: the registry knows best (Pod label, Node), then the
         # proxy's own topology labels, then the locality Envoy reported in its node.
         locality = self.registry.proxy_locality(proxy) or _label_locality(labels) or proxy.node_locality
-        proxy.locality = Locality(locality, proxy.cluster_id)
+        before = proxy.state
         # Topology labels are added so failoverPriority can compare them with endpoints'.
-        proxy.labels = wk.with_topology(
-            labels, locality=locality, cluster_id=proxy.cluster_id, network=proxy.metadata.network
+        workload = replace(
+            before,
+            labels=wk.with_topology(
+                labels, locality=locality, cluster_id=proxy.cluster_id, network=proxy.metadata.network
+            ),
+            locality=Locality(locality, proxy.cluster_id),
         )
-        proxy.service_targets = tuple(self.registry.service_targets(proxy))
-        proxy.previous_scope = proxy.sidecar_scope
-        proxy.sidecar_scope = push.sidecar_scope(proxy)
+        # The service targets and the Sidecar are chosen by the new labels: asked of the proxy with them.
+        proxy.state = workload
+        targets = tuple(self.registry.service_targets(proxy))
+        proxy.state = replace(workload, service_targets=targets)
+        proxy.state = replace(
+            proxy.state, sidecar_scope=push.sidecar_scope(proxy), previous_scope=before.sidecar_scope
+        )
 
 
 def _label_locality(labels: dict[str, str]) -> str:
