@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Hashable
+from dataclasses import replace
 from typing import Any
 
 from meshpilot.config.store import ConfigStore
