@@ -109,16 +109,18 @@ def peer_section(results: dict[str, Any]) -> list[str]:
         "files, with no TLS or security policy in play, run once each."
     )
     out.append("")
-    by_scenario: dict[str, dict[str, dict[str, Any]]] = {}
+    by_scenario: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for run in runs:
-        by_scenario.setdefault(run["scenario"], {})[run.get("server", "meshpilot")] = run
-    for name, pair in by_scenario.items():
+        key = (run["scenario"], run.get("protocol", "sotw"))
+        by_scenario.setdefault(key, {})[run.get("server", "meshpilot")] = run
+    for (name, protocol), pair in by_scenario.items():
         ours, theirs = pair.get("meshpilot"), pair.get("istiod")
         if ours is None or theirs is None:
             continue
         spec = ours["scenario_spec"]
         out += [
-            f"**{name}**: {spec['services']} services x {spec['endpoints_per_service']} endpoints, "
+            f"**{name}, {'delta' if protocol == 'delta' else 'state-of-the-world'} sidecars**: "
+            f"{spec['services']} services x {spec['endpoints_per_service']} endpoints, "
             f"{spec['proxies']} sidecars, {spec['virtual_services']} VirtualService(s), "
             f"{ours.get('connect_rate') or 'default'} new streams/s",
             "",

@@ -144,7 +144,9 @@ def peer_jobs(suite: Suite, peer: Variant) -> tuple[FleetJob, ...]:
     for job in suite.fleet:
         scenario = job.scenario
         se = Scenario(**{**scenario.__dict__, "service_entries": True, "name": f"{scenario.name}-se"})
-        jobs.append(replace(job, scenario=se, variants=(COMPILED, peer), delta=(), reconnect=False))
+        # Both protocols for both servers: delta is what stock sidecars of Istio 1.22+ speak.
+        both = (COMPILED, peer)
+        jobs.append(replace(job, scenario=se, variants=both, delta=both, reconnect=False))
     return tuple(jobs)
 
 
@@ -229,8 +231,9 @@ def run_peer(suite: Suite, peer: Variant, only: set[str] | None) -> dict[str, An
     for job in peer_jobs(suite, peer):
         if only and not ({"peer", job.scenario.name, job.scenario.name.removesuffix("-se")} & only):
             continue
-        for variant in job.variants:
-            log(f"peer fleet {job.scenario.name} ({job.scenario.proxies} proxies), {variant.name}")
+        for variant, protocol in job.runs():
+            scenario = job.scenario
+            log(f"peer fleet {scenario.name} ({scenario.proxies} proxies), {variant.name}, {protocol}")
             # The stub runs beside both servers, though only istiod talks to it, so the machine
             # is the same for both (its CPU is recorded, and counted for neither).
             with (
@@ -238,7 +241,7 @@ def run_peer(suite: Suite, peer: Variant, only: set[str] | None) -> dict[str, An
                 KubeStub(Path(tmp) / "kube") as kube,
             ):
                 cpu = kube.cpu_seconds()
-                result = run_fleet(job, variant, Path(tmp), kube)
+                result = run_fleet(job, variant, Path(tmp), kube, protocol)
                 result["kube_stub_cpu_seconds"] = round(kube.cpu_seconds() - cpu, 3)
             out["runs"].append({"scenario_spec": asdict(job.scenario), **result})
             log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))

@@ -21,7 +21,7 @@ TINY = Scenario(name="tiny", services=3, endpoints_per_service=2, proxies=4, vir
 
 @pytest.mark.integration
 @pytest.mark.reference
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 def test_peer_run_measures_istiod_and_meshpilot_on_the_same_service_entries() -> None:
     assert binary("pilot-discovery") == istiod.BINARY
     suite = Suite(
@@ -34,27 +34,32 @@ def test_peer_run_measures_istiod_and_meshpilot_on_the_same_service_entries() ->
     peer = run_peer(suite, ISTIOD, None)
 
     assert peer["version"] not in ("", "unknown")
-    runs = {run["server"]: run for run in peer["runs"]}
-    assert set(runs) == {"istiod", "meshpilot"}
-    for server, run in runs.items():
-        assert run["scenario"] == "tiny-se" and run["scenario_spec"]["service_entries"], server
-        assert run["exit_code"] == 0, server
-        assert run["empty_configs"] == 0, server
-        assert run["sync_seconds"] > 0 and run["steady_rss_mib"] > 0, server
+    runs = {(run["server"], run["protocol"]): run for run in peer["runs"]}
+    assert set(runs) == {(s, p) for s in ("istiod", "meshpilot") for p in ("sotw", "delta")}
+    for (server, protocol), run in runs.items():
+        where = (server, protocol)
+        assert run["scenario"] == "tiny-se" and run["scenario_spec"]["service_entries"], where
+        assert run["exit_code"] == 0, where
+        assert run["empty_configs"] == 0, where
+        assert run["sync_seconds"] > 0 and run["steady_rss_mib"] > 0, where
         for change in ("endpoint_added", "virtual_service_changed"):
-            assert run[change]["converged"] == TINY.proxies, (server, change)
-            assert run[change]["fan_out_seconds"]["p99"] >= 0, (server, change)
+            assert run[change]["converged"] == TINY.proxies, (where, change)
+            assert run[change]["fan_out_seconds"]["p99"] >= 0, (where, change)
         # istiod reports its pushes under the metric names meshpilot uses.
-        assert run["endpoint_added"]["server"]["pushes"].get('type="eds"') == TINY.proxies, server
-    # Both servers gave the first sidecar resources of the same names: the same work to compare.
-    assert runs["istiod"]["resource_names_digest"] == runs["meshpilot"]["resource_names_digest"]
-    assert runs["istiod"]["resources_per_proxy"]["cluster"] == TINY.services + 3  # BlackHole, Passthrough x2
+        assert run["endpoint_added"]["server"]["pushes"].get('type="eds"') == TINY.proxies, where
+    for protocol in ("sotw", "delta"):
+        istiod_run, ours = runs[("istiod", protocol)], runs[("meshpilot", protocol)]
+        # Both servers gave the first sidecar resources of the same names: the same work to compare.
+        assert istiod_run["resource_names_digest"] == ours["resource_names_digest"], protocol
+        assert istiod_run["resources_per_proxy"]["cluster"] == TINY.services + 3  # BlackHole, Passthrough x2
 
     rendered = "\n".join(report.peer_section({"peer": peer}))
     assert "### Beside istiod" in rendered
     assert "| measure | istiod | meshpilot | meshpilot / istiod |" in rendered
     assert "| same resource names as istiod's | - | yes | - |" in rendered
     assert "| endpoint added: proxies converged | 4/4 | 4/4 | - |" in rendered
+    assert "**tiny-se, delta sidecars**" in rendered
+    assert "**tiny-se, state-of-the-world sidecars**" in rendered
 
 
 def test_service_entry_form_has_the_kubernetes_form_s_services_and_endpoints() -> None:
