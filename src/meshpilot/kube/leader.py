@@ -13,8 +13,10 @@ Singleton writers run only on the replica holding the Lease. The rules:
 * stopping cleanly releases the Lease (no holder, one second duration) so
   another replica takes over at its next try instead of after the duration.
 
-istiod's durations: 30 s lease, renew deadline 15 s, retry 7.5 s; its Lease
-for status writes is ``istio-status-leader``.
+istiod's durations: 30 s lease, renew deadline 15 s, retry 7.5 s. Its elections
+meshpilot holds: ``istio-status-leader`` (status writes; a Lease in istiod too)
+and ``istio-namespace-controller-election`` (the root-cert ConfigMaps; istiod
+keeps that one on a ConfigMap lock, meshpilot on a Lease of the same name).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from meshpilot.kube.client import KubeError, request_json, resource_path
 log = logging.getLogger(__name__)
 
 STATUS_LEASE = "istio-status-leader"
+NAMESPACE_CONTROLLER_LEASE = "istio-namespace-controller-election"
 
 
 def default_identity() -> str:

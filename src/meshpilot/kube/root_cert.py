@@ -14,6 +14,13 @@ Two informers (Namespaces, and ConfigMaps of that name in all namespaces) feed t
 keeps what they saw and queues namespaces to reconcile; one worker writes, from a thread, one
 namespace at a time. A failed write is tried again after 0.2, 0.4, … s, at most a minute apart, until
 it succeeds, as istiod's queue does.
+
+With replicas, one writes: given ``lease_namespace``, the publisher runs only while its replica holds
+the Lease ``istio-namespace-controller-election`` there, as istiod runs its namespace controller only
+on the leader of the election of that name; a new leader lists afresh and makes what is missing.
+Where meshpilot differs: istiod holds that election on a ConfigMap lock (a ConfigMap of the same name,
+the record in an annotation), meshpilot on a Lease, so istiod and meshpilot replicas running side by
+side would each elect a leader (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from meshpilot.kube.client import KubeError, request_json, resource_path
 from meshpilot.kube.informer import Delivery, Informer, Pump, Resource
+from meshpilot.kube.leader import NAMESPACE_CONTROLLER_LEASE, LeaderElector, LeaseTimings
 from meshpilot.kube.namespaces import NamespaceFilter
 
 log = logging.getLogger(__name__)
@@ -85,8 +93,9 @@ class RootCertPublisher:
     """Keeps ``istio-ca-root-cert`` in the selected namespaces; ``start()`` in a running loop,
     ``await stop()`` at the end. Every method is called on the loop's thread.
 
-    The writes are idempotent, so replicas may all run one (istiod runs its namespace controller on
-    the leader only; a caller may do the same, starting and stopping it with the Lease).
+    With ``lease_namespace`` it writes only while this replica leads the namespace controller
+    election (``lease`` timings, istiod's by default; ``identity`` as the Lease holder, the pod
+    name by default); each term starts from a fresh list. Without it, it writes from ``start`` on.
     """
 
     def __init__(
@@ -97,12 +106,29 @@ class RootCertPublisher:
         selectors: Sequence[Mapping[str, Any]] = (),
         registry: CollectorRegistry | None = None,
         watch_timeout: tuple[int, int] | None = None,
+        lease_namespace: str | None = None,
+        lease: LeaseTimings | None = None,
+        identity: str | None = None,
     ) -> None:
         self.api = api
         self.metrics = RootCertMetrics(registry)
         self._root = root_pem
         self._filter = NamespaceFilter(selectors)
         self._watch_timeout = watch_timeout
+        self.elector = (
+            None
+            if lease_namespace is None
+            else LeaderElector(
+                api,
+                lease_namespace,
+                NAMESPACE_CONTROLLER_LEASE,
+                self._lead,
+                identity=identity,
+                timings=lease or LeaseTimings(),
+            )
+        )
+        self._elector_stop = asyncio.Event()
+        self._elector_task: asyncio.Task[None] | None = None
         #: Every namespace the informer listed, terminating or not, selected or not.
         self._namespaces: dict[str, _Namespace] = {}
         #: The ``root-cert.pem`` of each ConfigMap seen ("" when the key is missing).
@@ -122,6 +148,30 @@ class RootCertPublisher:
     # -- lifecycle ------------------------------------------------------------
 
     def start(self) -> None:
+        if self.elector is None:
+            self._begin()
+        else:
+            self._elector_task = asyncio.create_task(
+                self.elector.run(self._elector_stop), name=f"leader election {NAMESPACE_CONTROLLER_LEASE}"
+            )
+
+    async def _lead(self) -> None:
+        """One term as leader: write until cancelled (the Lease lost, or stopping)."""
+        self._begin()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self._end()
+
+    def _begin(self) -> None:
+        """Informers and writer from scratch: what an earlier term saw may be stale."""
+        self._namespaces.clear()
+        self._configmaps.clear()
+        self._queued.clear()
+        self._queue = asyncio.Queue()
+        self._attempts.clear()
+        self._synced = {"namespaces": asyncio.Event(), "configmaps": asyncio.Event()}
+        self._stopping = False
         loop = asyncio.get_running_loop()
         namespaces = Resource("", "v1", "namespaces", "Namespace")
         configmaps = Resource(
@@ -153,7 +203,16 @@ class RootCertPublisher:
             await event.wait()
 
     async def stop(self) -> None:
-        """Stop the informers and the writer (a write under way finishes first). Idempotent."""
+        """Stop the informers and the writer (a write under way finishes first), and release the Lease
+        if held. Idempotent."""
+        if self._elector_task is not None:
+            self._elector_stop.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._elector_task
+            self._elector_task = None
+        await self._end()
+
+    async def _end(self) -> None:
         self._stopping = True
         for handle in self._retries:
             handle.cancel()

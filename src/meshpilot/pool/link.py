@@ -1,13 +1,13 @@
 """One push worker as the main process sees it: the process, and the pipe the change log and calls
 go through. The pipe is written by a thread of its own, so that a worker busy with a push never
 blocks the main process's event loop (the queue in between is the part of the log it has not read
-yet), and read by another, which hands what the worker says to the loop."""
+yet), and read by another, which hands what the worker says to the loop: that it serves, replies to
+the main process's calls, and calls of its own (``pool.calls``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import pickle
 import queue
@@ -17,6 +17,7 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
+from meshpilot.pool.calls import Handlers, Pending, answer
 from meshpilot.pool.change_log import encode
 from meshpilot.pool.ops import Call, Ready, Reply
 from meshpilot.server import logs
@@ -34,6 +35,7 @@ class WorkerLink:
         pushes_sent: Synchronized[int],
         loop: asyncio.AbstractEventLoop,
         on_ready: Callable[[WorkerLink], None],
+        handlers: Handlers | None = None,
     ) -> None:
         from meshpilot.pool.worker_main import worker_main
 
@@ -49,8 +51,10 @@ class WorkerLink:
         )
         self._child = child
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._calls: dict[int, asyncio.Future[Any]] = {}
-        self._ids = itertools.count(1)
+        self._calls = Pending()
+        #: What the worker may ask the main process (shared by the pool's links).
+        self._handlers: Handlers = handlers if handlers is not None else {}
+        self._answering: set[asyncio.Task[None]] = set()
         self.ready = False
         self._threads = [
             threading.Thread(target=self._write, name=f"push-worker-{index}-writer", daemon=True),
@@ -75,14 +79,7 @@ class WorkerLink:
 
     async def call(self, name: str, *args: Any, timeout: float = 5.0) -> Any:
         """Ask the worker; its answer, or TimeoutError/RuntimeError."""
-        call_id = next(self._ids)
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._calls[call_id] = future
-        self.send(encode(Call(call_id, name, args)))
-        try:
-            return await asyncio.wait_for(future, timeout)
-        finally:
-            self._calls.pop(call_id, None)
+        return await self._calls.call(lambda call: self.send(encode(call)), name, args, timeout)
 
     def close(self) -> None:
         self._outbox.put(None)
@@ -123,14 +120,14 @@ class WorkerLink:
             self.ready = True
             self._on_ready(self)
         elif isinstance(message, Reply):
-            future = self._calls.get(message.id)
-            if future is not None and not future.done():
-                if message.error:
-                    future.set_exception(RuntimeError(message.error))
-                else:
-                    future.set_result(message.value)
+            self._calls.resolve(message)
+        elif isinstance(message, Call):
+            task = asyncio.create_task(self._answer(message))
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
+
+    async def _answer(self, call: Call) -> None:
+        self.send(encode(await answer(self._handlers, call)))
 
     def _gone(self) -> None:
-        for future in self._calls.values():
-            if not future.done():
-                future.set_exception(RuntimeError(f"push worker {self.index} is gone"))
+        self._calls.fail_all(f"push worker {self.index} is gone")

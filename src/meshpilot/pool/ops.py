@@ -111,7 +111,8 @@ Op = Upsert | Remove | BatchStart | BatchEnd | Attach | Detach | Mesh | Authorit
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """A question to a worker (its debug pages, its metrics), answered by a ``Reply``."""
+    """A question, answered by a ``Reply``: from the main process to a worker (its debug pages, its
+    metrics) or from a worker to the main process (the whole pool's debug answers; ``pool.calls``)."""
 
     id: int
     name: str
@@ -128,6 +129,8 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
+    """The answer to a ``Call``, either way."""
+
     id: int
     value: Any = None
     error: str = ""

@@ -14,7 +14,7 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from multiprocessing.connection import Connection
 from multiprocessing.sharedctypes import Synchronized
@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from meshpilot.config.file_source import ObjectSink
 from meshpilot.kube.multicluster import registry_sink
+from meshpilot.pool import debug_pages, metrics
+from meshpilot.pool.calls import Handlers, Pending, answer
 from meshpilot.pool.change_log import encode
 from meshpilot.pool.ops import (
     LOCAL,
@@ -49,8 +51,8 @@ log = logging.getLogger(__name__)
 #: How long a new stream waits for this worker to catch up with the pushes already sent before it
 #: is served anyway (a worker far behind is stuck; its proxies are better served than refused).
 CATCH_UP_WAIT = 2.0
-
-Handler = Callable[..., Awaitable[Any]]
+#: How long a question to the main process may take (it waits up to 5 s for the workers it asks).
+ASK_TIMEOUT = 8.0
 
 
 class Replica:
@@ -72,10 +74,13 @@ class Replica:
         self._remote: dict[str, KubeRegistry] = {}
         self._batches: dict[str, ExitStack] = {}
         #: Questions the main process may ask (its debug pages and /metrics read the workers).
-        self.handlers: dict[str, Handler] = {}
+        self.handlers: Handlers = {**debug_pages.worker_handlers(app), **metrics.worker_handlers(app)}
+        self._asked = Pending()
         self._tasks: set[asyncio.Task[None]] = set()
         app.server.follower = True
         app.server.admission_gate = self.caught_up
+        # istioctl reaches one worker; its debug types answer for every worker's proxies.
+        app.server.generators.update(debug_pages.worker_debug_generators(app, self.ask))
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         threading.Thread(target=self._read, args=(loop,), name="change-log-reader", daemon=True).start()
@@ -106,6 +111,9 @@ class Replica:
             task = asyncio.create_task(self._answer(message))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            return
+        if isinstance(message, Reply):
+            self._asked.resolve(message)
             return
         try:
             self.apply(message)
@@ -179,14 +187,8 @@ class Replica:
         self.send(Ready())
 
     async def _answer(self, call: Call) -> None:
-        handler = self.handlers.get(call.name)
-        if handler is None:
-            self.send(Reply(call.id, error=f"no handler for {call.name!r}"))
-            return
-        try:
-            value = await handler(*call.args)
-        except Exception as err:
-            log.exception("answering %s", call.name)
-            self.send(Reply(call.id, error=f"{type(err).__name__}: {err}"))
-            return
-        self.send(Reply(call.id, value))
+        self.send(await answer(self.handlers, call))
+
+    async def ask(self, name: str, *args: Any) -> Any:
+        """Ask the main process (``PushWorkerPool.handlers``); its answer, or TimeoutError/RuntimeError."""
+        return await self._asked.call(self.send, name, args, ASK_TIMEOUT)

@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from meshpilot.pool.calls import Handlers
 from meshpilot.pool.change_log import ChangeLog
 from meshpilot.pool.link import WorkerLink
 from meshpilot.server.settings import DiscoverySettings
@@ -77,6 +78,8 @@ class PushWorkerPool:
         self._ever_ready: set[int] = set()
         self._all_ready = asyncio.Event()
         self._stopping = False
+        #: What a worker may ask the main process (``pool.calls``; the debug pages add theirs).
+        self.handlers: Handlers = {}
         self.restarts = Counter(
             "meshpilot_push_worker_restarts",
             "Push workers started again after they died.",
@@ -107,6 +110,7 @@ class PushWorkerPool:
             self.pushes_sent,
             asyncio.get_running_loop(),
             self._ready,
+            self.handlers,
         )
         link.start()
         self.links[index] = link
@@ -146,17 +150,22 @@ class PushWorkerPool:
         return [link for link in self.links if link is not None and link.alive()]
 
     async def call_all(self, name: str, *args: Any, timeout: float = 5.0) -> list[Any]:
-        """Every live worker's answer (a worker that does not answer is left out, and logged)."""
-        links = self.live_links()
+        """Every serving worker's answer (a worker that does not answer is left out, and logged)."""
+        return list((await self.answers(name, *args, timeout=timeout)).values())
+
+    async def answers(self, name: str, *args: Any, timeout: float = 5.0) -> dict[int, Any]:
+        """``call_all``'s answers by worker index. Only workers that serve are asked: one still
+        starting holds no stream yet, and would answer only once it has imported."""
+        links = [link for link in self.live_links() if link.ready]
         answers = await asyncio.gather(
             *(link.call(name, *args, timeout=timeout) for link in links), return_exceptions=True
         )
-        results = []
+        results = {}
         for link, answer in zip(links, answers, strict=True):
             if isinstance(answer, BaseException):
                 log.warning("push worker %d did not answer %s: %s", link.index, name, answer)
             else:
-                results.append(answer)
+                results[link.index] = answer
         return results
 
     async def stop(self, grace: float) -> None:

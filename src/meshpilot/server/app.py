@@ -49,6 +49,8 @@ from meshpilot.networking.envoyfilter.problems import PATCH_PROBLEMS
 from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.networking.telemetry_problems import TELEMETRY_PROBLEMS
 from meshpilot.pool.change_log import ChangeLog, LoggedSink
+from meshpilot.pool.debug_pages import PoolPages
+from meshpilot.pool.metrics import pool_exposition
 from meshpilot.pool.ops import Attach, Authority, Detach, Mesh, Push, Start
 from meshpilot.pool.supervisor import PushWorkerPool
 from meshpilot.push.debounce import DebounceOptions
@@ -64,7 +66,7 @@ from meshpilot.server.build_info import control_plane_identifier
 from meshpilot.server.debug import DebugHandlers, DebugSources
 from meshpilot.server.debug_access import debug_access
 from meshpilot.server.heartbeat import LoopHeartbeat
-from meshpilot.server.http import ThreadedSite, http_app, monitoring_app, on_loop, start_site
+from meshpilot.server.http import DebugRoutes, ThreadedSite, http_app, monitoring_app, on_loop, start_site
 from meshpilot.server.identity import IdentityPlane
 from meshpilot.server.metrics import Metrics
 from meshpilot.server.push_status import log_push_status
@@ -270,6 +272,8 @@ class DiscoveryApp:
             self.metrics.unimplemented_settings.labels(name).set(1)
         debug = DebugHandlers(DebugSources(self.server, self.store, self.index, self.registry.services))
         self.debug = debug
+        #: The pages the HTTP and monitoring ports serve (with a pool: gathered from the workers).
+        self.debug_pages: DebugRoutes = debug
         #: What ``/debug/preview`` reads (it copies, never writes).
         self.preview_sources = PreviewSources(
             self.server, self.env, self.service_entries, _REGISTRY_KINDS, self.kube
@@ -312,12 +316,21 @@ class DiscoveryApp:
         if self.changes is not None:
             self.pool = PushWorkerPool(settings, self.changes, self.metrics.registry)
             self.server.add_push_listener(self._record_push)
+            pages = PoolPages(debug, self.pool)
+            self.pool.handlers.update(pages.handlers())
+            self.debug_pages = pages
 
     def _router(self) -> ObjectSink:
         """Where the local sources write: the store, the credentials and the local registry; in the
         main process of a pool, also the change log."""
         router = ObjectRouter(self.store, self.kube, self.credentials)
         return router if self.changes is None else LoggedSink(router, self.changes)
+
+    async def _exposition(self) -> bytes:
+        """A scrape of /metrics (with a pool: the workers' too, ``pool.metrics``)."""
+        if self.pool is None:
+            return self.metrics.exposition()
+        return await pool_exposition(self.metrics.registry, self.pool)
 
     def _record_push(self, request: PushRequest) -> None:
         assert self.changes is not None and self.pool is not None
@@ -494,7 +507,7 @@ class DiscoveryApp:
         http = ThreadedSite(
             http_app(
                 lambda: self.ready and heartbeat.moving(),
-                self.debug if settings.debug_on_http else None,
+                self.debug_pages if settings.debug_on_http else None,
                 on_loop(asyncio.get_running_loop()),
                 self._debug_access(),
                 live=heartbeat.alive,
@@ -504,7 +517,7 @@ class DiscoveryApp:
         )
         try:
             await http.start()
-            monitoring = monitoring_app(self.metrics, self.debug, __version__, self._debug_access())
+            monitoring = monitoring_app(self._exposition, self.debug_pages, __version__, self._debug_access())
             # The change preview reads a request body: served on this loop only (push.preview_page).
             monitoring.add_routes([preview_route(self.preview_sources)])
             runners.append(await start_site(monitoring, settings.monitoring_addr))
@@ -592,12 +605,19 @@ class DiscoveryApp:
 
     def _start_publishing_root(self) -> None:
         """On Kubernetes: the root as the ``istio-ca-root-cert`` ConfigMap of every watched namespace,
-        and as the caBundle of istiod's webhooks when they serve the CA's certificate."""
+        and as the caBundle of istiod's webhooks when they serve the CA's certificate. The ConfigMaps
+        are written by the leader of the replicas only; every replica patches the webhooks, as istiod's
+        do (each revision its own)."""
         if self.identity is None or self._kube_api is None:
             return
         root = self.identity.authority.root_pem
         self.root_certs = RootCertPublisher(
-            self._kube_api, root, selectors=selectors_of(self.env.mesh), registry=self.metrics.registry
+            self._kube_api,
+            root,
+            selectors=selectors_of(self.env.mesh),
+            registry=self.metrics.registry,
+            lease_namespace=self.settings.istio_namespace,
+            lease=LeaseTimings.for_duration(self.settings.lease_duration),
         )
         self.root_certs.start()
         if self.webhooks is not None and self.webhooks.serves_mesh_certificate:

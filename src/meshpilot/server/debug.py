@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -157,6 +158,8 @@ def config_json(config: Any) -> dict[str, Any]:
 
 #: A debug page: the query and the namespace the caller is limited to ("" for all) in, a response out.
 Page = Callable[[Mapping[str, str], str], web.Response]
+#: A page whose answer is gathered from other processes (a push-worker pool's: ``pool.debug_pages``).
+AsyncPage = Callable[[Mapping[str, str], str], Awaitable[web.Response]]
 
 
 class DebugHandlers:
@@ -180,7 +183,7 @@ class DebugHandlers:
         }
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.get(f"/debug/{name}", _http(page)) for name, page in self.pages.items()]
+        return [page_route(name, page) for name, page in self.pages.items()]
 
     def render(self, page: str, query: Mapping[str, str], scope: str) -> tuple[int, bytes]:
         """``/debug/<page>?<query>`` as the xDS debug type carries it (``generators.debug.DebugPages``)."""
@@ -281,14 +284,15 @@ class DebugHandlers:
         return _json(json_format.MessageToDict(dump, preserving_proto_field_name=True))
 
 
-def _http(page: Page) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """``page`` as an aiohttp handler: it reads only the query, and the scope the access middleware
+def page_route(name: str, page: Page | AsyncPage) -> web.RouteDef:
+    """``/debug/<name>`` over HTTP: the page reads only the query, and the scope the access middleware
     (``server.debug_access``) decided. Without that decision the page is not served."""
 
     async def handler(request: web.Request) -> web.Response:
         scope = request.get(SCOPE)
         if scope is None:
             return web.Response(status=403, text="debug access is not configured\n")
-        return page(request.query, scope)
+        response = page(request.query, scope)
+        return await response if inspect.isawaitable(response) else response
 
-    return handler
+    return web.get(f"/debug/{name}", handler)

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from meshpilot.server.debug import DebugHandlers
-from meshpilot.server.metrics import Metrics
 from meshpilot.server.settings import Address
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -36,9 +34,15 @@ LIVE_PATH = "/healthz/live"
 _JOIN_SECONDS = 5.0
 
 
+class DebugRoutes(Protocol):
+    """The debug pages (``debug.DebugHandlers``; a push-worker pool's: ``pool.debug_pages``)."""
+
+    def routes(self) -> list[web.RouteDef]: ...
+
+
 def http_app(
     ready: Callable[[], bool],
-    debug: DebugHandlers | None,
+    debug: DebugRoutes | None,
     forward: Callable[[Handler], Handler],
     access: Middleware | None = None,
     *,
@@ -71,10 +75,15 @@ def http_app(
 
 
 def monitoring_app(
-    metrics: Metrics, debug: DebugHandlers, version: str, access: Middleware | None = None
+    exposition: Callable[[], Awaitable[bytes]],
+    debug: DebugRoutes,
+    version: str,
+    access: Middleware | None = None,
 ) -> web.Application:
+    """/metrics (``exposition``: the text of a scrape), /version and the debug pages."""
+
     async def metrics_handler(request: web.Request) -> web.Response:
-        return web.Response(body=metrics.exposition(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+        return web.Response(body=await exposition(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
     async def version_handler(request: web.Request) -> web.Response:
         return web.Response(text=version)

@@ -232,9 +232,13 @@ class Metrics:
         self.registry.register(collector)
 
     def exposition(self) -> bytes:
-        """Prometheus text format, counters under their istiod names."""
-        text = generate_latest(self.registry).decode()
-        return _rename_counters(text, self.registry).encode()
+        return exposition(self.registry)
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """Prometheus text format, counters under their istiod names."""
+    text = generate_latest(registry).decode()
+    return _rename_counters(text, registry).encode()
 
 
 # Counters istiod itself names with "_total" (the injector's, SDS's, the process collector's

@@ -32,6 +32,7 @@ from meshpilot.xds.debug_access import DebugRefused
 from meshpilot.xds.delta_protocol import MAX_SUBSCRIPTIONS, RefusedRequest, check_names
 from meshpilot.xds.dependencies import proxy_needs_push
 from meshpilot.xds.generators.base import GenerationContext, Generator, Resource
+from meshpilot.xds.generators.debug import answer_debug
 from meshpilot.xds.host import StreamHost
 from meshpilot.xds.types import PUSH_ORDER, TypeUrl, parse_type_url
 
@@ -212,7 +213,7 @@ class Stream(abc.ABC):
         ctx = GenerationContext(conn.proxy, push, self.host.index, request, self.host.cache, conn.identity)
         watch = WatchedResource(known.value, names=frozenset(names))
         try:
-            resources = self.generators[known].generate(ctx, watch, None) or []
+            resources = await answer_debug(self.generators[known], ctx, watch)
         except DebugRefused as err:
             await self._refuse("debug", err.code, str(err))
         except Exception:
