@@ -10,7 +10,9 @@ In the Istio namespace, in this order:
    and ``ca-key.pem`` (the root and its key), ``root-cert.pem`` (the root again) and empty
    ``cert-chain.pem`` and ``key.pem``, as istiod's ``BuildSecret`` writes it, so either server reads
    what the other made. Made at the first start and reused after; when two replicas make it at once,
-   the API server keeps one (the other's create gets 409) and both sign with that one.
+   the API server keeps one (the other's create gets 409) and both sign with that one, as with
+   istiod, whose failed create is retried and then reads the winner's. No leader election is needed:
+   the create is the one write, and the API server lets only one through.
 
 Bad content is a :class:`ConfigError` naming the Secret and the key, and nothing is written. A
 failing API server is a :class:`KubeError`; retrying is the caller's choice.
