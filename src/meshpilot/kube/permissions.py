@@ -5,8 +5,8 @@ where: in every namespace (a ClusterRole) or only in the Istio namespace (a Role
 under ``deploy/`` grant exactly these and the deploy tests check them against the real API server with a
 SubjectAccessReview per verb, and against istiod's own ClusterRole and Role (nothing broader).
 
-The watched kinds, the status subresources, the webhook configurations and the Lease are taken from the
-constants the code itself reads (``KubeSource``'s kinds, ``WebhookKind``, ``STATUS_LEASE``), so a kind
+The watched kinds, the status subresources, the webhook configurations and the Leases are taken from the
+constants the code itself reads (``KubeSource``'s kinds, ``WebhookKind``, the Leases), so a kind
 added there shows up here, and in the deploy tests' review, without an edit. The verbs are those of the
 code's requests: an informer lists and watches (``GET`` with and without ``watch``), a create is
 ``POST``, an update ``PUT``, a status write ``PATCH``.
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from meshpilot.config.schemas import SCHEMAS
-from meshpilot.kube.leader import STATUS_LEASE
+from meshpilot.kube.leader import NAMESPACE_CONTROLLER_LEASE, STATUS_LEASE
 from meshpilot.kube.source import CONFIG_KINDS, REGISTRY_KINDS, SECRET_KINDS
 from meshpilot.kube.webhook_ca import WebhookKind
 
@@ -116,7 +116,7 @@ PERMISSIONS: tuple[Permission, ...] = (
         "leases",
         ("get", "create", "update"),
         Scope.ISTIO_NAMESPACE,
-        f"leader election (Lease {STATUS_LEASE})",
+        f"leader election (Leases {STATUS_LEASE}, {NAMESPACE_CONTROLLER_LEASE})",
     ),
     *_status(),
 )
