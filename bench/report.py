@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import bulk_config, report_delta
+from bench import bulk_config, pool_bench, report_delta
 from bench import ca as ca_bench
 from bench.report_peer import peer_section
 from bench.tables import fleet_run, fmt, get, goal_row, table
@@ -467,7 +467,10 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         out += ["### Goals", ""]
         out += table(
             ["goal", "target", "measured", "verdict"],
-            goals(results) + report_delta.goals(results) + ca_bench.goals(results),
+            goals(results)
+            + report_delta.goals(results)
+            + ca_bench.goals(results)
+            + pool_bench.goals(results),
         )
         out += micro_section(results)
         images = plots(results, suite)
@@ -478,6 +481,7 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         out += floor_section(results)
         out += report_delta.push_floor_section(results, floor_image)
         out += storm_section(results)
+        out += pool_bench.section(results)
         out += ca_bench.section(results)
         out += bulk_config.section(results)
     kube = all_results.get("kube")

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench import bulk_config, grpc_floor
+from bench import bulk_config, grpc_floor, pool_bench
 from bench import ca as ca_bench
 from bench import istiod as peer_istiod
 from bench.ca_job import CaJob
@@ -129,6 +129,8 @@ class Suite:
     ca: CaJob | None = None
     #: Thousands of objects in one config file, added and removed (bench.bulk_config).
     bulk: tuple[bulk_config.BulkJob, ...] = ()
+    #: A fleet over 1 and N push workers, side by side (bench.pool_bench).
+    pool: tuple[pool_bench.PoolJob, ...] = ()
 
 
 def _scenario(file: str, scale: float = 1.0, **overrides: Any) -> Scenario:
@@ -169,6 +171,7 @@ def suites(scale: float = 1.0) -> dict[str, Suite]:
             floor=_floors(quick_http),
             ca=CaJob(sign_count=100, workloads=500),
             bulk=(bulk_config.BulkJob(_scenario("se-10k", scale, services=2500, name="se-2500")),),
+            pool=(pool_bench.PoolJob(quick_http, rounds=2),),
         ),
         "full": Suite(
             "full",
@@ -187,6 +190,7 @@ def suites(scale: float = 1.0) -> dict[str, Suite]:
             floor=_floors(full_http),
             ca=CaJob(sign_count=300, workloads=2000),
             bulk=(bulk_config.BulkJob(_scenario("se-10k", scale)),),
+            pool=(pool_bench.PoolJob(full_http),),
         ),
     }
 
@@ -317,6 +321,10 @@ def run_suite(
             continue
         log(f"bulk config, {bulk.scenario.services} objects of kind {bulk.kind} in one file")
         results.setdefault("bulk", []).append(bulk_config.run(bulk))
+    for pool in suite.pool:
+        if only and pool.scenario.name not in only and "pool" not in only:
+            continue
+        results.setdefault("pool", []).append(pool_bench.run(pool))
     results["wall_seconds"] = round(time.time() - started, 1)
     return results
 
@@ -325,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
     parser.add_argument("--suite", choices=sorted(suites()), default="quick")
     parser.add_argument(
-        "--only", nargs="*", help="micro, floor, fleet, peer, storm, ca, bulk or scenario names"
+        "--only", nargs="*", help="micro, floor, fleet, peer, storm, ca, bulk, pool or scenario names"
     )
     parser.add_argument(
         "--peer",
