@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+from multiprocessing.queues import Queue
+from multiprocessing.sharedctypes import SynchronizedArray
 
-from meshpilot.xds.rate_limit import TokenBucket
+from meshpilot.xds.rate_limit import SharedState, TokenBucket
 
 
 class Clock:
@@ -42,3 +45,22 @@ async def test_real_time_pacing() -> None:
     results = [await bucket.acquire(1.0) for _ in range(5)]
     assert results == [True] * 5
     assert asyncio.get_running_loop().time() - started >= 0.07
+
+
+def _take_one(array: SynchronizedArray[float], results: Queue[bool]) -> None:
+    """In another process: take a token from the shared bucket, without waiting."""
+    results.put(asyncio.run(TokenBucket(1.0, state=SharedState(array)).acquire(0.0)))
+
+
+def test_a_shared_bucket_is_one_limit_across_processes() -> None:
+    context = multiprocessing.get_context("spawn")
+    state = SharedState.create(context)
+    results: Queue[bool] = context.Queue()
+    child = context.Process(target=_take_one, args=(state.array, results))
+    child.start()
+    child.join(30)
+    assert results.get(timeout=5) is True, "the other process took the one token"
+    # One token a second: this process finds the bucket empty, as if it had taken the token itself.
+    assert not asyncio.run(TokenBucket(1.0, state=state).acquire(0.1))
+    local = TokenBucket(1.0)
+    assert asyncio.run(local.acquire(0.0)), "a bucket of its own is not affected"

@@ -14,12 +14,12 @@ import queue
 import threading
 from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
-from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
 from meshpilot.pool.calls import Handlers, Pending, answer
 from meshpilot.pool.change_log import encode
 from meshpilot.pool.ops import Call, Ready, Reply
+from meshpilot.pool.shared import PoolShared
 from meshpilot.server import logs
 from meshpilot.server.settings import DiscoverySettings
 
@@ -32,7 +32,7 @@ class WorkerLink:
         index: int,
         settings: DiscoverySettings,
         context: SpawnContext,
-        pushes_sent: Synchronized[int],
+        shared: PoolShared,
         loop: asyncio.AbstractEventLoop,
         on_ready: Callable[[WorkerLink], None],
         handlers: Handlers | None = None,
@@ -45,7 +45,7 @@ class WorkerLink:
         self._parent, child = context.Pipe()
         self.process: SpawnProcess = context.Process(
             target=worker_main,
-            args=(settings, index, child, pushes_sent, logs.configured()),
+            args=(settings, index, child, shared, logs.configured()),
             name=f"meshpilot-push-worker-{index}",
             daemon=True,
         )

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, Counter
 from meshpilot.pool.calls import Handlers
 from meshpilot.pool.change_log import ChangeLog
 from meshpilot.pool.link import WorkerLink
+from meshpilot.pool.shared import PoolShared
 from meshpilot.server.settings import DiscoverySettings
-from meshpilot.xds.rate_limit import default_rate
 from meshpilot.xds.server import default_push_throttle
 
 log = logging.getLogger(__name__)
@@ -48,16 +48,15 @@ def default_workers() -> int:
 
 
 def worker_settings(settings: DiscoverySettings, workers: int) -> DiscoverySettings:
-    """A worker's settings: no sources, no webhooks; its share of the server's push throttle and
-    new-stream rate, so that the pool as a whole keeps istiod's limits."""
+    """A worker's settings: no sources, no webhooks; its share of the server's concurrent pushes, so
+    that the pool as a whole keeps istiod's limit. (The new-stream rate is one bucket that every
+    worker takes from: ``PoolShared``.)"""
     throttle = settings.push_throttle or default_push_throttle()
-    rate = settings.max_requests_per_second or default_rate()
     return dataclasses.replace(
         settings,
         config_dir=None,
         webhook_addr=None,
         push_throttle=max(1, math.ceil(throttle / workers)),
-        max_requests_per_second=rate / workers,
         push_workers=1,
     )
 
@@ -70,8 +69,7 @@ class PushWorkerPool:
         self._settings = worker_settings(settings, self.count)
         self._log = changes
         self._context = multiprocessing.get_context("spawn")
-        #: The number of the last push sent; a worker admits a new stream once it applied that one.
-        self.pushes_sent = self._context.Value("Q", 0, lock=False)
+        self.shared = PoolShared.create(self._context)
         self.links: list[WorkerLink | None] = [None] * self.count
         self._subscriptions: dict[int, int] = {}
         self._started_at: dict[int, float] = {}
@@ -97,7 +95,7 @@ class PushWorkerPool:
             self._start(index)
 
     def note_push(self, seq: int) -> None:
-        self.pushes_sent.value = seq
+        self.shared.pushes_sent.value = seq
 
     async def wait_ready(self) -> None:
         await self._all_ready.wait()
@@ -107,7 +105,7 @@ class PushWorkerPool:
             index,
             self._settings,
             self._context,
-            self.pushes_sent,
+            self.shared,
             asyncio.get_running_loop(),
             self._ready,
             self.handlers,

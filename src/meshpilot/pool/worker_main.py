@@ -8,14 +8,15 @@ import contextlib
 import logging
 import signal
 from multiprocessing.connection import Connection
-from multiprocessing.sharedctypes import Synchronized
 from typing import Any
 
 from meshpilot.pool.replica import Replica
+from meshpilot.pool.shared import PoolShared
 from meshpilot.server import gc_tuning, logs, malloc_tuning
 from meshpilot.server.app import DiscoveryApp, Role
 from meshpilot.server.identity import IdentityPlane
 from meshpilot.server.settings import DiscoverySettings
+from meshpilot.xds.rate_limit import SharedState, TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ def worker_main(
     settings: DiscoverySettings,
     index: int,
     conn: Connection,
-    pushes_sent: Synchronized[int],
+    shared: PoolShared,
     log_options: logs.LogOptions,
 ) -> None:
     """The process's entry (multiprocessing's spawn start method)."""
@@ -33,17 +34,19 @@ def worker_main(
     gc_tuning.configure()
     # The terminal's ^C reaches every process of the group; the main process stops the workers.
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(settings, index, conn, pushes_sent))
+        asyncio.run(_serve(settings, index, conn, shared))
 
 
-async def _serve(
-    settings: DiscoverySettings, index: int, conn: Connection, pushes_sent: Synchronized[int]
-) -> None:
+async def _serve(settings: DiscoverySettings, index: int, conn: Connection, shared: PoolShared) -> None:
     app = DiscoveryApp(settings, role=Role.WORKER)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stop)
-    replica = Replica(app, conn, pushes_sent)
+    replica = Replica(app, conn, shared.pushes_sent)
+    # The server's new-stream limit, not this worker's: one bucket for the pool.
+    app.server.stream_limit = TokenBucket(
+        app.server.stream_limit.rate, state=SharedState(shared.stream_bucket)
+    )
     replica.start(loop)
     await run_worker(app, replica, index)
 

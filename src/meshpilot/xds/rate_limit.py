@@ -7,14 +7,76 @@ future than it may wait, it is refused at once and consumes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from multiprocessing.context import BaseContext
+from multiprocessing.sharedctypes import SynchronizedArray
+from typing import Protocol
 
 
 def default_rate() -> float:
     """istiod's automatic limit: min(15 + 5 per CPU, 100) new streams per second."""
     return float(min(15 + 5 * (os.cpu_count() or 1), 100))
+
+
+class BucketState(Protocol):
+    """Where a bucket keeps its tokens and when it last counted them; ``lock`` guards both."""
+
+    tokens: float
+    updated: float
+
+    def lock(self) -> AbstractContextManager[object]: ...
+
+
+class LocalState:
+    """One process's bucket."""
+
+    def __init__(self, tokens: float, updated: float) -> None:
+        self.tokens = tokens
+        self.updated = updated
+
+    def lock(self) -> AbstractContextManager[object]:
+        return contextlib.nullcontext()
+
+
+class SharedState:
+    """A bucket shared by processes (a push-worker pool's: the limit is the server's, not each
+    worker's). Two doubles in shared memory under their lock; ``time.monotonic`` is one clock for
+    every process of a machine."""
+
+    def __init__(self, array: SynchronizedArray[float]) -> None:
+        self._array = array
+
+    @classmethod
+    def create(cls, context: BaseContext, burst: int = 1) -> SharedState:
+        return cls(context.Array("d", [float(burst), time.monotonic()]))
+
+    @property
+    def array(self) -> SynchronizedArray[float]:
+        """What another process is given to share the bucket (``SharedState(array)`` there)."""
+        return self._array
+
+    @property
+    def tokens(self) -> float:
+        return float(self._array[0])
+
+    @tokens.setter
+    def tokens(self, value: float) -> None:
+        self._array[0] = value
+
+    @property
+    def updated(self) -> float:
+        return float(self._array[1])
+
+    @updated.setter
+    def updated(self, value: float) -> None:
+        self._array[1] = value
+
+    def lock(self) -> AbstractContextManager[object]:
+        return self._array.get_lock()
 
 
 class TokenBucket:
@@ -25,6 +87,7 @@ class TokenBucket:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        state: BucketState | None = None,
     ) -> None:
         if rate <= 0:
             raise ValueError("rate must be positive")
@@ -32,18 +95,19 @@ class TokenBucket:
         self.burst = burst
         self._clock = clock
         self._sleep = sleep
-        self._tokens = float(burst)
-        self._updated = clock()
+        self._state = state if state is not None else LocalState(float(burst), clock())
 
     async def acquire(self, max_wait: float) -> bool:
         """Take a token, waiting at most ``max_wait`` seconds; False, taking nothing, if that is too short."""
-        now = self._clock()
-        tokens = min(float(self.burst), self._tokens + (now - self._updated) * self.rate)
-        wait = 0.0 if tokens >= 1 else (1 - tokens) / self.rate
-        if wait > max_wait:
-            return False
-        self._tokens = tokens - 1
-        self._updated = now
+        state = self._state
+        with state.lock():
+            now = self._clock()
+            tokens = min(float(self.burst), state.tokens + (now - state.updated) * self.rate)
+            wait = 0.0 if tokens >= 1 else (1 - tokens) / self.rate
+            if wait > max_wait:
+                return False
+            state.tokens = tokens - 1
+            state.updated = now
         if wait > 0:
             await self._sleep(wait)
         return True

@@ -106,7 +106,7 @@ class DiscoveryServer:
             if self.options.cache_size > 0
             else None
         )
-        self._stream_limit = TokenBucket(self.options.max_requests_per_second or default_rate())
+        self.stream_limit = TokenBucket(self.options.max_requests_per_second or default_rate())
         self.connections: dict[str, Connection] = {}
         #: pilot_xds{version} labels (bounded: ISTIO_VERSION is the client's to choose), by connection.
         self._versions_seen = ProxyVersions()
@@ -369,7 +369,7 @@ class DiscoveryServer:
             await context.abort(grpc.StatusCode.UNAVAILABLE, NOT_READY)
         if self.admission_gate is not None:
             await self.admission_gate()
-        if not await self._stream_limit.acquire(self.options.request_wait):
+        if not await self.stream_limit.acquire(self.options.request_wait):
             self.metrics.rate_limited.inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "request rate limit exceeded")
         if not secure:
