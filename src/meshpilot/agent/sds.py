@@ -24,6 +24,7 @@ import grpc
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
+from meshpilot.grpc_bind import bind
 from meshpilot.networking.names import SDS_DEFAULT, SDS_ROOTCA
 from meshpilot.networking.protobuf import pack
 from meshpilot.networking.tls import FILE_CERT_PREFIX, FILE_ROOT_PREFIX
@@ -225,7 +226,6 @@ async def serve_sds(
         source.subscribe(sds.replace)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([sds.grpc_handler()])
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot listen on {address} for SDS")
+    bind(server, address, "SDS")
     await server.start()
     return server, sds

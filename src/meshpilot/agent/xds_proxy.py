@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 
 from meshpilot.agent.ca_client import DEFAULT_CLUSTER_ID, call_metadata, open_channel
+from meshpilot.grpc_bind import bind
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,7 @@ class XdsProxy:
         server.add_generic_rpc_handlers([self._handler()])
         # ``unix:PATH`` takes a relative path too (``unix://`` only an absolute one): the agent binds
         # relative to its root to stay under the 108-byte limit of a socket path.
-        if server.add_insecure_port(f"unix:{uds_path}") == 0:
-            raise OSError(f"cannot listen on {uds_path} for the xDS proxy")
+        bind(server, f"unix:{uds_path}", "the xDS proxy", where=str(uds_path))
         await server.start()
         self._server = server
         log.info("xDS proxy: Envoy's ADS on %s, relayed to %s", uds_path, self.upstream)

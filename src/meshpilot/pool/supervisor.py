@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 WATCH_INTERVAL = 0.2
 #: The shortest time between two starts of the same worker (a worker that dies at start must not spin).
 RESTART_BACKOFF = 1.0
+#: Starts in a row that exited before serving after which the pool gives up: a worker that cannot
+#: bind its port or load its model will not do better the fourth time, and a server that says why
+#: and exits is better than one that is never ready.
+MAX_FAILED_STARTS = 3
 
 
 #: The most workers ``--push-workers 0`` starts: past it, the main process (one core) feeding
@@ -63,8 +68,13 @@ def worker_settings(settings: DiscoverySettings, workers: int) -> DiscoverySetti
 
 class PushWorkerPool:
     def __init__(
-        self, settings: DiscoverySettings, changes: ChangeLog, registry: CollectorRegistry | None = None
+        self,
+        settings: DiscoverySettings,
+        changes: ChangeLog,
+        registry: CollectorRegistry | None = None,
+        on_failure: Callable[[], None] = lambda: None,
     ) -> None:
+        """``on_failure`` is called once if a worker cannot be kept running (``failure`` says why)."""
         self.count = settings.push_workers
         self._settings = worker_settings(settings, self.count)
         self._log = changes
@@ -76,6 +86,10 @@ class PushWorkerPool:
         self._ever_ready: set[int] = set()
         self._all_ready = asyncio.Event()
         self._stopping = False
+        self._failed_starts: dict[int, int] = {}
+        self._on_failure = on_failure
+        #: Why the pool gave up on a worker, if it did.
+        self.failure: str | None = None
         #: What a worker may ask the main process (``pool.calls``; the debug pages add theirs).
         self.handlers: Handlers = {}
         self.restarts = Counter(
@@ -133,14 +147,25 @@ class PushWorkerPool:
                 wait = self._started_at[index] + RESTART_BACKOFF - time.monotonic()
                 if wait > 0:
                     continue
+                self._log.unsubscribe(self._subscriptions.pop(index))
+                link.close()
+                failed = self._failed_starts[index] = (
+                    0 if link.ready else self._failed_starts.get(index, 0) + 1
+                )
+                if failed >= MAX_FAILED_STARTS:
+                    self.failure = (
+                        f"push worker {index} exited {failed} times in a row before serving (last exit "
+                        f"code {link.process.exitcode}); its log above says why"
+                    )
+                    log.error("%s", self.failure)
+                    self._on_failure()
+                    return
                 log.warning(
                     "push worker %d (pid %s) exited with %s; starting it again",
                     index,
                     link.pid,
                     link.process.exitcode,
                 )
-                self._log.unsubscribe(self._subscriptions.pop(index))
-                link.close()
                 self.restarts.inc()
                 self._start(index)
 

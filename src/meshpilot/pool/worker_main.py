@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -34,7 +35,11 @@ def worker_main(
     gc_tuning.configure()
     # The terminal's ^C reaches every process of the group; the main process stops the workers.
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(settings, index, conn, shared))
+        try:
+            asyncio.run(_serve(settings, index, conn, shared))
+        except OSError as err:  # a port taken: one line, as the single process says it
+            log.error("push worker %d: %s", index, err)
+            sys.exit(1)
 
 
 async def _serve(settings: DiscoverySettings, index: int, conn: Connection, shared: PoolShared) -> None:

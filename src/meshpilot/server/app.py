@@ -28,6 +28,7 @@ from meshpilot.config.errors import ConfigError
 from meshpilot.config.file_source import FileSource, ObjectSink
 from meshpilot.config.store import ConfigEvent, ConfigStore
 from meshpilot.config.unapplied import UnappliedConfig
+from meshpilot.grpc_bind import bind
 from meshpilot.kube.client import KubeError, client_from_kubeconfig
 from meshpilot.kube.controller import KubeController, KubeOptions
 from meshpilot.kube.leader import LeaseTimings
@@ -314,7 +315,7 @@ class DiscoveryApp:
         #: The push workers (MAIN only; started by run()).
         self.pool: PushWorkerPool | None = None
         if self.changes is not None:
-            self.pool = PushWorkerPool(settings, self.changes, self.metrics.registry)
+            self.pool = PushWorkerPool(settings, self.changes, self.metrics.registry, on_failure=self.stop)
             self.server.add_push_listener(self._record_push)
             pages = PoolPages(debug, self.pool)
             self.pool.handlers.update(pages.handlers())
@@ -487,9 +488,8 @@ class DiscoveryApp:
         Linux), which is what lets push workers share the port."""
         server = grpc.aio.server(options=GRPC_OPTIONS)
         server.add_generic_rpc_handlers([self.server.grpc_handler()])
-        bound = server.add_insecure_port(self.settings.grpc_addr.grpc_target)
-        if bound == 0:
-            raise OSError(f"cannot listen on {self.settings.grpc_addr} for xDS")
+        address = self.settings.grpc_addr
+        bind(server, address.grpc_target, "xDS", where=str(address))
         self.grpc_server = server
         return server
 
@@ -648,3 +648,5 @@ async def serve(settings: DiscoverySettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stop)
     await app.run()
+    if app.pool is not None and app.pool.failure is not None:
+        raise OSError(app.pool.failure)

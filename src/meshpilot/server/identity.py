@@ -24,6 +24,7 @@ from meshpilot.ca.keys import load_plugged_files, plugged_files
 from meshpilot.ca.mesh_ca import load_authority
 from meshpilot.ca.service import CaMetrics, CertificateService
 from meshpilot.ca.serving import ServingCertificate, istiod_dns_names
+from meshpilot.grpc_bind import bind
 from meshpilot.kube.client import KubeError
 from meshpilot.server.secure_grpc import server_credentials
 from meshpilot.server.settings import Address, DiscoverySettings
@@ -140,13 +141,8 @@ class IdentityPlane:
         ):
             if address is None:
                 continue
-            if (
-                server.add_secure_port(
-                    address.grpc_target, server_credentials(self.serving, client_roots=roots)
-                )
-                == 0
-            ):
-                raise OSError(f"cannot listen on {address} for secure xDS")
+            credentials = server_credentials(self.serving, client_roots=roots)
+            bind(server, address.grpc_target, "secure xDS", credentials, where=str(address))
             bound.append(str(address))
         return bound
 
