@@ -45,11 +45,14 @@ typecheck: install-test
 
 # Programs the tests drive that pip cannot install: iptables, ip, setpriv and curl for the
 # real capture tests (tests/iptables), and a headless Chromium for /debug/ui
-# (tests/integration/test_debug_ui.py). Installed once, only when one is missing.
+# (tests/integration/test_debug_ui.py); and jemalloc, which `meshpilot discovery` preloads
+# (src/meshpilot/server/allocator.py). Installed once, only when one is missing.
 SYSTEM_TOOLS := iptables-restore ip setpriv curl chromium
+SYSTEM_LIBS := libjemalloc.so.2
 $(VENV)/.system-deps: $(BIN)/python
 	for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
-	if [ -n "$$missing" ]; then apt-get update && apt-get install -y iptables iproute2 util-linux curl chromium; fi
+	for lib in $(SYSTEM_LIBS); do ldconfig -p | grep -q "$$lib" || missing=1; done; \
+	if [ -n "$$missing" ]; then apt-get update && apt-get install -y iptables iproute2 util-linux curl chromium libjemalloc2; fi
 	touch $@
 
 # Istio and Kubernetes as the referee (tests/reference, the real-API-server and agent tests):

@@ -145,11 +145,12 @@ async def test_bad_files_are_rejected_and_the_canary_keeps_getting_pushes(tmp_pa
         assert mp.metric("meshpilot_config_rejected_objects") >= 3
         (config / "flood.yaml").unlink()
         await _until(lambda: mp.metric("pilot_services") < 100, 30, "flood removed")
+        # jemalloc (server/allocator.py) returns freed pages after about a second: given two.
+        await asyncio.sleep(2.0)
         ended_rss = rss(mp.proc.pid)
         figures = (started_rss >> 20, after_bad >> 20, ended_rss >> 20)
         print("RSS MiB: {} at start, {} after the bad files, {} at the end".format(*figures))
-        # What the allocator keeps of 10,000 removed objects (about 60 MiB) is bounded, not growing.
-        assert ended_rss < 2 * started_rss, (started_rss, ended_rss)
+        assert ended_rss < 1.5 * started_rss, (started_rss, ended_rss)
     finally:
         if client is not None:
             await client.close()

@@ -22,3 +22,10 @@ def test_applied_on_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_operators_settings_win(monkeypatch: pytest.MonkeyPatch, knob: str) -> None:
     monkeypatch.setenv(knob, "4")
     assert not malloc_tuning.configure()
+
+
+def test_nothing_is_set_under_jemalloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setattr(malloc_tuning.allocator, "jemalloc_mapped", lambda: True)
+    assert not malloc_tuning.configure()

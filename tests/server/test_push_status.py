@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
+import weakref
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,22 @@ async def test_push_status_is_logged_once_per_snapshot(caplog: pytest.LogCapture
     assert json.loads(lines[0].removeprefix("Push Status: ")) == {
         "pilot_eds_no_instances": {"outbound|80||a.default.svc.cluster.local": {}}
     }
+
+
+async def test_the_logger_does_not_keep_a_replaced_snapshot(caplog: pytest.LogCaptureFixture) -> None:
+    """A snapshot the logger saw goes once the server replaced it, not an interval later: after a
+    large file is removed, the one before held every service of the file."""
+    caplog.set_level(logging.INFO, logger="meshpilot.server.push_status")
+    snapshots = [_Snapshot(_service("a.default.svc.cluster.local", ("http", 80)))]
+    seen = weakref.ref(snapshots[0])
+    task = asyncio.create_task(
+        log_push_status(lambda: snapshots[-1], EndpointIndex(), interval=0.05)  # type: ignore[arg-type,return-value]
+    )
+    try:
+        await asyncio.sleep(0.2)
+        assert any(r.getMessage().startswith("Push Status: ") for r in caplog.records)
+        snapshots[:] = [_Snapshot()]
+        gc.collect()
+        assert seen() is None, "the logger still holds the snapshot it logged"
+    finally:
+        task.cancel()

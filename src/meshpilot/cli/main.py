@@ -238,6 +238,9 @@ def _run_discovery(args: argparse.Namespace) -> int:
         print(f"meshpilot: {err}", file=sys.stderr)
         return 2
     logs.report_unknown_scopes(unknown_scopes)
+    from meshpilot.server.allocator import log_choice
+
+    log_choice(args.allocator)
     compat = istiod_compat.startup_report(args, os.environ)
     istiod_compat.log_report(compat)
     if compat.refused:
@@ -398,12 +401,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["iptables"]:
         from meshpilot.iptables.command import main as iptables_main
 
         return iptables_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "discovery":
+        from meshpilot.server import allocator
+
+        # Before the server allocates anything: this may run the command again under jemalloc.
+        try:
+            args.allocator = allocator.prepare(argv, reexec=as_program)
+        except allocator.AllocatorError as err:
+            print(f"meshpilot: {err}", file=sys.stderr)
+            return 2
     code: int = args.run(args)
     return code
 

@@ -11,6 +11,14 @@ shared by gRPC's threads, which allocate little).
 Large blocks are then always mapped and unmapped: a push's payloads of more than 128 KiB cost a
 mapping each, which the bench's push figures include. ``MALLOC_ARENA_MAX`` or
 ``MALLOC_MMAP_THRESHOLD_`` in the environment (glibc's own knobs) leave the choice to the operator.
+
+All of this is glibc's and applies only when glibc's ``malloc`` is the one in use. ``meshpilot
+discovery`` normally runs on jemalloc (``server/allocator.py``), whose ``malloc`` ignores these
+settings (``mallopt`` would still reach glibc's allocator, which then serves nothing): under it
+``configure`` does nothing, and jemalloc's page purging (``MALLOC_CONF``) does what the fixed
+threshold did here. With glibc, Python's own objects stay with CPython's small-object allocator:
+``PYTHONMALLOC=malloc`` on glibc kept more memory after 10,000 ServiceEntries were added and removed
+and made the micro benchmarks 10% slower (docs/reliability.md, "Memory after a large file").
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
+
+from meshpilot.server import allocator
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +46,8 @@ def configure() -> bool:
     Call before gRPC starts its threads: arenas that exist stay.
     """
     if "MALLOC_ARENA_MAX" in os.environ or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    if allocator.jemalloc_mapped():
         return False
     name = ctypes.util.find_library("c")
     if name is None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -76,15 +77,21 @@ async def log_push_status(
 ) -> None:
     """Until cancelled: each ``interval``, a ``Push Status:`` line if the snapshot changed and the
     status is not empty (istiod's ``periodicRefreshMetrics``)."""
-    last: PushContext | None = None
+    last: weakref.ref[PushContext] | None = None
     while True:
         await asyncio.sleep(interval)
-        push = current()
-        if push is None or push is last:
-            continue
-        last = push
-        if not log.isEnabledFor(logging.INFO):
-            continue
+        last = _log_if_new(current(), last, index)
+
+
+def _log_if_new(
+    push: PushContext | None, last: weakref.ref[PushContext] | None, index: EndpointIndex
+) -> weakref.ref[PushContext] | None:
+    # Weakly, and no snapshot in the loop's locals: the one logged last must not outlive its
+    # successor by up to an interval (after a large file is removed: every service it had, for 10 s).
+    if push is None or (last is not None and last() is push):
+        return last
+    if log.isEnabledFor(logging.INFO):
         status = proxy_status(push, index)
         if status:
             log.info("Push Status: %s", status_json(status).decode())
+    return weakref.ref(push)

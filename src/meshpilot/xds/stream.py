@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -309,7 +310,15 @@ class Stream(abc.ABC):
         assert conn is not None and request.push is not None
         if request.full:
             self.host.refresh_proxy(conn.proxy, request.push)
-        if not proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace):
+        needed = proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace)
+        if conn.proxy.previous_scope is not None:
+            # The previous scope answers one question, whether the change that recomputed the
+            # state concerns a host that just left the scope, and that is decided now. istiod keeps
+            # it until the next recomputation (its incremental CDS and EDS read it; nothing here
+            # does): kept, it would hold every service the proxy used to see (10,000 after a large
+            # file is removed) until the proxy's next full push.
+            conn.proxy.state = dataclasses.replace(conn.proxy.state, previous_scope=None)
+        if not needed:
             return
         ordered: list[str] = [t for t in PUSH_ORDER if t in conn.watched]
         ordered += [t for t in conn.watched if t not in ordered]
