@@ -1,11 +1,18 @@
 """The main process's side of the change log: every change its sources make to the model, in order,
-to every push worker; and the current state in compact form, so that a worker that starts later (or
-again, after a crash) catches up with a snapshot instead of the whole history."""
+to every push worker; and the state in compact form, so that a worker that starts later (or again,
+after a crash) catches up with a snapshot instead of the whole history.
+
+After the start, the compact state is the one of the last push, and what was recorded since is
+kept as it came: a worker that subscribes gets that state under that push's version, then the same
+changes and pushes the other workers got. It never serves under a version a state the others did not
+serve under it (changes not pushed yet would otherwise be in its first snapshot), and a batch still
+open in the main process is open in the worker too (its end is yet to come)."""
 
 from __future__ import annotations
 
 import logging
 import pickle
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,17 +48,37 @@ def encode(message: object) -> bytes:
 
 class ChangeLog:
     def __init__(self) -> None:
+        # The state at the last push recorded while no batch was open (before Start: at the last
+        # moment none was), compacted.
         self._objects: dict[str, dict[ObjectKey, Decoded]] = {LOCAL: {}}
         self._mesh: Any = None
         self._authority: Authority | None = None
         self._start: Start | None = None
+        #: What was recorded since that state, in order.
+        self._tail: list[Op] = []
+        #: The batches open, per target (a file's batch spans awaits; another source's may nest in it).
+        self._open: Counter[str] = Counter()
         self._subscribers: dict[int, Send] = {}
         self._ids = 0
         #: The number of the last push recorded.
         self.push_seq = 0
 
     def record(self, op: Op) -> None:
-        self._compact(op)
+        self._tail.append(op)
+        if isinstance(op, BatchStart):
+            self._open[op.target] += 1
+        elif isinstance(op, BatchEnd):
+            self._open[op.target] -= 1
+        elif isinstance(op, Push):
+            self.push_seq = op.seq
+        # Before Start no worker serves, so any state will do to start from; after it, only the
+        # state of a push. Never one in the middle of a batch: the batch's start would be folded
+        # away, and its end, which comes live, would close nothing.
+        settled = self._start is None or isinstance(op, Push | Start)
+        if settled and not any(self._open.values()):
+            for folded in self._tail:
+                self._compact(folded)
+            self._tail.clear()
         data = encode(op)
         for send in list(self._subscribers.values()):
             send(data)
@@ -69,7 +96,8 @@ class ChangeLog:
 
     def snapshot(self) -> Iterator[Op]:
         """What a new worker applies to hold the current model: the mesh, the CA, the clusters, the
-        objects of each (one batch per target) and, once the main process has loaded, Start."""
+        objects of each (one batch per target) as of the last push and, once the main process has
+        loaded, Start under that push's version; then what was recorded since, as it was."""
         if self._mesh is not None:
             yield Mesh(self._mesh)
         if self._authority is not None:
@@ -84,8 +112,9 @@ class ChangeLog:
                 yield Upsert(target, obj)
             yield BatchEnd(target)
         if self._start is not None:
-            # The version of the latest snapshot: the worker's first one holds the same state.
-            yield Start(self._start.version, self.push_seq)
+            # The version of that push: the worker's first snapshot holds the same state.
+            yield self._start
+        yield from self._tail
 
     def _compact(self, op: Op) -> None:
         if isinstance(op, Upsert):
@@ -102,10 +131,8 @@ class ChangeLog:
             self._authority = op
         elif isinstance(op, Start):
             self._start = op
-        elif isinstance(op, Push):
-            self.push_seq = op.seq
-            if op.version and self._start is not None:
-                self._start = Start(op.version, op.seq)
+        elif isinstance(op, Push) and op.version and self._start is not None:
+            self._start = Start(op.version, op.seq)
 
 
 class LoggedSink:

@@ -72,7 +72,9 @@ class Replica:
         self._pushed = asyncio.Event()
         self._sinks: dict[str, ObjectSink] = {LOCAL: ObjectRouter(app.store, app.kube, app.credentials)}
         self._remote: dict[str, KubeRegistry] = {}
-        self._batches: dict[str, ExitStack] = {}
+        #: The batches open per target, innermost last: as in the main process, one source's batch
+        #: may open while another's is (a file applied in slices, a Kubernetes event between them).
+        self._batches: dict[str, list[ExitStack]] = {}
         #: Questions the main process may ask (its debug pages and /metrics read the workers).
         self.handlers: Handlers = {**debug_pages.worker_handlers(app), **metrics.worker_handlers(app)}
         self._asked = Pending()
@@ -147,10 +149,11 @@ class Replica:
         elif isinstance(op, Remove):
             self._sinks[op.target].remove(op.kind, op.namespace, op.name)
         elif isinstance(op, BatchStart):
-            stack = self._batches[op.target] = ExitStack()
+            stack = ExitStack()
             stack.enter_context(self._sinks[op.target].batch())
+            self._batches.setdefault(op.target, []).append(stack)
         elif isinstance(op, BatchEnd):
-            self._batches.pop(op.target).close()
+            self._batches[op.target].pop().close()
         elif isinstance(op, Attach):
             registry = self.app.make_registry(op.cluster)
             self._remote[op.cluster] = registry
