@@ -630,16 +630,11 @@ def test_nested_batches() -> None:
     run(EVERYTHING, [Step(changes, batches=2, push_midway=True)], late=(0, 3))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KubeRegistry (registry/kube/controller.py): the endpoints of an EndpointSlice whose Service "
-    "the cluster lacks are reported when a pod or the slice changes outside a batch, and dropped when it "
-    "changes inside one (batch() refreshes only services it has); a worker that joins later loads the "
-    "objects in a batch, so it serves other endpoints than the processes that saw the change alone",
-)
 def test_a_slice_whose_service_is_gone() -> None:
     """Service a removed, its EndpointSlice kept, then one of its pods changed outside a batch; a
-    worker joins after that (WEST's Service a keeps the hostname and its clusters)."""
+    worker joins after that (WEST's Service a keeps the hostname and its clusters). The registry once
+    reported the slice's endpoints outside a batch and dropped them inside one, so the late worker,
+    which loads in a batch, served other endpoints."""
     steps = [
         Step((Change("service/a", None),), batches=1),
         Step((Change("pod/a-1", 40801),)),  # a pod the slice (variant 27348) names

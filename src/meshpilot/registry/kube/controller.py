@@ -282,17 +282,19 @@ class KubeRegistry:
         finally:
             self._batch_depth -= 1
             if self._batch_depth == 0 and self._pending:
-                # A service deleted in the batch reports nothing; one not yet created
-                # reports its endpoints when it is (see _upsert_service).
                 pending, self._pending = self._pending, set()
-                self._refresh_services({key for key in pending if key in self._kube_services})
+                self._refresh_services(pending)
 
     def _refresh_services(self, keys: set[tuple[str, str]]) -> None:
         if self._batch_depth:
             self._pending |= keys
             return
+        # Only services the cluster has: a slice whose Service is deleted (or not created yet)
+        # reports nothing, whether it changes alone or in a batch, so the endpoints are a function
+        # of the objects, not of the order they came in (a push worker loads them in one batch).
+        # A Service that comes reports its slices' endpoints (_upsert_service).
         for namespace, name in sorted(keys):
-            if name:
+            if name and (namespace, name) in self._kube_services:
                 self._refresh_endpoints(namespace, name)
 
     def _refresh_endpoints(self, namespace: str, name: str) -> None:
