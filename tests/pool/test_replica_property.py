@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import pytest
 from google.protobuf import any_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import threading
 from multiprocessing.queues import Queue
 from multiprocessing.sharedctypes import SynchronizedArray
 
@@ -49,7 +50,7 @@ async def test_real_time_pacing() -> None:
 
 def _take_one(array: SynchronizedArray[float], results: Queue[bool]) -> None:
     """In another process: take a token from the shared bucket, without waiting."""
-    results.put(asyncio.run(TokenBucket(1.0, state=SharedState(array)).acquire(0.0)))
+    results.put(asyncio.run(TokenBucket(0.01, state=SharedState(array)).acquire(0.0)))
 
 
 def test_a_shared_bucket_is_one_limit_across_processes() -> None:
@@ -60,7 +61,12 @@ def test_a_shared_bucket_is_one_limit_across_processes() -> None:
     child.start()
     child.join(30)
     assert results.get(timeout=5) is True, "the other process took the one token"
-    # One token a second: this process finds the bucket empty, as if it had taken the token itself.
-    assert not asyncio.run(TokenBucket(1.0, state=state).acquire(0.1))
-    local = TokenBucket(1.0)
+    # One token in 100 s: this process finds the bucket empty, as if it had taken the token itself.
+    assert not asyncio.run(TokenBucket(0.01, state=state).acquire(0.1))
+    local = TokenBucket(0.01)
     assert asyncio.run(local.acquire(0.0)), "a bucket of its own is not affected"
+    # A lock nobody releases (its holder was killed): the stream is admitted, the loop not held.
+    holder = threading.Thread(target=state.array.get_lock().acquire)
+    holder.start()
+    holder.join()
+    assert asyncio.run(TokenBucket(0.01, state=state).acquire(0.0))

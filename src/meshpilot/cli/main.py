@@ -40,14 +40,14 @@ def _duration(text: str) -> float:
 
 def _push_workers(text: str) -> int:
     """A worker count; 0 is one per usable core, capped (``pool.supervisor.default_workers``)."""
-    from meshpilot.pool.supervisor import default_workers
+    from meshpilot.pool.supervisor import MAX_WORKERS, default_workers
 
     try:
         count = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid worker count {text!r}") from None
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"invalid worker count {text!r}: 0 or more")
+    if not 0 <= count <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"invalid worker count {text!r}: 0 to {MAX_WORKERS}")
     return count or default_workers()
 
 
@@ -195,7 +195,7 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument(
         "--push-workers",
         type=_push_workers,
-        default=_push_workers(env_default("MESHPILOT_PUSH_WORKERS", "1")),
+        default=env_default("MESHPILOT_PUSH_WORKERS", "1"),
         help="processes serving xDS, sharing its ports; 0 means one per usable core (at most "
         "8); 1 serves everything from one process (default $MESHPILOT_PUSH_WORKERS or 1)",
     )

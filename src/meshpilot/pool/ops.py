@@ -10,7 +10,7 @@ value is a remote cluster's registry, by cluster ID.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshpilot.config.decode import Decoded
@@ -69,7 +69,7 @@ class Authority:
     """The mesh CA's key and certificates as the files of a plugged-in CA (``ca.keys``), so that
     the worker's secure ports and CreateCertificate sign as the main process does."""
 
-    files: dict[str, bytes]
+    files: dict[str, bytes] = field(repr=False)  # the CA's key: never in a log line
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +91,22 @@ class Push:
     forced: bool
     configs_updated: frozenset[ConfigKey]
     reasons: dict[TriggerReason, int]
+    #: ``time.monotonic()`` of the first change behind it: one clock for every process of a machine,
+    #: so the workers' convergence and queue times count the debounce, as one process's do.
+    start: float = 0.0
 
     @classmethod
     def of(cls, seq: int, request: PushRequest) -> Push:
         version = request.push.version if request.push is not None else ""
-        return cls(seq, version, request.full, request.forced, request.configs_updated, dict(request.reasons))
+        return cls(
+            seq,
+            version,
+            request.full,
+            request.forced,
+            request.configs_updated,
+            dict(request.reasons),
+            request.start,
+        )
 
     def request(self) -> PushRequest:
         return PushRequest(
@@ -103,6 +114,7 @@ class Push:
             configs_updated=self.configs_updated,
             reasons=Counter(self.reasons),
             forced=self.forced,
+            start=self.start,
         )
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshpilot.config.file_source import ObjectSink
 from meshpilot.kube.multicluster import registry_sink
-from meshpilot.pool import debug_pages, metrics
+from meshpilot.pool import debug_pages, metrics, preview_connections
 from meshpilot.pool.calls import Handlers, Pending, answer
 from meshpilot.pool.change_log import encode
 from meshpilot.pool.ops import (
@@ -76,7 +76,11 @@ class Replica:
         #: may open while another's is (a file applied in slices, a Kubernetes event between them).
         self._batches: dict[str, list[ExitStack]] = {}
         #: Questions the main process may ask (its debug pages and /metrics read the workers).
-        self.handlers: Handlers = {**debug_pages.worker_handlers(app), **metrics.worker_handlers(app)}
+        self.handlers: Handlers = {
+            **debug_pages.worker_handlers(app),
+            **metrics.worker_handlers(app),
+            **preview_connections.worker_handlers(app),
+        }
         self._asked = Pending()
         self._tasks: set[asyncio.Task[None]] = set()
         app.server.follower = True
@@ -108,7 +112,14 @@ class Replica:
                 return
 
     def _received(self, data: bytes) -> None:
-        message = pickle.loads(data)
+        try:
+            message = pickle.loads(data)
+        except Exception:
+            # Only the main process writes this pipe: a message that does not load is a bug, and
+            # skipping it would leave this replica behind the others. Start again from a snapshot.
+            log.exception("a change log message does not load; exiting")
+            self.app.stop()
+            return
         if isinstance(message, Call):
             task = asyncio.create_task(self._answer(message))
             self._tasks.add(task)
@@ -128,8 +139,10 @@ class Replica:
     def apply(self, op: object) -> None:
         server = self.app.server
         if isinstance(op, Push):
+            if not server.start_push(op.request(), op.version):
+                # Serving on under the old snapshot would admit streams to a state the others left.
+                raise RuntimeError(f"push {op.seq} failed")
             self.push_seq = op.seq
-            server.start_push(op.request(), op.version)
             self._pushed.set()
             self._pushed = asyncio.Event()
         elif isinstance(op, Start):

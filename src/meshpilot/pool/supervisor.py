@@ -39,6 +39,9 @@ MAX_FAILED_STARTS = 3
 #: The most workers ``--push-workers 0`` starts: past it, the main process (one core) feeding
 #: them the change log and the debounce becomes the limit before the workers do.
 MAX_DEFAULT_WORKERS = 8
+#: The most workers one may ask for: each holds the whole model, and the main process writes the
+#: change log to each.
+MAX_WORKERS = 64
 
 
 def usable_cores() -> int:
@@ -100,9 +103,9 @@ class PushWorkerPool:
 
     @property
     def ready(self) -> bool:
-        """Every worker has served once (a worker that restarts does not make the pool unready:
-        its proxies reconnect to the others)."""
-        return self._all_ready.is_set()
+        """Every worker has served once, and one serves now (a worker that restarts does not make
+        the pool unready: its proxies reconnect to the others; none serving does)."""
+        return self._all_ready.is_set() and any(link.ready for link in self.live_links())
 
     def start(self) -> None:
         for index in range(self.count):

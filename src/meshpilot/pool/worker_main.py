@@ -85,9 +85,9 @@ async def run_worker(app: DiscoveryApp, replica: Replica, index: int) -> None:
     finally:
         stopping.cancel()
         if app.secure_server is not None:
-            await app.secure_server.stop(settings.shutdown_grace)
-        for server in servers:
-            await server.stop(settings.shutdown_grace)
+            servers.append(app.secure_server)
+        # Both ports drain at once: the main process allows one grace period (supervisor.stop).
+        await asyncio.gather(*(server.stop(settings.shutdown_grace) for server in servers))
         for task in tasks:
             task.cancel()
         for task in tasks:

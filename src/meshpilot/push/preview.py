@@ -280,7 +280,7 @@ async def _compare(
     return outcome
 
 
-def _watches(conn: Connection) -> dict[str, WatchedResource]:
+def watched_copy(conn: Connection) -> dict[str, WatchedResource]:
     """What ``conn`` watches, copied: its stream goes on changing its own."""
     return {t: WatchedResource(w.type_url, w.names, wildcard=w.wildcard) for t, w in conn.watched.items()}
 
@@ -300,9 +300,12 @@ async def preview(sources: PreviewSources, change: Change, *, scope: str = "") -
         return out
     server = sources.server
     # Taken at once, before the first yield: the proxies as the last push left them.
+    live = (
+        list(server.connections.values()) if sources.connections is None else await sources.connections(scope)
+    )
     conns = [
-        (conn, copy.copy(conn.proxy), _watches(conn))
-        for conn in sorted(server.connections.values(), key=lambda c: c.id)
+        (conn, copy.copy(conn.proxy), watched_copy(conn))
+        for conn in sorted(live, key=lambda c: c.id)
         if not scope or conn.proxy.config_namespace == scope
     ]
     snaps = await scratch(sources, change, slicer)

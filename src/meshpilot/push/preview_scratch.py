@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ from meshpilot.push.preview_change import Change
 from meshpilot.registry.aggregate import AggregateRegistry
 from meshpilot.registry.serviceentry.controller import PodHandler, PodSource, ServiceEntryRegistry
 from meshpilot.xds.cache import XdsCache
+from meshpilot.xds.connection import Connection
 from meshpilot.xds.server import DiscoveryServer
 
 #: How long one slice of work may hold the event loop before it yields.
@@ -49,6 +50,10 @@ class PreviewSources:
     #: server's own set): a change to one is replayed through a scratch registry.
     registry_kinds: frozenset[Kind]
     pods: PodSource | None = None
+    #: The connected proxies when they are not the server's own (a push-worker pool's main process
+    #: asks its workers: ``pool.preview_connections``), each with its proxy's state as the live
+    #: model gives it; None reads ``server.connections``.
+    connections: Callable[[str], Awaitable[list[Connection]]] | None = None
 
 
 class _ReadOnlyPods:

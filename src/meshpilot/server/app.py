@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import signal
@@ -53,6 +54,7 @@ from meshpilot.pool.change_log import ChangeLog, LoggedSink
 from meshpilot.pool.debug_pages import PoolPages
 from meshpilot.pool.metrics import pool_exposition
 from meshpilot.pool.ops import Attach, Authority, Detach, Mesh, Push, Start
+from meshpilot.pool.preview_connections import pool_connections
 from meshpilot.pool.supervisor import PushWorkerPool
 from meshpilot.push.debounce import DebounceOptions
 from meshpilot.push.environment import MeshEnvironment
@@ -169,6 +171,17 @@ class DiscoveryApp:
         self.role = role or (Role.MAIN if settings.push_workers > 1 else Role.SINGLE)
         #: The main process's record of every change, which its push workers apply (MAIN only).
         self.changes = ChangeLog() if self.role is Role.MAIN else None
+        if self.role is Role.MAIN:
+            for address in (
+                settings.grpc_addr,
+                settings.secure_grpc_addr,
+                settings.secure_grpc_client_cert_addr,
+            ):
+                if address is not None and address.port == 0:
+                    raise ConfigError(
+                        f"--push-workers {settings.push_workers} needs fixed xDS ports: {address} would "
+                        "give each worker a port of its own"
+                    )
         #: Called once the config sources were read, before serving (the process freezes the GC here).
         self._after_load = after_load
         self.metrics = Metrics()
@@ -320,6 +333,9 @@ class DiscoveryApp:
             pages = PoolPages(debug, self.pool)
             self.pool.handlers.update(pages.handlers())
             self.debug_pages = pages
+            self.preview_sources = dataclasses.replace(
+                self.preview_sources, connections=pool_connections(self.pool, self.env, self.server)
+            )
 
     def _router(self) -> ObjectSink:
         """Where the local sources write: the store, the credentials and the local registry; in the

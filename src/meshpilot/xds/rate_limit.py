@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from multiprocessing.context import BaseContext
 from multiprocessing.sharedctypes import SynchronizedArray
@@ -22,13 +22,19 @@ def default_rate() -> float:
     return float(min(15 + 5 * (os.cpu_count() or 1), 100))
 
 
+#: How long a worker waits for the shared bucket's lock before it admits the stream anyway: a process
+#: killed while holding it would otherwise hang every worker's event loop. A rate limit, not a check.
+SHARED_LOCK_WAIT = 0.05
+
+
 class BucketState(Protocol):
-    """Where a bucket keeps its tokens and when it last counted them; ``lock`` guards both."""
+    """Where a bucket keeps its tokens and when it last counted them; ``lock`` guards both and
+    yields whether it is held."""
 
     tokens: float
     updated: float
 
-    def lock(self) -> AbstractContextManager[object]: ...
+    def lock(self) -> AbstractContextManager[bool]: ...
 
 
 class LocalState:
@@ -38,8 +44,8 @@ class LocalState:
         self.tokens = tokens
         self.updated = updated
 
-    def lock(self) -> AbstractContextManager[object]:
-        return contextlib.nullcontext()
+    def lock(self) -> AbstractContextManager[bool]:
+        return contextlib.nullcontext(True)
 
 
 class SharedState:
@@ -75,8 +81,15 @@ class SharedState:
     def updated(self, value: float) -> None:
         self._array[1] = value
 
-    def lock(self) -> AbstractContextManager[object]:
-        return self._array.get_lock()
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[bool]:
+        lock = self._array.get_lock()
+        held = lock.acquire(timeout=SHARED_LOCK_WAIT)
+        try:
+            yield held
+        finally:
+            if held:
+                lock.release()
 
 
 class TokenBucket:
@@ -100,7 +113,9 @@ class TokenBucket:
     async def acquire(self, max_wait: float) -> bool:
         """Take a token, waiting at most ``max_wait`` seconds; False, taking nothing, if that is too short."""
         state = self._state
-        with state.lock():
+        with state.lock() as held:
+            if not held:
+                return True
             now = self._clock()
             tokens = min(float(self.burst), state.tokens + (now - state.updated) * self.rate)
             wait = 0.0 if tokens >= 1 else (1 - tokens) / self.rate

@@ -256,9 +256,10 @@ class DiscoveryServer:
         """Push a debounced request to every connection."""
         self.start_push(request)
 
-    def start_push(self, request: PushRequest, version: str | None = None) -> None:
+    def start_push(self, request: PushRequest, version: str | None = None) -> bool:
         """Build the snapshot a push needs and queue every connection; ``version`` names a full
-        push's snapshot when another process chose it (the main process of a push-worker pool)."""
+        push's snapshot when another process chose it (the main process of a push-worker pool).
+        False if it failed (logged and counted)."""
         try:
             if request.full or self.push_context is None:
                 push = self._rebuild_push_context(version)
@@ -288,6 +289,8 @@ class DiscoveryServer:
         except Exception:
             self.metrics.internal_errors.inc()
             log.exception("push failed")
+            return False
+        return True
 
     async def _push_worker(self, limit: asyncio.Semaphore) -> None:
         while True:
