@@ -170,12 +170,19 @@ def workdir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def served(workdir: Path, request: pytest.FixtureRequest) -> AsyncIterator[tuple[Meshpilot, Path]]:
-    case: str = request.param
+    # A case, or (a case, push workers): the preview runs in the main process, over the workers'
+    # connections then.
+    case, workers = request.param if isinstance(request.param, tuple) else (request.param, 1)
     config = workdir / "config"
     config.mkdir()
     shutil.copy(CASES / case / "config.yaml", config / "config.yaml")
     mesh = CASES / case / "mesh.yaml"
-    mp = Meshpilot(workdir, config, mesh_config=mesh if mesh.exists() else None)
+    mp = Meshpilot(
+        workdir,
+        config,
+        mesh_config=mesh if mesh.exists() else None,
+        extra=["--push-workers", str(workers)],
+    )
     mp.start()
     try:
         await asyncio.to_thread(mp.wait_ready)
@@ -220,7 +227,12 @@ async def _connect(mp: Meshpilot, clients: tuple[Client, ...]) -> list[Recorder]
 
 
 @pytest.mark.parametrize(
-    ("served", "scenario"), [pytest.param(s.case, s, id=s.case) for s in SCENARIOS], indirect=["served"]
+    ("served", "scenario"),
+    [
+        *(pytest.param(s.case, s, id=s.case) for s in SCENARIOS),
+        pytest.param((SCENARIOS[0].case, 2), SCENARIOS[0], id=f"{SCENARIOS[0].case}-2-workers"),
+    ],
+    indirect=["served"],
 )
 async def test_the_preview_is_what_the_push_then_sends(
     served: tuple[Meshpilot, Path], scenario: Scenario
