@@ -28,6 +28,7 @@ from meshpilot.pool.ops import (
     BatchEnd,
     BatchStart,
     Detach,
+    JwksKeys,
     Mesh,
     Op,
     Push,
@@ -53,6 +54,7 @@ class ChangeLog:
         self._objects: dict[str, dict[ObjectKey, Decoded]] = {LOCAL: {}}
         self._mesh: Any = None
         self._authority: Authority | None = None
+        self._jwks: JwksKeys | None = None
         self._start: Start | None = None
         #: What was recorded since that state, in order.
         self._tail: list[Op] = []
@@ -102,6 +104,8 @@ class ChangeLog:
             yield Mesh(self._mesh)
         if self._authority is not None:
             yield self._authority
+        if self._jwks is not None:
+            yield self._jwks
         for target, objects in self._objects.items():
             if target != LOCAL:
                 yield Attach(target)
@@ -129,6 +133,8 @@ class ChangeLog:
             self._mesh = op.mesh
         elif isinstance(op, Authority):
             self._authority = op
+        elif isinstance(op, JwksKeys):
+            self._jwks = op
         elif isinstance(op, Start):
             self._start = op
         elif isinstance(op, Push) and op.version and self._start is not None:

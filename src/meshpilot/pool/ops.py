@@ -65,6 +65,13 @@ class Mesh:
 
 
 @dataclass(frozen=True, slots=True)
+class JwksKeys:
+    """Every JWKS the main process holds, after one was fetched or changed (``pool.jwks``)."""
+
+    keys: dict[tuple[str, str], str]
+
+
+@dataclass(frozen=True, slots=True)
 class Authority:
     """The mesh CA's key and certificates as the files of a plugged-in CA (``ca.keys``), so that
     the worker's secure ports and CreateCertificate sign as the main process does."""
@@ -118,7 +125,7 @@ class Push:
         )
 
 
-Op = Upsert | Remove | BatchStart | BatchEnd | Attach | Detach | Mesh | Authority | Start | Push
+Op = Upsert | Remove | BatchStart | BatchEnd | Attach | Detach | Mesh | JwksKeys | Authority | Start | Push
 
 
 @dataclass(frozen=True, slots=True)

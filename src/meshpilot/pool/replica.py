@@ -25,6 +25,7 @@ from meshpilot.kube.multicluster import registry_sink
 from meshpilot.pool import debug_pages, metrics, preview_connections
 from meshpilot.pool.calls import Handlers, Pending, answer
 from meshpilot.pool.change_log import encode
+from meshpilot.pool.jwks import ReplicaJwks
 from meshpilot.pool.ops import (
     LOCAL,
     Attach,
@@ -33,6 +34,7 @@ from meshpilot.pool.ops import (
     BatchStart,
     Call,
     Detach,
+    JwksKeys,
     Mesh,
     Push,
     Ready,
@@ -83,6 +85,9 @@ class Replica:
         }
         self._asked = Pending()
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The main process's JWKS: fetched there once for every worker (``pool.jwks``).
+        self.jwks = ReplicaJwks(self.ask)
+        app.env.jwks = self.jwks
         app.server.follower = True
         app.server.admission_gate = self.caught_up
         # istioctl reaches one worker; its debug types answer for every worker's proxies.
@@ -178,6 +183,8 @@ class Replica:
             self.app.registry.workloads.remove(registry)
         elif isinstance(op, Mesh):
             self.app.on_mesh(op.mesh)
+        elif isinstance(op, JwksKeys):
+            self.jwks.update(op.keys)
         else:
             raise TypeError(f"not a change log message: {op!r}")
 

@@ -78,7 +78,6 @@ async def run_worker(app: DiscoveryApp, replica: Replica, index: int) -> None:
         await server.start()
         servers.append(server)
         tasks.append(asyncio.create_task(app.server.run(), name="push"))
-        tasks.append(asyncio.create_task(app.jwks.run(), name="jwks"))
         replica.ready()
         log.info("push worker %d serving xDS on %s", index, settings.grpc_addr)
         await stopping

@@ -117,6 +117,11 @@ class JwksResolver:
         source = self._sources.get((uri, "" if uri else issuer))
         return source.jwks if source is not None else None
 
+    def held(self) -> dict[tuple[str, str], str]:
+        """Every source's keys that are held, by (uri, issuer when there is no uri): what a push
+        worker's lookup serves (``pool.jwks``)."""
+        return {key: source.jwks for key, source in self._sources.items() if source.jwks is not None}
+
     # -- the fetcher ---------------------------------------------------------------------------
 
     async def run(self) -> None:

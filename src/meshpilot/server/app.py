@@ -50,10 +50,11 @@ from meshpilot.networking.envoyfilter.patches import unapplied as envoy_filter_u
 from meshpilot.networking.envoyfilter.problems import PATCH_PROBLEMS
 from meshpilot.networking.policy_problems import PROBLEMS
 from meshpilot.networking.telemetry_problems import TELEMETRY_PROBLEMS
+from meshpilot.pool import jwks as pool_jwks
 from meshpilot.pool.change_log import ChangeLog, LoggedSink
 from meshpilot.pool.debug_pages import PoolPages
 from meshpilot.pool.metrics import pool_exposition
-from meshpilot.pool.ops import Attach, Authority, Detach, Mesh, Push, Start
+from meshpilot.pool.ops import Attach, Authority, Detach, JwksKeys, Mesh, Push, Start
 from meshpilot.pool.preview_connections import pool_connections
 from meshpilot.pool.supervisor import PushWorkerPool
 from meshpilot.push.debounce import DebounceOptions
@@ -332,6 +333,7 @@ class DiscoveryApp:
             self.server.add_push_listener(self._record_push)
             pages = PoolPages(debug, self.pool)
             self.pool.handlers.update(pages.handlers())
+            self.pool.handlers.update(pool_jwks.main_handlers(self.jwks))
             self.debug_pages = pages
             self.preview_sources = dataclasses.replace(
                 self.preview_sources, connections=pool_connections(self.pool, self.env, self.server)
@@ -371,6 +373,9 @@ class DiscoveryApp:
         return debug_access(lambda: self.server.authenticators, system_namespace, self.debug_rule)
 
     def _jwks_changed(self, owners: frozenset[ConfigKey]) -> None:
+        if self.changes is not None:
+            # Before the push they cause: the workers serve the keys the main process holds.
+            self.changes.record(JwksKeys(self.jwks.held()))
         self.server.config_update(
             PushRequest(full=True, configs_updated=owners, reasons=Counter({TriggerReason.CONFIG: 1}))
         )
