@@ -3,9 +3,12 @@ real registries of the server's metrics read back by prometheus-client's own par
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshpilot.pool.metrics import WORKER_LABEL, families, scrape
+from meshpilot.pool.metrics import WORKER_LABEL, PoolMetrics, families, scrape
+from meshpilot.pool.supervisor import PushWorkerPool
 from meshpilot.server.metrics import Metrics
 
 Scraped = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -56,3 +59,59 @@ def test_streams_and_pushes_add_up_the_model_counts_once_and_processes_stay_apar
 def _tag(scraped: Scraped) -> str:
     [tag] = [dict(labels)["tag"] for name, labels in scraped if name == "istio_build"]
     return tag
+
+
+class _Link:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+class _Pool:
+    """What ``PoolMetrics`` reads of a pool: its links' pids and the workers' answers."""
+
+    def __init__(self, workers: dict[int, tuple[int, Metrics]]) -> None:
+        self.workers = workers
+        self.missing: set[int] = set()
+
+    @property
+    def links(self) -> list[_Link | None]:
+        return [_Link(self.workers[i][0]) if i in self.workers else None for i in range(2)]
+
+    async def answers(self, name: str) -> dict[int, Any]:
+        assert name == "metrics"
+        return {i: families(m.registry) for i, (_, m) in self.workers.items() if i not in self.missing}
+
+
+def _read(text: bytes) -> Scraped:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }
+
+
+async def test_counters_never_go_down_when_a_worker_misses_a_scrape_or_is_replaced() -> None:
+    main, first, second = Metrics(), Metrics(), Metrics()
+    for metrics, count in ((first, 10), (second, 5)):
+        metrics.for_type("cds").pushes.inc(count)
+        metrics.xds_clients.labels(version="1.28.0").set(count)
+    pool = _Pool({0: (100, first), 1: (200, second)})
+    pool_metrics = PoolMetrics(main.registry, cast(PushWorkerPool, pool))
+    pushes = ("pilot_xds_pushes_total", (("type", "cds"),))
+    streams = ("pilot_xds", (("version", "1.28.0"),))
+
+    assert _read(await pool_metrics.exposition())[pushes] == 15
+    # Worker 1 busy: its last answer stands in.
+    pool.missing = {1}
+    assert _read(await pool_metrics.exposition())[pushes] == 15
+    # Worker 0 replaced (a new pid, counting from 0): what the old one counted stays counted; its
+    # streams went with it.
+    replacement = Metrics()
+    replacement.for_type("cds").pushes.inc(2)
+    pool.missing = set()
+    pool.workers[0] = (101, replacement)
+    scraped = _read(await pool_metrics.exposition())
+    assert scraped[pushes] == 10 + 5 + 2
+    assert scraped[streams] == 5
+    # And again: the retired counts are added once, not once per scrape.
+    assert _read(await pool_metrics.exposition())[pushes] == 17

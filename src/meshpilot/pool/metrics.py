@@ -120,7 +120,58 @@ def scrape(main: list[Family], workers: Mapping[int, list[Family]]) -> bytes:
     return exposition(registry)
 
 
-async def pool_exposition(registry: CollectorRegistry, pool: PushWorkerPool) -> bytes:
-    """One scrape of the pool: the main process's ``registry`` and every serving worker's."""
-    workers = await pool.answers("metrics")
-    return scrape(families(registry), workers)
+#: Kinds whose samples only grow: what a worker that is gone counted stays counted.
+MONOTONIC = frozenset({"counter", "histogram", "summary"})
+#: The worker index the counts of workers that are gone are added under.
+RETIRED = -1
+
+
+class PoolMetrics:
+    """The pool's ``/metrics``, scrape after scrape. A counter must not go down: Prometheus reads a
+    drop as a reset (and ``rate()`` jumps). So a worker that misses a scrape (busy, or starting) is
+    counted with its last answer, and when a worker is replaced its last counts are kept, added to
+    the pool's from then on; its gauges (its streams) go with it."""
+
+    def __init__(self, registry: CollectorRegistry, pool: PushWorkerPool) -> None:
+        self._registry = registry
+        self._pool = pool
+        #: Each worker's last answer, with the pid that gave it.
+        self._last: dict[int, tuple[int | None, list[Family]]] = {}
+        #: (name, sample, labels) -> value, and each name's family fields, of workers that are gone.
+        self._retired: dict[tuple[str, str, Labels], float] = {}
+        self._retired_kinds: dict[str, tuple[str, str, str]] = {}
+
+    async def exposition(self) -> bytes:
+        answers = await self._pool.answers("metrics")
+        pids = {index: link.pid for index, link in enumerate(self._pool.links) if link is not None}
+        for index, (pid, answer) in list(self._last.items()):
+            if pids.get(index) != pid:
+                self._retire(answer)
+                del self._last[index]
+        for index, answer in answers.items():
+            self._last[index] = (pids.get(index), answer)
+        workers = {index: answer for index, (_, answer) in self._last.items()}
+        if self._retired:
+            workers[RETIRED] = self._retired_families()
+        return scrape(families(self._registry), workers)
+
+    def _retire(self, answer: list[Family]) -> None:
+        for name, kind, documentation, unit, samples in answer:
+            if kind not in MONOTONIC or name in REPLICATED or name.startswith(PER_PROCESS):
+                continue
+            self._retired_kinds[name] = (kind, documentation, unit)
+            for sample, labels, value in samples:
+                if sample.endswith("_created"):  # a time, not a count
+                    continue
+                key = (name, sample, labels)
+                self._retired[key] = self._retired.get(key, 0.0) + value
+
+    def _retired_families(self) -> list[Family]:
+        by_name: dict[str, list[Sample]] = {}
+        for (name, sample, labels), value in self._retired.items():
+            by_name.setdefault(name, []).append((sample, labels, value))
+        out: list[Family] = []
+        for name, samples in by_name.items():
+            kind, documentation, unit = self._retired_kinds[name]
+            out.append((name, kind, documentation, unit, samples))
+        return out

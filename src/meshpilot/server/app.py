@@ -53,7 +53,7 @@ from meshpilot.networking.telemetry_problems import TELEMETRY_PROBLEMS
 from meshpilot.pool import jwks as pool_jwks
 from meshpilot.pool.change_log import ChangeLog, LoggedSink
 from meshpilot.pool.debug_pages import PoolPages
-from meshpilot.pool.metrics import pool_exposition
+from meshpilot.pool.metrics import PoolMetrics
 from meshpilot.pool.ops import Attach, Authority, Detach, JwksKeys, Mesh, Push, Start
 from meshpilot.pool.preview_connections import pool_connections
 from meshpilot.pool.supervisor import PushWorkerPool
@@ -334,6 +334,7 @@ class DiscoveryApp:
             pages = PoolPages(debug, self.pool)
             self.pool.handlers.update(pages.handlers())
             self.pool.handlers.update(pool_jwks.main_handlers(self.jwks))
+            self._pool_metrics = PoolMetrics(self.metrics.registry, self.pool)
             self.debug_pages = pages
             self.preview_sources = dataclasses.replace(
                 self.preview_sources, connections=pool_connections(self.pool, self.env, self.server)
@@ -349,7 +350,7 @@ class DiscoveryApp:
         """A scrape of /metrics (with a pool: the workers' too, ``pool.metrics``)."""
         if self.pool is None:
             return self.metrics.exposition()
-        return await pool_exposition(self.metrics.registry, self.pool)
+        return await self._pool_metrics.exposition()
 
     def _record_push(self, request: PushRequest) -> None:
         assert self.changes is not None and self.pool is not None
