@@ -19,7 +19,14 @@ class PoolShared:
     #: a fixed share per worker would let the busiest worker set the pace, since the kernel does not
     #: spread connections exactly evenly, and would slow the reconnects after a worker died.
     stream_bucket: SynchronizedArray[float]
+    #: Each worker's loop heartbeat (``time.monotonic()``, one clock for the machine), by index: a
+    #: worker whose loop stopped moving is killed and started again (``PushWorkerPool.watch``).
+    heartbeats: SynchronizedArray[float]
 
     @classmethod
-    def create(cls, context: SpawnContext) -> PoolShared:
-        return cls(context.Value("Q", 0, lock=False), SharedState.create(context).array)
+    def create(cls, context: SpawnContext, workers: int) -> PoolShared:
+        return cls(
+            context.Value("Q", 0, lock=False),
+            SharedState.create(context).array,
+            context.Array("d", workers, lock=False),
+        )

@@ -21,6 +21,7 @@ from meshpilot.pool.calls import Handlers
 from meshpilot.pool.change_log import ChangeLog
 from meshpilot.pool.link import WorkerLink
 from meshpilot.pool.shared import PoolShared
+from meshpilot.server.heartbeat import HeartbeatOptions
 from meshpilot.server.settings import DiscoverySettings
 from meshpilot.xds.server import default_push_throttle
 
@@ -82,7 +83,7 @@ class PushWorkerPool:
         self._settings = worker_settings(settings, self.count)
         self._log = changes
         self._context = multiprocessing.get_context("spawn")
-        self.shared = PoolShared.create(self._context)
+        self.shared = PoolShared.create(self._context, self.count)
         self.links: list[WorkerLink | None] = [None] * self.count
         self._subscriptions: dict[int, int] = {}
         self._started_at: dict[int, float] = {}
@@ -91,6 +92,7 @@ class PushWorkerPool:
         self._stopping = False
         self._failed_starts: dict[int, int] = {}
         self._on_failure = on_failure
+        self._live_stall = HeartbeatOptions().live_stall
         #: Why the pool gave up on a worker, if it did.
         self.failure: str | None = None
         #: What a worker may ask the main process (``pool.calls``; the debug pages add theirs).
@@ -141,10 +143,12 @@ class PushWorkerPool:
             self._all_ready.set()
 
     async def watch(self) -> None:
-        """Restart workers that died, until cancelled."""
+        """Restart workers that died (or whose loop stopped moving), until cancelled."""
         while True:
             await asyncio.sleep(WATCH_INTERVAL)
             for index, link in enumerate(self.links):
+                if link is not None and link.alive() and not self._stopping:
+                    self._kill_if_hung(index, link)
                 if link is None or link.alive() or self._stopping:
                     continue
                 wait = self._started_at[index] + RESTART_BACKOFF - time.monotonic()
@@ -171,6 +175,18 @@ class PushWorkerPool:
                 )
                 self.restarts.inc()
                 self._start(index)
+
+    def _kill_if_hung(self, index: int, link: WorkerLink) -> None:
+        """A serving worker whose loop has not stamped its heartbeat for the liveness bound is no
+        use to its proxies (they wait on a stream that never answers): killed, it is started again
+        and they reconnect. The bound is the one Kubernetes' liveness probe applies to the main
+        process's own loop (``server.heartbeat``)."""
+        if not link.ready:
+            return
+        stalled = time.monotonic() - self.shared.heartbeats[index]
+        if stalled > self._live_stall:
+            log.error("push worker %d's loop has not moved for %.0f s; killing it", index, stalled)
+            link.process.kill()
 
     def live_links(self) -> list[WorkerLink]:
         return [link for link in self.links if link is not None and link.alive()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -15,6 +16,7 @@ from meshpilot.pool.replica import Replica
 from meshpilot.pool.shared import PoolShared
 from meshpilot.server import gc_tuning, logs, malloc_tuning
 from meshpilot.server.app import DiscoveryApp, Role
+from meshpilot.server.heartbeat import LoopHeartbeat
 from meshpilot.server.identity import IdentityPlane
 from meshpilot.server.settings import DiscoverySettings
 from meshpilot.xds.rate_limit import SharedState, TokenBucket
@@ -53,7 +55,13 @@ async def _serve(settings: DiscoverySettings, index: int, conn: Connection, shar
         app.server.stream_limit.rate, state=SharedState(shared.stream_bucket)
     )
     replica.start(loop)
-    await run_worker(app, replica, index)
+    # Read by the supervisor: a worker whose loop stops moving is killed and started again.
+    heartbeat = LoopHeartbeat(stamp=functools.partial(shared.heartbeats.__setitem__, index))
+    heartbeat.start()
+    try:
+        await run_worker(app, replica, index)
+    finally:
+        heartbeat.stop()
 
 
 async def run_worker(app: DiscoveryApp, replica: Replica, index: int) -> None:

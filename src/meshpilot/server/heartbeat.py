@@ -38,10 +38,15 @@ class LoopHeartbeat:
     """Stamps ``time.monotonic()`` from the loop it is started on, every ``interval``."""
 
     def __init__(
-        self, options: HeartbeatOptions | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        options: HeartbeatOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        stamp: Callable[[float], None] | None = None,
     ) -> None:
+        """``stamp`` also gets each stamp (a push worker's goes to memory its supervisor reads)."""
         self.options = options or HeartbeatOptions()
         self._clock = clock
+        self._stamp = stamp
         self.last = clock()
         self._handle: asyncio.TimerHandle | None = None
 
@@ -68,4 +73,6 @@ class LoopHeartbeat:
 
     def _beat(self, loop: asyncio.AbstractEventLoop) -> None:
         self.last = self._clock()
+        if self._stamp is not None:
+            self._stamp(self.last)
         self._handle = loop.call_later(self.options.interval, self._beat, loop)
