@@ -20,7 +20,7 @@ from meshpilot.kube.metrics import KubeMetrics
 from meshpilot.kube.source import KubeSource
 from meshpilot.model.kind import Kind
 from meshpilot.registry.kube.controller import KubeRegistry
-from meshpilot.server.app import ObjectRouter
+from meshpilot.server.object_router import ObjectRouter
 
 pytestmark = pytest.mark.integration
 

@@ -51,7 +51,9 @@ from meshpilot.model.push_request import PushRequest, TriggerReason, merge_all
 from meshpilot.pool.change_log import LoggedSink
 from meshpilot.pool.replica import Replica
 from meshpilot.registry.kube.controller import KubeRegistry
-from meshpilot.server.app import DiscoveryApp, ObjectRouter, Role
+from meshpilot.server.app import DiscoveryApp
+from meshpilot.server.object_router import ObjectRouter
+from meshpilot.server.role import Role
 from meshpilot.server.settings import DiscoverySettings
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators import GenerationContext

@@ -44,6 +44,7 @@ from meshpilot.pool.ops import (
     Upsert,
 )
 from meshpilot.registry.kube.controller import KubeRegistry
+from meshpilot.server.object_router import ObjectRouter
 
 if TYPE_CHECKING:
     from meshpilot.server.app import DiscoveryApp
@@ -59,8 +60,6 @@ ASK_TIMEOUT = 8.0
 
 class Replica:
     def __init__(self, app: DiscoveryApp, conn: Connection, pushes_sent: Synchronized[int]) -> None:
-        from meshpilot.server.app import ObjectRouter
-
         self.app = app
         self._conn = conn
         self._pushes_sent = pushes_sent

@@ -15,9 +15,10 @@ from typing import Any
 from meshpilot.pool.replica import Replica
 from meshpilot.pool.shared import PoolShared
 from meshpilot.server import gc_tuning, logs, malloc_tuning
-from meshpilot.server.app import DiscoveryApp, Role
+from meshpilot.server.app import DiscoveryApp
 from meshpilot.server.heartbeat import LoopHeartbeat
 from meshpilot.server.identity import IdentityPlane
+from meshpilot.server.role import Role
 from meshpilot.server.settings import DiscoverySettings
 from meshpilot.xds.rate_limit import SharedState, TokenBucket
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import logging
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -23,8 +21,6 @@ from aiohttp.typedefs import Middleware
 from prometheus_client import Counter as Counter_
 
 from meshpilot import __version__
-from meshpilot.config.core_objects import KubeSecret
-from meshpilot.config.decode import Decoded
 from meshpilot.config.errors import ConfigError
 from meshpilot.config.file_source import FileSource, ObjectSink
 from meshpilot.config.store import ConfigEvent, ConfigStore
@@ -39,11 +35,10 @@ from meshpilot.kube.namespaces import selectors_of
 from meshpilot.kube.root_cert import RootCertPublisher
 from meshpilot.kube.secret_access import KubeSecretAccess, NamespaceAccess, subject_access_review
 from meshpilot.kube.webhook_ca import WebhookCaPatcher
-from meshpilot.model.config import Config, ConfigKey
+from meshpilot.model.config import ConfigKey
 from meshpilot.model.credentials import CredentialStore, SecretAccess, related_keys
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.kind import Kind
-from meshpilot.model.mesh import apply_mesh_config, default_mesh_config
 from meshpilot.model.push_request import PushRequest, TriggerReason, config_request
 from meshpilot.model.telemetry import unapplied as telemetry_unapplied
 from meshpilot.networking.envoyfilter.patches import unapplied as envoy_filter_unapplied
@@ -72,8 +67,11 @@ from meshpilot.server.debug_access import debug_access
 from meshpilot.server.heartbeat import LoopHeartbeat
 from meshpilot.server.http import DebugRoutes, ThreadedSite, http_app, monitoring_app, on_loop, start_site
 from meshpilot.server.identity import IdentityPlane
+from meshpilot.server.mesh_file import load_mesh_config
 from meshpilot.server.metrics import Metrics
+from meshpilot.server.object_router import ObjectRouter
 from meshpilot.server.push_status import log_push_status
+from meshpilot.server.role import Role
 from meshpilot.server.settings import DiscoverySettings
 from meshpilot.webhooks.inject.config import InjectionError
 from meshpilot.webhooks.inject.review import InjectionHandler, InjectionMetrics
@@ -98,64 +96,6 @@ GRPC_OPTIONS = [
 
 #: Kinds whose changes reach proxies through a registry rather than as config pushes.
 _REGISTRY_KINDS = frozenset({Kind.SERVICE_ENTRY, Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP})
-
-
-class ObjectRouter:
-    """The sink of config sources: Istio config to the store, Secrets to the credentials SDS serves,
-    other core objects to the Kubernetes registry."""
-
-    def __init__(
-        self, store: ConfigStore, kube: KubeRegistry, secrets: CredentialStore | None = None
-    ) -> None:
-        self.store = store
-        self.kube = kube
-        self.secrets = secrets if secrets is not None else CredentialStore()
-
-    def upsert(self, obj: Decoded) -> None:
-        if isinstance(obj, Config):
-            self.store.upsert(obj)
-        elif isinstance(obj, KubeSecret):
-            self.secrets.upsert(obj)
-        else:
-            self.kube.upsert(obj)
-
-    def remove(self, kind: Kind, namespace: str, name: str) -> None:
-        if kind.is_istio:
-            self.store.delete(ConfigKey(kind, name, namespace))
-        elif kind is Kind.SECRET:
-            self.secrets.remove(namespace, name)
-        else:
-            self.kube.remove(kind, namespace, name)
-
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        with self.kube.batch(), self.store.batch():
-            yield
-
-
-def load_mesh_config(settings: DiscoverySettings) -> Any:
-    if settings.mesh_config is None:
-        return default_mesh_config()
-    try:
-        text = settings.mesh_config.read_text()
-    except OSError as err:
-        raise ConfigError(f"cannot read mesh config {settings.mesh_config}: {err.strerror or err}") from None
-    try:
-        return apply_mesh_config(text)
-    except ConfigError as err:
-        raise ConfigError(f"mesh config {settings.mesh_config}: {err}") from None
-
-
-class Role(enum.Enum):
-    """What a process of ``meshpilot discovery`` does."""
-
-    #: Everything, in one process (``--push-workers 1``).
-    SINGLE = "single"
-    #: The sources, the registries' debounce, the CA's loading, webhooks, HTTP and monitoring; the
-    #: push workers serve xDS (``pool``).
-    MAIN = "main"
-    #: xDS and CreateCertificate on the shared ports, from a replica the main process keeps current.
-    WORKER = "worker"
 
 
 class DiscoveryApp:
