@@ -2,6 +2,8 @@
 
 The page's numbers are read from the DOM Chromium built (``--dump-dom``) and checked against what
 ``/debug/syncz`` reports and what the clients received; a screenshot is kept as a test artifact.
+With two push workers, the proxies are spread over both (a stream is opened again until it lands on
+the other worker), so the page must gather both workers' streams and add up what each sent.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from support.ads_client import AdsClient, DeltaClient
 from support.kube import istio, workload, write
+from support.pool_sockets import ServerSockets
 from support.processes import Meshpilot
 from support.wait import eventually
 
@@ -101,7 +104,30 @@ async def _chromium(*args: str) -> bytes:
     return out
 
 
-async def test_debug_ui_in_headless_chromium(tmp_path: Path) -> None:
+async def _open(
+    mp: Meshpilot, delta: bool, node_id: str, holders: set[int], *, spread: bool = False
+) -> tuple[AdsClient | DeltaClient, Any]:
+    """A stream that sent its first CDS request, and the answer; the process that took it joins
+    ``holders``. ``spread``: on a process not yet in ``holders`` (the kernel picks a worker per
+    connection, so the stream is opened again until it lands there)."""
+    target = f"127.0.0.1:{mp.grpc_port}"
+    for _ in range(30):
+        before = ServerSockets.read(mp.proc.pid, mp.grpc_port)
+        client: AdsClient | DeltaClient = (
+            DeltaClient(target, own_connection=True) if delta else AdsClient(target, own_connection=True)
+        )
+        client.send(CDS, node_id=node_id)
+        first = await client.recv(10)
+        taker = ServerSockets.read(mp.proc.pid, mp.grpc_port).taken_since(before)
+        if not spread or not taker <= holders:
+            holders |= taker
+            return client, first
+        await client.close()
+    raise AssertionError(f"every connection landed on {holders}")
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-push-workers"])
+async def test_debug_ui_in_headless_chromium(tmp_path: Path, workers: int) -> None:
     config = tmp_path / "config"
     write(
         config / "apps.yaml",
@@ -111,28 +137,28 @@ async def test_debug_ui_in_headless_chromium(tmp_path: Path) -> None:
             *workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
         ],
     )
-    mp = Meshpilot(tmp_path, config, extra=["--log-level", "info"])
+    mp = Meshpilot(tmp_path, config, extra=["--log-level", "info", "--push-workers", str(workers)])
     mp.start()
     clients: list[AdsClient | DeltaClient] = []
+    # The workers that hold a stream so far (the second stream avoids the first's).
+    holders: set[int] = set()
     try:
         mp.wait_ready()
-        target = f"127.0.0.1:{mp.grpc_port}"
         # Two state-of-the-world proxies that acknowledge what they get...
         received: dict[str, list[discovery_pb2.DiscoveryResponse]] = {}
         for pod, ip in (("productpage-v1", "127.0.0.11"), ("reviews-v1", "127.0.0.21")):
-            client = AdsClient(target)
+            client, first = await _open(mp, False, _node(pod, ip), holders, spread=workers > 1)
+            assert isinstance(client, AdsClient)
             clients.append(client)
-            client.send(CDS, node_id=_node(pod, ip))
-            first = await client.recv(10)
             client.ack(first)
             client.send(LDS)
             client.ack(await client.recv(10))
             received[f"{pod}.default"] = []
+        assert len(holders) == min(workers, 2), holders
         # ... and a delta one that never acknowledges its listeners: STALE.
-        delta = DeltaClient(target)
+        delta, cds = await _open(mp, True, _node("ratings-v1", "127.0.0.31"), holders)
+        assert isinstance(delta, DeltaClient)
         clients.append(delta)
-        delta.send(CDS, node_id=_node("ratings-v1", "127.0.0.31"))
-        cds = await delta.recv(10)
         delta.send(CDS, nonce=cds.nonce)
         delta.send(LDS)
         await delta.recv(10)

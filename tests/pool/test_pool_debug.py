@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 from google.protobuf import any_pb2
 from integration.test_istioctl import Istioctl, _istioctl_certs
@@ -43,18 +42,6 @@ METADATA = {
     # What Istio's agent sends; the sync status lists only such nodes.
     "PROXY_CONFIG": {"discoveryAddress": "istiod.istio-system.svc:15012"},
 }
-
-
-class OwnConnection:
-    """Plaintext on a TCP connection of the stream's own: gRPC otherwise shares one connection per
-    target in a process, and every stream would reach the same worker (``ads_client.Secure``'s
-    interface, which is how a client is given its channel)."""
-
-    def channel(self, target: str) -> grpc.aio.Channel:
-        return grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        return ()
 
 
 @dataclass
@@ -102,7 +89,7 @@ async def _connect(mp: Meshpilot, index: int) -> Proxy:
     before = ServerSockets.read(mp.proc.pid, mp.grpc_port)
     delta = index % 2 == 1
     client: AdsClient | DeltaClient = (
-        DeltaClient(target, secure=OwnConnection()) if delta else AdsClient(target, secure=OwnConnection())
+        DeltaClient(target, own_connection=True) if delta else AdsClient(target, own_connection=True)
     )
     for type_url in (TypeUrl.CLUSTER, TypeUrl.LISTENER):
         client.send(type_url.value, node_id=node_id, node_metadata=METADATA)
@@ -217,7 +204,7 @@ class DebugStream:
 
     def __init__(self, mp: Meshpilot) -> None:
         self.mp = mp
-        self.client = AdsClient(f"127.0.0.1:{mp.grpc_port}", secure=OwnConnection())
+        self.client = AdsClient(f"127.0.0.1:{mp.grpc_port}", own_connection=True)
         self.worker = 0
         self._node: str | None = "sidecar~10.0.0.200~istioctl.istio-system~istio-system.svc.cluster.local"
 

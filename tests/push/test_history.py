@@ -69,6 +69,17 @@ def test_records_triggers_proxies_and_bytes() -> None:
     assert got.number == 1 and push.resources == (("cds", "x"), ("cds", "y"))
 
 
+def test_a_push_numbered_elsewhere_keeps_its_number() -> None:
+    """A push worker's records take the main process's numbers (a worker started late sees push 7
+    first); a push of its own counts on from the highest."""
+    history = PushHistory()
+    assert history.started(_request(1), number=7) == 7
+    assert history.started(_request(2)) == 8
+    assert history.started(_request(3), number=8) == 8
+    assert [r.number for r in history.recent()] == [8, 8, 7]
+    assert history.pushes_started == 8
+
+
 def test_a_change_noted_once_is_not_reused_by_a_later_push() -> None:
     history = PushHistory()
     key = ConfigKey(Kind.SERVICE_ENTRY, "reviews.default.svc.cluster.local", "default")

@@ -44,3 +44,36 @@ async def test_client_text_is_escaped_and_rows_are_bounded(tmp_path: Path) -> No
         finally:
             for client in clients:
                 await client.close()
+
+
+def test_views_of_several_processes_make_one() -> None:
+    """A push-worker pool's page: every worker's rows, each push's shares added up (its duration the
+    longest, the workers pushing side by side), the slowest proxies of all."""
+    from meshpilot.server.debug_ui import ProxyRow, PushShare, StreamView, merge_views
+
+    def row(proxy: str, conn: str) -> ProxyRow:
+        return ProxyRow(proxy, conn, "Kubernetes", "sidecar", "1.28.0", "delta", ("SYNCED",) * 5, "-", 0.0)
+
+    one = StreamView(
+        (row("b.default", "b.default-1"),),
+        (("b.default", 0.2),),
+        {(1, "v1"): PushShare(1, 100, 0.2), (2, "v1"): PushShare(1, 10, 0.01)},
+    )
+    two = StreamView(
+        (row("a.default", "a.default-1"), row("c.default", "c.default-3")),
+        (("c.default", 0.3), ("a.default", 0.1)),
+        # A push only this worker recorded (it started after the other's last), and one of its own.
+        {
+            (1, "v1"): PushShare(2, 250, 0.1),
+            (3, "v2"): PushShare(2, 20, 0.05),
+            (3, "v1+1"): PushShare(2, 5, 1),
+        },
+    )
+    merged = merge_views([one, two])
+    assert [r.proxy_id for r in merged.rows] == ["a.default", "b.default", "c.default"]
+    assert merged.slowest == (("c.default", 0.3), ("b.default", 0.2), ("a.default", 0.1))
+    assert merged.shares[(1, "v1")] == PushShare(3, 350, 0.2)
+    assert merged.shares[(2, "v1")] == PushShare(1, 10, 0.01)
+    assert merged.shares[(3, "v2")] == PushShare(2, 20, 0.05)
+    assert merged.shares[(3, "v1+1")] == PushShare(2, 5, 1)
+    assert merge_views([]) == StreamView((), (), {})

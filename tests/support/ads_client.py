@@ -33,10 +33,12 @@ class Secure:
     client_chain_pem: bytes | None = None
     server_name: str = "istiod.istio-system.svc"
 
-    def channel(self, target: str) -> grpc.aio.Channel:
+    def channel(self, target: str, options: list[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
         credentials = grpc.ssl_channel_credentials(self.root_pem, self.client_key_pem, self.client_chain_pem)
         return grpc.aio.secure_channel(
-            target, credentials, options=[("grpc.ssl_target_name_override", self.server_name)]
+            target,
+            credentials,
+            options=[("grpc.ssl_target_name_override", self.server_name), *(options or ())],
         )
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -48,9 +50,21 @@ class _StreamClient:
     read cancels the whole call), both protocols alike."""
 
     def __init__(
-        self, target: str, method: str, serializer: Any, deserializer: Any, secure: Secure | None
+        self,
+        target: str,
+        method: str,
+        serializer: Any,
+        deserializer: Any,
+        secure: Secure | None,
+        own_connection: bool,
     ) -> None:
-        self.channel = secure.channel(target) if secure else grpc.aio.insecure_channel(target)
+        # gRPC shares one TCP connection between a process's channels to one target; a push-worker
+        # pool's kernel picks a worker per connection, so a client that must land anywhere asks for
+        # its own.
+        options = [("grpc.use_local_subchannel_pool", 1)] if own_connection else None
+        self.channel = (
+            secure.channel(target, options) if secure else grpc.aio.insecure_channel(target, options)
+        )
         self._out: asyncio.Queue[Any] = asyncio.Queue()
         self.call = self.channel.stream_stream(
             method, request_serializer=serializer, response_deserializer=deserializer
@@ -97,13 +111,14 @@ class _StreamClient:
 
 
 class AdsClient(_StreamClient):
-    def __init__(self, target: str, *, secure: Secure | None = None) -> None:
+    def __init__(self, target: str, *, secure: Secure | None = None, own_connection: bool = False) -> None:
         super().__init__(
             target,
             ADS_METHOD,
             discovery_pb2.DiscoveryRequest.SerializeToString,
             discovery_pb2.DiscoveryResponse.FromString,
             secure,
+            own_connection,
         )
 
     def send(
@@ -165,9 +180,14 @@ async def refusal(
 class DeltaClient(_StreamClient):
     """A delta ADS client: requests as Envoy's delta subscription sends them, responses as read."""
 
-    def __init__(self, target: str, *, secure: Secure | None = None) -> None:
+    def __init__(self, target: str, *, secure: Secure | None = None, own_connection: bool = False) -> None:
         super().__init__(
-            target, DELTA_METHOD, lambda raw: raw, discovery_pb2.DeltaDiscoveryResponse.FromString, secure
+            target,
+            DELTA_METHOD,
+            lambda raw: raw,
+            discovery_pb2.DeltaDiscoveryResponse.FromString,
+            secure,
+            own_connection,
         )
 
     def send(

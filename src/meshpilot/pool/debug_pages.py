@@ -4,7 +4,9 @@ The main process serves the HTTP and monitoring ports but holds no stream; each 
 So the pages that read the connections are gathered: the main process asks every worker for its own
 page (``worker_handlers``) and makes one answer of them, as a single process would have written it
 (``PoolPages``). The pages that read the model (``configz``, ``registryz``, ...) are the main
-process's own: every worker holds the same model.
+process's own: every worker holds the same model. ``/debug/ui`` shows the pushes the main process
+recorded, with what the workers' streams got from each (a worker's record of a push carries the
+main's number).
 
 istioctl reaches one worker over xDS. That worker's debug types (``xds.generators.debug``) ask the
 main process, which gathers the pool's answer the same way (``PoolPages.handlers``), so the
@@ -21,6 +23,7 @@ from aiohttp import web
 
 from meshpilot.pool.calls import Handlers
 from meshpilot.pool.supervisor import PushWorkerPool
+from meshpilot.server import debug_ui
 from meshpilot.server.debug import AsyncPage, DebugHandlers, page_route
 from meshpilot.xds.generators.base import Generator
 from meshpilot.xds.generators.debug import debug_generators, dump_sections, sync_resources
@@ -48,7 +51,15 @@ def worker_handlers(app: DiscoveryApp) -> Handlers:
         push = server.push_context
         return dump_sections(server, push, proxy_id, scope) if push is not None else None
 
-    return {"page": page, "client_configs": client_configs, "config_dump": config_dump}
+    async def ui_view(scope: str) -> debug_ui.StreamView:
+        return debug_ui.stream_view(server, server.history, scope)
+
+    return {
+        "page": page,
+        "client_configs": client_configs,
+        "config_dump": config_dump,
+        "ui_view": ui_view,
+    }
 
 
 class WorkerFleet:
@@ -152,9 +163,19 @@ class PoolPages:
         async def own(query: Mapping[str, str], scope: str) -> web.Response:
             return local(query, scope)
 
+        if name == "ui":
+            return self.ui
         if merge is not None:
             return gathered
         return one_proxy if name in _ONE_PROXY else own
+
+    async def ui(self, query: Mapping[str, str], scope: str) -> web.Response:
+        """``/debug/ui``: the pushes as the main process records them, each worker's streams and
+        what each sent."""
+        views: list[debug_ui.StreamView] = await self.pool.call_all("ui_view", scope)
+        server = self.local.sources.server
+        text = debug_ui.render(debug_ui.merge_views(views), server.history, server.push_context, query, scope)
+        return debug_ui.response(text)
 
     async def render(self, name: str, query: Mapping[str, str], scope: str) -> Answer:
         """As ``DebugHandlers.render``, for the whole pool."""

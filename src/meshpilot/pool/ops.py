@@ -101,9 +101,12 @@ class Push:
     #: ``time.monotonic()`` of the first change behind it: one clock for every process of a machine,
     #: so the workers' convergence and queue times count the debounce, as one process's do.
     start: float = 0.0
+    #: The number of the main process's record of it (``PushHistory``): the workers' records of
+    #: the same push take it, so ``/debug/ui`` and ``explain`` name one push by one number.
+    number: int = 0
 
     @classmethod
-    def of(cls, seq: int, request: PushRequest) -> Push:
+    def of(cls, seq: int, request: PushRequest, number: int = 0) -> Push:
         version = request.push.version if request.push is not None else ""
         return cls(
             seq,
@@ -113,6 +116,7 @@ class Push:
             request.configs_updated,
             dict(request.reasons),
             request.start,
+            number,
         )
 
     def request(self) -> PushRequest:

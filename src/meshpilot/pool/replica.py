@@ -143,7 +143,7 @@ class Replica:
     def apply(self, op: object) -> None:
         server = self.app.server
         if isinstance(op, Push):
-            if not server.start_push(op.request(), op.version):
+            if not server.start_push(op.request(), op.version, op.number or None):
                 # Serving on under the old snapshot would admit streams to a state the others left.
                 raise RuntimeError(f"push {op.seq} failed")
             self.push_seq = op.seq

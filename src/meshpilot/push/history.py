@@ -196,13 +196,18 @@ class PushHistory:
         if len(noted) > _NOTED_CHANGES:
             noted.popitem(last=False)
 
-    def started(self, request: PushRequest, merged: int = 1) -> int:
-        """Open the record of a push whose ``push`` and ``token`` are set; its number."""
+    def started(self, request: PushRequest, merged: int = 1, number: int | None = None) -> int:
+        """Open the record of a push whose ``push`` and ``token`` are set; its number (``number``
+        when another process numbered the push: a push worker's records take the main process's)."""
         assert request.push is not None
-        self._count += 1
+        if number is None:
+            self._count += 1
+            number = self._count
+        else:
+            self._count = max(self._count, number)
         changes, dropped = self._changes(request)
         record = _Open(
-            number=self._count,
+            number=number,
             version=request.push.version,
             started=self._clock(),
             started_mono=self._monotonic(),

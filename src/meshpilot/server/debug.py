@@ -179,7 +179,7 @@ class DebugHandlers:
             "list": self.list_pages,
             "explain": explain_page(sources.server),
             "push_status": push_status_page(sources.server),
-            "ui": ui_page(sources.server, sources.server.history),
+            "ui": ui_page(sources.server),
         }
 
     def routes(self) -> list[web.RouteDef]:

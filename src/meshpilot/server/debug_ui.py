@@ -16,7 +16,9 @@ from __future__ import annotations
 import datetime
 import html
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from envoy.service.status.v3 import csds_pb2
@@ -28,6 +30,10 @@ from meshpilot.xds.connection import Connection
 from meshpilot.xds.introspect import ConnectedProxies, sorted_connections
 from meshpilot.xds.sync_status import config_status
 from meshpilot.xds.types import TypeUrl
+
+if TYPE_CHECKING:
+    from meshpilot.model.push_context import PushContext
+    from meshpilot.xds.server import DiscoveryServer
 
 #: The columns ``istioctl proxy-status`` shows, in its order.
 TYPES: tuple[tuple[str, str], ...] = (
@@ -99,14 +105,112 @@ def _int(query: Mapping[str, str], key: str, default: int) -> int:
         return default
 
 
-def render(proxies: ConnectedProxies, history: PushHistory, query: Mapping[str, str], scope: str) -> str:
-    conns = sorted_connections(proxies, scope)
-    push = proxies.push_context
+@dataclass(frozen=True, slots=True)
+class ProxyRow:
+    """One row of the proxy table, as plain data (a push worker sends it to the main process)."""
+
+    proxy_id: str
+    connection_id: str
+    cluster: str
+    type: str
+    istio_version: str
+    protocol: str
+    #: One cell per ``TYPES`` entry.
+    statuses: tuple[str, ...]
+    #: The proxy's last push, for people ("-" when none is recorded).
+    last_push: str
+    connected_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class PushShare:
+    """What one process's streams got from one push."""
+
+    proxies: int
+    bytes: int
+    duration_s: float
+
+
+_NOTHING = PushShare(0, 0, 0.0)
+#: A push as the processes that serve streams know it: the number and version of its record.
+PushKey = tuple[int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    """What the page shows of the streams one process holds (or of a whole pool, ``merge_views``)."""
+
+    rows: tuple[ProxyRow, ...]
+    #: (proxy ID, slowest recent push in seconds), slowest first, at most ``SLOWEST``.
+    slowest: tuple[tuple[str, float], ...]
+    shares: Mapping[PushKey, PushShare]
+
+
+def stream_view(proxies: ConnectedProxies, history: PushHistory, scope: str) -> StreamView:
+    """The connections of this process (of ``scope``'s namespace when given) and their pushes."""
+    rows = []
+    for conn in sorted_connections(proxies, scope):
+        proxy = conn.proxy
+        last = history.for_proxy(proxy.id, 1)
+        if last:
+            record, pushed = last[0]
+            last_text = f"#{record.number}: {byte_count(pushed.bytes)} in {_ms(pushed.duration_s)}"
+        else:
+            last_text = "-"
+        rows.append(
+            ProxyRow(
+                proxy.id,
+                conn.id,
+                proxy.cluster_id,
+                proxy.type.value,
+                proxy.metadata.istio_version,
+                conn.protocol,
+                tuple(type_status(conn, url) for _, url in TYPES),
+                last_text,
+                conn.connected_at,
+            )
+        )
+    in_scope = {row.proxy_id for row in rows}
+    slowest = [(p, d) for p, d in history.slowest_proxies(SLOWEST * 10) if p in in_scope][:SLOWEST]
+    shares = {
+        (r.number, r.version): PushShare(r.proxies, r.bytes, r.duration_s) for r in history.recent(PUSHES)
+    }
+    return StreamView(tuple(rows), tuple(slowest), shares)
+
+
+def merge_views(views: Iterable[StreamView]) -> StreamView:
+    """One view of several processes' streams: every row, the slowest of all, each push's shares
+    added up (its duration is the longest of them: the processes push side by side)."""
+    rows: list[ProxyRow] = []
+    slowest: list[tuple[str, float]] = []
+    shares: dict[PushKey, PushShare] = {}
+    for view in views:
+        rows += view.rows
+        slowest += view.slowest
+        for key, share in view.shares.items():
+            had = shares.get(key)
+            shares[key] = (
+                share
+                if had is None
+                else PushShare(
+                    had.proxies + share.proxies,
+                    had.bytes + share.bytes,
+                    max(had.duration_s, share.duration_s),
+                )
+            )
+    rows.sort(key=lambda row: (row.connection_id, row.proxy_id))
+    slowest.sort(key=lambda item: (-item[1], item[0]))
+    return StreamView(tuple(rows), tuple(slowest[:SLOWEST]), shares)
+
+
+def render(
+    view: StreamView, history: PushHistory, push: PushContext | None, query: Mapping[str, str], scope: str
+) -> str:
+    """The page: ``view``'s streams, and ``history``'s pushes with what ``view`` says they sent."""
     limit = _int(query, "proxies", MAX_PROXIES)
     refresh = _int(query, "refresh", 0)
-    statuses = [(conn, [type_status(conn, url) for _, url in TYPES]) for conn in conns]
-    synced = sum(1 for _, row in statuses if all(s in ("SYNCED", "IGNORED") for s in row))
-    in_scope = {c.proxy.id for c in conns}
+    rows = view.rows
+    synced = sum(1 for row in rows if all(s in ("SYNCED", "IGNORED") for s in row.statuses))
     records = history.recent(PUSHES)
     parts: list[str] = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
@@ -118,44 +222,37 @@ def render(proxies: ConnectedProxies, history: PushHistory, query: Mapping[str, 
         f'<span data-field="push-version">{_e(push.version if push else "(not ready)")}</span>'
         f" · rendered {_e(_iso(time.time()))}</div>",
         '<div class="summary" id="summary">',
-        f'<span>connected <b data-field="connected">{len(conns)}</b></span>',
+        f'<span>connected <b data-field="connected">{len(rows)}</b></span>',
         f'<span>in sync <b data-field="synced">{synced}</b></span>',
         f'<span>pushes recorded <b data-field="pushes">{history.pushes_started}</b></span>',
         "</div>",
     ]
-    parts += _proxy_table(statuses[:limit], history)
-    if len(statuses) > limit:
-        parts.append(f"<p>{len(statuses) - limit} more not shown (<code>?proxies=N</code>)</p>")
-    parts += _push_timeline(records, scoped=bool(scope))
-    parts += _slowest(history, in_scope)
+    parts += _proxy_table(rows[:limit])
+    if len(rows) > limit:
+        parts.append(f"<p>{len(rows) - limit} more not shown (<code>?proxies=N</code>)</p>")
+    parts += _push_timeline(records, view.shares, scoped=bool(scope))
+    parts += _slowest(view.slowest)
     parts.append("</body></html>")
     return "".join(parts)
 
 
-def _proxy_table(statuses: list[tuple[Connection, list[str]]], history: PushHistory) -> list[str]:
+def _proxy_table(rows: Sequence[ProxyRow]) -> list[str]:
     head = "".join(f"<th>{name}</th>" for name, _ in TYPES)
     out = [
         "<h2>Connected proxies</h2>",
         '<table id="proxies"><thead><tr><th>Proxy</th><th>Cluster</th><th>Type</th><th>Istio</th>'
         f"<th>Protocol</th>{head}<th>Last push</th><th>Connected</th></tr></thead><tbody>",
     ]
-    for conn, row in statuses:
-        proxy = conn.proxy
+    for row in rows:
         cells = "".join(
             f'<td class="{_e(s.replace(" ", "-"))}" data-type="{name}">{_e(s)}</td>'
-            for (name, _), s in zip(TYPES, row, strict=True)
+            for (name, _), s in zip(TYPES, row.statuses, strict=True)
         )
-        last = history.for_proxy(proxy.id, 1)
-        if last:
-            record, pushed = last[0]
-            last_text = f"#{record.number}: {byte_count(pushed.bytes)} in {_ms(pushed.duration_s)}"
-        else:
-            last_text = "-"
         out.append(
-            f'<tr class="proxy" data-proxy="{_e(proxy.id)}" data-connection="{_e(conn.id)}">'
-            f"<td>{_e(proxy.id)}</td><td>{_e(proxy.cluster_id)}</td><td>{_e(proxy.type.value)}</td>"
-            f"<td>{_e(proxy.metadata.istio_version)}</td><td>{_e(conn.protocol)}</td>{cells}"
-            f"<td>{_e(last_text)}</td><td>{_e(_iso(conn.connected_at))}</td></tr>"
+            f'<tr class="proxy" data-proxy="{_e(row.proxy_id)}" data-connection="{_e(row.connection_id)}">'
+            f"<td>{_e(row.proxy_id)}</td><td>{_e(row.cluster)}</td><td>{_e(row.type)}</td>"
+            f"<td>{_e(row.istio_version)}</td><td>{_e(row.protocol)}</td>{cells}"
+            f"<td>{_e(row.last_push)}</td><td>{_e(_iso(row.connected_at))}</td></tr>"
         )
     out.append("</tbody></table>")
     return out
@@ -166,16 +263,21 @@ def _trigger(record: PushRecord, scoped: bool) -> str:
     return ", ".join(f"{r}:{n}" for r, n in sorted(record.reasons.items())) if scoped else record.trigger
 
 
-def _push_timeline(records: list[PushRecord], *, scoped: bool) -> list[str]:
-    longest = max((r.duration_s for r in records), default=0.0) or 1.0
+def _push_timeline(
+    records: list[PushRecord], shares: Mapping[PushKey, PushShare], *, scoped: bool
+) -> list[str]:
+    # What each push sent is the streams' to say (in a pool the main process records the push and
+    # the workers send it).
+    sent = [shares.get((r.number, r.version), _NOTHING) for r in records]
+    longest = max((s.duration_s for s in sent), default=0.0) or 1.0
     out = [
         "<h2>Recent pushes</h2>",
         '<table id="pushes"><thead><tr><th>#</th><th>Started</th><th>Trigger</th><th>Reasons</th>'
         "<th>Merged</th><th>Kind</th><th>Proxies</th><th>Bytes</th><th>Duration</th><th></th></tr>"
         "</thead><tbody>",
     ]
-    for record in records:
-        width = max(1.0, 200 * record.duration_s / longest)
+    for record, share in zip(records, sent, strict=True):
+        width = max(1.0, 200 * share.duration_s / longest)
         kind = "full" if record.full else "eds"
         reasons = ", ".join(f"{r}:{n}" for r, n in sorted(record.reasons.items()))
         out.append(
@@ -184,11 +286,11 @@ def _push_timeline(records: list[PushRecord], *, scoped: bool) -> list[str]:
             f'<td class="trigger" title="{_e(_trigger(record, scoped))}">{_e(_trigger(record, scoped))}</td>'
             f"<td>{_e(reasons)}</td>"
             f'<td class="num" data-field="merged">{record.merged}</td><td>{kind}</td>'
-            f'<td class="num" data-field="proxies">{record.proxies}</td>'
-            f'<td class="num" data-field="bytes" data-value="{record.bytes}">'
-            f"{_e(byte_count(record.bytes))}</td>"
-            f'<td class="num" data-field="duration" data-value="{record.duration_s:.6f}">'
-            f"{_e(_ms(record.duration_s))}</td>"
+            f'<td class="num" data-field="proxies">{share.proxies}</td>'
+            f'<td class="num" data-field="bytes" data-value="{share.bytes}">'
+            f"{_e(byte_count(share.bytes))}</td>"
+            f'<td class="num" data-field="duration" data-value="{share.duration_s:.6f}">'
+            f"{_e(_ms(share.duration_s))}</td>"
             f'<td><div class="bar {kind}" style="width:{width:.0f}px"></div></td></tr>'
         )
     if not records:
@@ -197,12 +299,11 @@ def _push_timeline(records: list[PushRecord], *, scoped: bool) -> list[str]:
     return out
 
 
-def _slowest(history: PushHistory, in_scope: set[str]) -> list[str]:
+def _slowest(rows: Sequence[tuple[str, float]]) -> list[str]:
     out = [
         "<h2>Slowest proxies</h2>",
         '<table id="slowest"><thead><tr><th>Proxy</th><th>Slowest recent push</th></tr></thead><tbody>',
     ]
-    rows = [(p, d) for p, d in history.slowest_proxies(SLOWEST * 10) if p in in_scope][:SLOWEST]
     for proxy_id, duration in rows:
         out.append(
             f'<tr class="slow" data-proxy="{_e(proxy_id)}"><td>{_e(proxy_id)}</td>'
@@ -214,14 +315,16 @@ def _slowest(history: PushHistory, in_scope: set[str]) -> list[str]:
     return out
 
 
-def ui_page(
-    proxies: ConnectedProxies, history: PushHistory
-) -> Callable[[Mapping[str, str], str], web.Response]:
-    """The page as the debug page set holds it (``server.debug.Page``)."""
+def response(text: str) -> web.Response:
+    return web.Response(text=text, content_type="text/html", headers=_HEADERS)
+
+
+def ui_page(server: DiscoveryServer) -> Callable[[Mapping[str, str], str], web.Response]:
+    """The page of one process serving every stream, as the debug page set holds it
+    (``server.debug.Page``; a push-worker pool gathers its workers' views: ``pool.debug_pages``)."""
 
     def page(query: Mapping[str, str], scope: str = "") -> web.Response:
-        return web.Response(
-            text=render(proxies, history, query, scope), content_type="text/html", headers=_HEADERS
-        )
+        view = stream_view(server, server.history, scope)
+        return response(render(view, server.history, server.push_context, query, scope))
 
     return page

@@ -256,10 +256,10 @@ class DiscoveryServer:
         """Push a debounced request to every connection."""
         self.start_push(request)
 
-    def start_push(self, request: PushRequest, version: str | None = None) -> bool:
+    def start_push(self, request: PushRequest, version: str | None = None, number: int | None = None) -> bool:
         """Build the snapshot a push needs and queue every connection; ``version`` names a full
-        push's snapshot when another process chose it (the main process of a push-worker pool).
-        False if it failed (logged and counted)."""
+        push's snapshot and ``number`` its record (``history``) when another process chose them
+        (the main process of a push-worker pool). False if it failed (logged and counted)."""
         try:
             if request.full or self.push_context is None:
                 push = self._rebuild_push_context(version)
@@ -273,7 +273,7 @@ class DiscoveryServer:
             request.push = push
             request.token = new_token()
             merged, self._merged = self._merged, 1
-            self.history.started(request, merged)
+            self.history.started(request, merged, number)
             log.info(
                 "XDS: Pushing Services:%d ConnectedEndpoints:%d Version:%s",
                 len(push.services),
