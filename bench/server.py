@@ -95,6 +95,9 @@ class ServerProcess:
             "off",
             "--log-level",
             "warn",
+            # The single process the push benchmarks measure; the pool benchmark asks for workers.
+            "--push-workers",
+            "1",
             *(extra or []),
         ]
         self.env = {**os.environ, **(env or {})}

@@ -8,10 +8,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from meshpilot.config.decode import Decoded, decode_object
 from meshpilot.model.config import Config
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.pool import change_log
 from meshpilot.pool.change_log import ChangeLog, LoggedSink
 from meshpilot.pool.ops import (
     LOCAL,
@@ -135,3 +138,51 @@ def test_subscriber_gets_snapshot_then_live_changes_until_it_leaves() -> None:
     log.unsubscribe(subscription)
     sink.upsert(service_entry("c", "c.example.com"))
     assert len(messages) == 4
+
+
+def test_a_tail_without_pushes_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Changes that push nothing (a Pod's status churning) are coalesced once the tail is long: each
+    object's last change between two other ops, in the order of those last changes."""
+    monkeypatch.setattr(change_log, "MAX_TAIL", 50)
+    log = ChangeLog()
+    log.record(Start("v1", 0))
+    sink = LoggedSink(RecordingSink(), log)
+    for round_ in range(100):
+        for name in ("a", "b", "c"):
+            sink.upsert(service_entry(name, f"{name}{round_}.example.com"))
+    tail = list(log.snapshot())[1:]  # after Start
+    assert len(tail) <= 50
+    assert [op.obj.meta.name for op in tail if isinstance(op, Upsert)][-3:] == ["a", "b", "c"]
+    last = {op.obj.meta.name: str(op.obj.spec) for op in tail if isinstance(op, Upsert)}
+    assert all(f"{name}99.example.com" in spec for name, spec in last.items())
+    # A push folds the tail into the snapshot as before.
+    log.record(Push(1, "v2", True, False, frozenset(), {TriggerReason.CONFIG: 1}))
+    assert list(log.snapshot())[-1] == Start("v2", 1)
+
+
+def test_coalescing_keeps_what_separates_runs() -> None:
+    a1, a2, b = service_entry("a", "a1.example"), service_entry("a", "a2.example"), service_entry("b", "b")
+    remove_a = Remove(LOCAL, Kind.SERVICE_ENTRY, "default", "a")
+    push = Push(1, "v2", False, False, frozenset(), {TriggerReason.ENDPOINT: 1})
+    tail = [
+        Upsert(LOCAL, a1),
+        Upsert(LOCAL, b),
+        Upsert(LOCAL, a2),
+        push,
+        BatchStart(LOCAL),
+        Upsert(LOCAL, a1),
+        remove_a,
+        BatchEnd(LOCAL),
+        Upsert("west", a1),
+        Upsert(LOCAL, a2),
+    ]
+    assert change_log.coalesce(tail) == [
+        Upsert(LOCAL, b),
+        Upsert(LOCAL, a2),
+        push,
+        BatchStart(LOCAL),
+        remove_a,
+        BatchEnd(LOCAL),
+        Upsert("west", a1),
+        Upsert(LOCAL, a2),
+    ]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import pytest
 from google.protobuf import any_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -48,6 +49,7 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import apply_mesh_config, default_mesh_config
 from meshpilot.model.proxy import NodeMetadata, parse_proxy
 from meshpilot.model.push_request import PushRequest, TriggerReason, merge_all
+from meshpilot.pool import change_log
 from meshpilot.pool.change_log import LoggedSink
 from meshpilot.pool.replica import Replica
 from meshpilot.registry.kube.controller import KubeRegistry
@@ -590,8 +592,12 @@ def test_replicas_serve_the_bytes_of_a_single_process(
     run(initial, steps, late)
 
 
-def test_a_long_sequence_with_every_object() -> None:
-    """One fixed, long sequence: every object several times, removals and mesh changes among them."""
+@pytest.mark.parametrize("max_tail", [change_log.MAX_TAIL, 2], ids=["tail-kept", "tail-coalesced"])
+def test_a_long_sequence_with_every_object(max_tail: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One fixed, long sequence: every object several times, removals and mesh changes among them;
+    once more with the change log's tail coalesced whenever it holds two ops (a late worker then
+    gets each object's last change of a run only, and removals of objects it never had)."""
+    monkeypatch.setattr(change_log, "MAX_TAIL", max_tail)
     rng = random.Random(20)
     names = CHANGED
     initial = tuple(Change(name, rng.randint(0, 2**16)) for name in names)
@@ -642,3 +648,18 @@ def test_a_slice_whose_service_is_gone() -> None:
         Step((Change("dr/a", 1),)),
     ]
     run((Change("service/a", 41830), Change("slice/a", 27348)), steps, late=(2, 0))
+
+
+def test_a_worker_that_joins_after_a_coalesced_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Changes that push nothing, the same objects changed and removed again and again: the tail the
+    late worker gets holds each object's last change of a run only (and removals of objects it never
+    had), yet it serves the same bytes."""
+    monkeypatch.setattr(change_log, "MAX_TAIL", 2)
+    steps = [
+        Step((Change("pod/a-0", 3), Change("pod/a-0", 4), Change("vs/a", 1)), push=False),
+        Step((Change("vs/a", None), Change("se/ext", 5), Change("vs/a", 8)), push=False),
+        Step((Change("se/ext", None), Change("pod/a-0", None), Change("dr/a", 2)), push=False),
+        Step((Change("dr/a", None), Change("pod/a-0", 6), Change("se/ext", 7)), push=False),
+        Step((Change("vs/a", 9),)),
+    ]
+    run(EVERYTHING, steps, late=(3, 2))

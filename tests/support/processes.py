@@ -143,6 +143,11 @@ class Meshpilot(Process):
             debounce,
             "--log-level",
             "debug",
+            # One process unless a test asks for workers (``extra`` comes later and wins): the
+            # command's default, one worker per core, would make every server here a pool, twice
+            # the processes and start-up time. $MESHPILOT_TEST_PUSH_WORKERS runs the suites over one.
+            "--push-workers",
+            os.environ.get("MESHPILOT_TEST_PUSH_WORKERS", "1"),
             *extra,
         ]
         if mesh_config is not None:

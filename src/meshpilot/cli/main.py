@@ -39,8 +39,8 @@ def _duration(text: str) -> float:
 
 
 def _push_workers(text: str) -> int:
-    """A worker count; 0 is one per usable core, capped (``pool.supervisor.default_workers``)."""
-    from meshpilot.pool.supervisor import MAX_WORKERS, default_workers
+    """A worker count; 0 is one per usable core, capped (decided at start: ``pool.sizing``)."""
+    from meshpilot.pool.sizing import MAX_WORKERS
 
     try:
         count = int(text)
@@ -48,7 +48,7 @@ def _push_workers(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid worker count {text!r}") from None
     if not 0 <= count <= MAX_WORKERS:
         raise argparse.ArgumentTypeError(f"invalid worker count {text!r}: 0 to {MAX_WORKERS}")
-    return count or default_workers()
+    return count
 
 
 def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -195,9 +195,10 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument(
         "--push-workers",
         type=_push_workers,
-        default=env_default("MESHPILOT_PUSH_WORKERS", "1"),
-        help="processes serving xDS, sharing its ports; 0 means one per usable core (at most "
-        "8); 1 serves everything from one process (default $MESHPILOT_PUSH_WORKERS or 1)",
+        default=env_default("MESHPILOT_PUSH_WORKERS", "0"),
+        help="processes serving xDS, sharing its ports; 0 means one per usable core (the CPUs "
+        "the process may run on, within its cgroup's CPU limit; at most 8); 1 serves everything "
+        "from one process (default $MESHPILOT_PUSH_WORKERS or 0)",
     )
     cache_default = env_default("PILOT_XDS_CACHE_SIZE", "60000")
     if env_default("PILOT_ENABLE_XDS_CACHE", "true").lower() == "false":

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 #: Where a subscriber's messages go: already pickled, so that an op is pickled once for all workers.
 Send = Callable[[bytes], None]
+#: Ops kept since the last push before the tail is coalesced (``coalesce``). Changes that push
+#: nothing (a Pod's status churning) would otherwise grow it until the next push.
+MAX_TAIL = 10_000
 
 
 def encode(message: object) -> bytes:
@@ -58,6 +61,8 @@ class ChangeLog:
         self._start: Start | None = None
         #: What was recorded since that state, in order.
         self._tail: list[Op] = []
+        #: The tail's length at which it is coalesced next (doubles when little could be folded).
+        self._coalesce_at = MAX_TAIL
         #: The batches open, per target (a file's batch spans awaits; another source's may nest in it).
         self._open: Counter[str] = Counter()
         self._subscribers: dict[int, Send] = {}
@@ -81,6 +86,10 @@ class ChangeLog:
             for folded in self._tail:
                 self._compact(folded)
             self._tail.clear()
+            self._coalesce_at = MAX_TAIL
+        elif len(self._tail) >= self._coalesce_at:
+            self._tail = coalesce(self._tail)
+            self._coalesce_at = max(MAX_TAIL, 2 * len(self._tail))
         data = encode(op)
         for send in list(self._subscribers.values()):
             send(data)
@@ -139,6 +148,34 @@ class ChangeLog:
             self._start = op
         elif isinstance(op, Push) and op.version and self._start is not None:
             self._start = Start(op.version, op.seq)
+
+
+def _object(op: Op) -> tuple[str, ObjectKey] | None:
+    if isinstance(op, Upsert):
+        return op.target, object_key(op.obj)
+    if isinstance(op, Remove):
+        return op.target, (op.kind, op.namespace, op.name)
+    return None
+
+
+def coalesce(tail: list[Op]) -> list[Op]:
+    """``tail`` with only the last change of each object between two other ops (a push, a batch's
+    start or end, ...): applied in order, it leaves a replica in the same state at each of those
+    ops, and only the states between them, which no push saw, are skipped."""
+    out: list[Op] = []
+    run: dict[tuple[str, ObjectKey], Op] = {}
+    for op in tail:
+        key = _object(op)
+        if key is None:
+            out += run.values()
+            run.clear()
+            out.append(op)
+        else:
+            # Moved to the end: the objects keep the order of their last changes.
+            run.pop(key, None)
+            run[key] = op
+    out += run.values()
+    return out
 
 
 class LoggedSink:

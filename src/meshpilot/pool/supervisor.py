@@ -37,25 +37,6 @@ RESTART_BACKOFF = 1.0
 MAX_FAILED_STARTS = 3
 
 
-#: The most workers ``--push-workers 0`` starts: past it, the main process (one core) feeding
-#: them the change log and the debounce becomes the limit before the workers do.
-MAX_DEFAULT_WORKERS = 8
-#: The most workers one may ask for: each holds the whole model, and the main process writes the
-#: change log to each.
-MAX_WORKERS = 64
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def default_workers() -> int:
-    return max(1, min(usable_cores(), MAX_DEFAULT_WORKERS))
-
-
 def worker_settings(settings: DiscoverySettings, workers: int) -> DiscoverySettings:
     """A worker's settings: no sources, no webhooks; its share of the server's concurrent pushes, so
     that the pool as a whole keeps istiod's limit. (The new-stream rate is one bucket that every

@@ -51,6 +51,7 @@ from meshpilot.pool.debug_pages import PoolPages
 from meshpilot.pool.metrics import PoolMetrics
 from meshpilot.pool.ops import Attach, Authority, Detach, JwksKeys, Mesh, Push, Start
 from meshpilot.pool.preview_connections import pool_connections
+from meshpilot.pool.sizing import ephemeral_ports, resolve_workers
 from meshpilot.pool.supervisor import PushWorkerPool
 from meshpilot.push.debounce import DebounceOptions
 from meshpilot.push.environment import MeshEnvironment
@@ -108,21 +109,15 @@ class DiscoveryApp:
         after_load: Callable[[], None] | None = None,
         role: Role | None = None,
     ) -> None:
-        self.settings = settings
+        settings = self.settings = resolve_workers(settings)
         self.role = role or (Role.MAIN if settings.push_workers > 1 else Role.SINGLE)
         #: The main process's record of every change, which its push workers apply (MAIN only).
         self.changes = ChangeLog() if self.role is Role.MAIN else None
-        if self.role is Role.MAIN:
-            for address in (
-                settings.grpc_addr,
-                settings.secure_grpc_addr,
-                settings.secure_grpc_client_cert_addr,
-            ):
-                if address is not None and address.port == 0:
-                    raise ConfigError(
-                        f"--push-workers {settings.push_workers} needs fixed xDS ports: {address} would "
-                        "give each worker a port of its own"
-                    )
+        if self.role is Role.MAIN and (ephemeral := ephemeral_ports(settings)):
+            raise ConfigError(
+                f"--push-workers {settings.push_workers} needs fixed xDS ports: {ephemeral[0]} would "
+                "give each worker a port of its own"
+            )
         #: Called once the config sources were read, before serving (the process freezes the GC here).
         self._after_load = after_load
         self.metrics = Metrics()
@@ -209,7 +204,11 @@ class DiscoveryApp:
         self.identity: IdentityPlane | None = None
         if settings.secure_grpc_addr is not None or settings.secure_grpc_client_cert_addr is not None:
             self.identity = IdentityPlane(
-                settings, lambda: self.env.mesh.trust_domain, self.metrics.registry, kube_api
+                settings,
+                lambda: self.env.mesh.trust_domain,
+                self.metrics.registry,
+                kube_api,
+                quiet=self.role is Role.WORKER,
             )
             self.server.authenticators = self.identity.authenticators
             self.server.trust_domains = self._trust_domains

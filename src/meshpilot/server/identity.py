@@ -39,10 +39,12 @@ class IdentityPlane:
         trust_domain: Callable[[], str],
         registry: CollectorRegistry,
         kube_api: Any | None,
+        *,
+        quiet: bool = False,
     ) -> None:
         """``trust_domain`` is read when needed: on Kubernetes, MeshConfig may arrive after start. The
         CA itself is loaded by ``load`` (or ``load_until_ready``, which waits out an API server that is
-        not there yet)."""
+        not there yet). ``quiet``: another process (a push worker's main) has warned about the set-up."""
         self.settings = settings
         self._trust_domain = trust_domain
         self._registry = registry
@@ -53,7 +55,7 @@ class IdentityPlane:
         authenticators: list[Authenticator] = [ClientCertificate()]
         if kube_api is not None:
             authenticators.append(KubernetesToken(kubernetes_token_reviewer(kube_api), trust_domain))
-        else:
+        elif not quiet:
             log.warning(
                 "not on Kubernetes: no service-account token can be reviewed, so the secure port %s "
                 "authenticates nobody; callers with a mesh certificate use --secure-grpc-client-cert-addr",

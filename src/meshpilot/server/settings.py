@@ -99,7 +99,9 @@ class DiscoverySettings:
     debug_auth_allowed_namespaces: frozenset[str] = frozenset()
     #: POD_NAME: this instance's name in sync status responses (what ``istioctl version`` shows).
     pod_name: str = ""
-    #: Processes serving xDS (``--push-workers``); 1 serves everything from this one process.
+    #: Processes serving xDS (``--push-workers``); 1 serves everything from this one process, 0 is
+    #: one per usable core (``pool.sizing``; the command's default). An embedded server (tests,
+    #: tools) is one process unless it asks.
     push_workers: int = 1
     #: Grace period for open streams on shutdown, in seconds.
     shutdown_grace: float = 2.0
