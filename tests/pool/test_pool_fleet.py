@@ -1,10 +1,11 @@
 """A fleet of simulated sidecars over a server with two push workers (issue 20, "Shown").
 
-The sidecars are the benchmark's simulator (``bench.fleet.run_proxy``: Envoy's order of
-subscriptions, an ACK for every response, Envoy's reconnect backoff), each on its own HTTP/2
-connection, all of them watched response by response here: no version_info of a type may ever be
-older than one the proxy already received, on any stream, and no response may carry no clusters or
-no listeners once the proxy had some. Which worker holds a stream is read from the kernel: the
+The sidecars are the benchmark's simulator (``bench.fleet``: Envoy's order of subscriptions, an
+ACK for every response, Envoy's reconnect backoff; over delta, ``bench.fleet_delta``: wildcard CDS
+and LDS, EDS and RDS by name, a reconnect resuming with the versions held), each on its own HTTP/2
+connection, all of them watched response by response here: no version of a type (``version_info``,
+delta's ``system_version_info``) may ever be older than one the proxy already received, on any
+stream, and no proxy may be left with no clusters or no listeners once it had some. Which worker holds a stream is read from the kernel: the
 server end of each connection is a socket one worker process has open.
 
 The kernel spreads connections over the workers' SO_REUSEPORT sockets by a hash of each
@@ -38,12 +39,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from envoy.service.discovery.v3 import discovery_pb2
 from support.processes import Meshpilot
 
 from bench.fleet import Worker
+from bench.fleet_delta import DeltaProxy
 from bench.pool_bench import streams_by_process
 from bench.scenario import Scenario, write_yaml
-from bench.sidecar import CDS, EDS, LDS, RDS, ProxySpec, SimProxy
+from bench.sidecar import CDS, EDS, LDS, PROTOCOLS, RDS, ProxySpec, SimProxy
 from bench.wirescan import scan_response
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -96,20 +99,18 @@ def version_key(version: str) -> tuple[int, int]:
 
 
 @dataclass
-class WatchedProxy(SimProxy):
-    """A simulated sidecar that checks every response it receives, over all its streams."""
+class Watch:
+    """What one proxy was sent, over all its streams: the newest version of each type, any version
+    older than one before it, and any clusters or listeners taken away once it had some."""
 
-    #: By type: the last response's bytes, and the newest version received (key, text).
-    last: dict[str, bytes] = field(default_factory=dict)
+    #: By type: the newest version received (key, text).
     newest: dict[str, tuple[tuple[int, int], str]] = field(default_factory=dict)
     backwards: list[str] = field(default_factory=list)
     emptied: list[str] = field(default_factory=list)
     #: Types (clusters, listeners) the proxy has held resources of.
-    held: set[str] = field(default_factory=set)
+    had: set[str] = field(default_factory=set)
 
-    def saw(self, type_url: str, data: bytes, now: float) -> None:
-        super().saw(type_url, data, now)
-        version, _, _, resources = scan_response(data)
+    def saw(self, type_url: str, version: str, holds_some: bool, stream: int) -> None:
         key = version_key(version)
         before = self.newest.get(type_url)
         if before is not None and key < before[0]:
@@ -117,14 +118,55 @@ class WatchedProxy(SimProxy):
         if before is None or key > before[0]:
             self.newest[type_url] = (key, version)
         if type_url in (CDS, LDS):
-            if resources:
-                self.held.add(type_url)
-            elif type_url in self.held:
-                self.emptied.append(f"{type_url.rsplit('.', 1)[1]} at {version} (stream {self.connects})")
+            if holds_some:
+                self.had.add(type_url)
+            elif type_url in self.had:
+                self.emptied.append(f"{type_url.rsplit('.', 1)[1]} at {version} (stream {stream})")
+
+
+@dataclass
+class WatchedProxy(SimProxy):
+    """A simulated state-of-the-world sidecar that checks every response it receives."""
+
+    watch: Watch = field(default_factory=Watch)
+    #: By type: the last response's bytes (each carries all the proxy holds of the type).
+    last: dict[str, bytes] = field(default_factory=dict)
+
+    def saw(self, type_url: str, data: bytes, now: float) -> None:
+        super().saw(type_url, data, now)
+        version, _, _, resources = scan_response(data)
+        self.watch.saw(type_url, version, bool(resources), self.connects)
         self.last[type_url] = data
 
     def holds(self, type_url: str, marker: bytes) -> bool:
         return marker in self.last.get(type_url, b"")
+
+
+@dataclass
+class WatchedDeltaProxy(DeltaProxy):
+    """A simulated delta sidecar that checks every response it receives (``system_version_info``
+    is the push's version; what it holds is what came, less what was removed)."""
+
+    watch: Watch = field(default_factory=Watch)
+    #: By type: each resource's bytes, by name.
+    contents: dict[str, dict[str, bytes]] = field(default_factory=dict)
+
+    def saw(self, type_url: str, data: bytes, now: float) -> None:
+        super().saw(type_url, data, now)
+        response = discovery_pb2.DeltaDiscoveryResponse.FromString(data)
+        contents = self.contents.setdefault(type_url, {})
+        for resource in response.resources:
+            contents[resource.name] = resource.resource.value
+        for name in response.removed_resources:
+            contents.pop(name, None)
+        # ``held`` (the simulator's own record) already has this response applied.
+        self.watch.saw(type_url, response.system_version_info, bool(self.held.get(type_url)), self.connects)
+
+    def holds(self, type_url: str, marker: bytes) -> bool:
+        return any(marker in value for value in self.contents.get(type_url, {}).values())
+
+
+Watched = WatchedProxy | WatchedDeltaProxy
 
 
 def client_specs(count: int) -> list[ProxySpec]:
@@ -161,10 +203,10 @@ async def until(check: Callable[[], bool], timeout: float, what: Callable[[], st
     return time.monotonic() - started
 
 
-async def converge(proxies: list[WatchedProxy], type_url: str, marker: bytes, timeout: float = 90) -> float:
-    """Every proxy's last response of ``type_url`` carries ``marker``, and all at one version."""
+async def converge(proxies: list[Watched], type_url: str, marker: bytes, timeout: float = 90) -> float:
+    """Every proxy holds ``marker`` in a resource of ``type_url``, and all at one version."""
 
-    def lagging() -> list[WatchedProxy]:
+    def lagging() -> list[Watched]:
         return [p for p in proxies if not p.holds(type_url, marker)]
 
     took = await until(
@@ -172,15 +214,15 @@ async def converge(proxies: list[WatchedProxy], type_url: str, marker: bytes, ti
         timeout,
         lambda: f"{len(lagging())} proxies lack {marker!r}, e.g. {lagging()[0].spec.node_id}",
     )
-    versions = {p.newest[type_url][1] for p in proxies}
+    versions = {p.watch.newest[type_url][1] for p in proxies}
     assert len(versions) == 1, f"after {marker!r} the proxies hold {sorted(versions)}"
     return took
 
 
-def check_responses(proxies: list[WatchedProxy]) -> None:
-    backwards = {p.spec.node_id: p.backwards for p in proxies if p.backwards}
+def check_responses(proxies: list[Watched]) -> None:
+    backwards = {p.spec.node_id: p.watch.backwards for p in proxies if p.watch.backwards}
     assert not backwards, f"versions went backwards: {dict(list(backwards.items())[:5])}"
-    emptied = {p.spec.node_id: p.emptied for p in proxies if p.emptied}
+    emptied = {p.spec.node_id: p.watch.emptied for p in proxies if p.watch.emptied}
     assert not emptied, f"empty configs after a full one: {dict(list(emptied.items())[:5])}"
 
 
@@ -189,9 +231,11 @@ def change_route(config: Path, marker: str) -> bytes:
     return f"bench-{marker}".encode()
 
 
-async def test_fleet_over_two_workers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_fleet_over_two_workers(tmp_path: Path, protocol: str) -> None:
     """Streams split evenly; every change converges everywhere; a worker killed in a push storm
-    loses no proxy, empties none, never serves an older version, and is started again."""
+    loses no proxy, empties none, never serves an older version, and is started again. Over
+    state-of-the-world and over delta (whose reconnects resume with the versions held)."""
     config = tmp_path / "config"
     MESH.write(config)
     server = Meshpilot(
@@ -201,9 +245,15 @@ async def test_fleet_over_two_workers(tmp_path: Path) -> None:
         extra=["--push-workers", str(WORKERS), "--max-requests-per-second", "400", "--log-level", "info"],
     )
     fleet = Worker(
-        f"127.0.0.1:{server.grpc_port}", [], MESH.route_names(), per_channel=1, own_connections=True
+        f"127.0.0.1:{server.grpc_port}",
+        [],
+        MESH.route_names(),
+        per_channel=1,
+        own_connections=True,
+        protocol=protocol,
     )
-    proxies = [WatchedProxy(spec, MESH.route_names()) for spec in client_specs(STREAMS)]
+    kind = WatchedDeltaProxy if protocol == "delta" else WatchedProxy
+    proxies: list[Watched] = [kind(spec, MESH.route_names()) for spec in client_specs(STREAMS)]
     fleet.proxies = list(proxies)
     poller: asyncio.subprocess.Process | None = None
     # The simulator stands for sidecars on other machines: it yields the shared cores to the server
