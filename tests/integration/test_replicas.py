@@ -4,7 +4,9 @@ Every replica reads the whole model from the API server and serves any proxy; th
 single are: status (the ``istio-status-leader`` Lease), the ``istio-ca-root-cert`` ConfigMaps (the
 ``istio-namespace-controller-election`` Lease) and the CA's ``istio-ca-secret`` (made once: of two
 creates the API server accepts one, and both replicas sign with it). A TCP balancer in front of the
-replicas' xDS ports spreads new connections round-robin, as the ``istiod`` Service does.
+replicas' xDS ports spreads new connections round-robin, as the ``istiod`` Service does. The first two
+replicas have push workers (the command's default), the third is a single process, as a rollout
+that changes ``--push-workers`` would mix them.
 
 Who wrote what is read from the API server's own audit log: each replica talks to it with a client
 certificate of its own name, so every write there names its replica.
@@ -292,10 +294,14 @@ async def test_replicas_share_the_proxies_and_one_leader_writes(
     timings: dict[str, float] = {}
 
     def start(name: str) -> Meshpilot:
+        # The first two run as the command does by default, a push worker per core (two here), so
+        # the replica killed is a main process whose workers must stop with it; the third is one
+        # process, joining replicas of the other shape.
+        workers = "1" if name == "istiod-c" else "0"
         return mesh.start_meshpilot(
             config_dir=None,
             kubeconfig=kubeconfig_as(api, mesh.tmp / f"{name}.kubeconfig", name),
-            extra=["--enable-status", "--lease-duration", f"{LEASE}s"],
+            extra=["--enable-status", "--lease-duration", f"{LEASE}s", "--push-workers", workers],
             env={"POD_NAME": name},
             log_name=f"{name}.log",
             wait=False,
@@ -428,6 +434,9 @@ async def test_replicas_share_the_proxies_and_one_leader_writes(
         reconnects = await asyncio.gather(*(reconnect(p) for p in orphans))
         status_lease, ns_lease, status_written, *envoy_acked = await watched
         timings["streams to the killed replica ended (s)"] = max(broke for broke, _ in reconnects)
+        # Its push workers stop with it and end their streams at once, rather than drain them for
+        # the grace period (2 s) from a model nothing keeps current.
+        assert timings["streams to the killed replica ended (s)"] < 1.0, timings
         # Each simulated proxy reads until 0.5 s pass without a response: that wait is included.
         timings["simulated proxies reconnected and converged (s)"] = max(done for _, done in reconnects)
         timings["Envoy reconnected and acked (s)"] = max(envoy_acked)

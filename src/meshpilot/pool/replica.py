@@ -70,6 +70,8 @@ class Replica:
         self.authority: Authority | None = None
         #: The number of the last push applied; ``_pushed`` is set (and replaced) at each.
         self.push_seq = 0
+        #: The main process died: the streams end at once rather than drain (``worker_main``).
+        self.orphaned = False
         self._pushed = asyncio.Event()
         self._sinks: dict[str, ObjectSink] = {LOCAL: ObjectRouter(app.store, app.kube, app.credentials)}
         self._remote: dict[str, KubeRegistry] = {}
@@ -108,12 +110,16 @@ class Replica:
                 # The main process is gone: nothing keeps this replica current any more.
                 log.error("the main process closed the change log; stopping")
                 with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(self.app.stop)
+                    loop.call_soon_threadsafe(self._orphaned)
                 return
             try:
                 loop.call_soon_threadsafe(self._received, data)
             except RuntimeError:  # the loop closed: exiting
                 return
+
+    def _orphaned(self) -> None:
+        self.orphaned = True
+        self.app.stop()
 
     def _received(self, data: bytes) -> None:
         try:

@@ -95,7 +95,10 @@ async def run_worker(app: DiscoveryApp, replica: Replica, index: int) -> None:
         if app.secure_server is not None:
             servers.append(app.secure_server)
         # Both ports drain at once: the main process allows one grace period (supervisor.stop).
-        await asyncio.gather(*(server.stop(settings.shutdown_grace) for server in servers))
+        # Without a main process nothing keeps this replica current: its proxies leave at once for
+        # another replica, as they would if a single process had died.
+        grace = 0.0 if replica.orphaned else settings.shutdown_grace
+        await asyncio.gather(*(server.stop(grace) for server in servers))
         for task in tasks:
             task.cancel()
         for task in tasks:
