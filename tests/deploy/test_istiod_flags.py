@@ -156,6 +156,7 @@ def _meshpilot(tmp_path: Path, args: list[str], env: dict[str, str]) -> tuple[Pr
         *args,
         # Appended, so they win: a config directory instead of the cluster, and loopback ports of the
         # test's own instead of the chart's (:15014 and the others may be taken on this machine).
+        # Nothing else: the server runs as the chart runs it, push workers by the chart's GOMAXPROCS.
         f"--configDir={config}",
         f"--grpcAddr={HOST}:{free_port()}",
         f"--secureGRPCAddr={HOST}:{free_port()}",
@@ -202,8 +203,9 @@ def test_meshpilot_starts_with_the_charts_command_line(
         process.stop()
     log = process.log()
     logged = re.findall(r"istiod setting (\S+?)=\S* accepted but not implemented", log)
-    # Once; what the chart sets that is what meshpilot does anyway (--keepaliveMaxServerConnectionAge 30m,
-    # GOMAXPROCS, a KUBECONFIG that is not there, REVISION=default, ...) not at all.
+    # Once; what the chart sets that meshpilot implements (GOMAXPROCS bounds its push workers) or that is
+    # what it does anyway (--keepaliveMaxServerConnectionAge 30m, a KUBECONFIG that is not there,
+    # REVISION=default, ...) not at all.
     assert logged == ["CA_TRUSTED_NODE_ACCOUNTS"], log
     assert "not known to meshpilot" not in log
 

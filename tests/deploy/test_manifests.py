@@ -235,11 +235,11 @@ def test_the_service_deployment_and_mesh_config_are_istiods(istio_rendered: Call
         assert mine[field] == istiod[field], field
     # istiod's security context, and the uid its image runs as (1337), which meshpilot's image sets too.
     assert mine["securityContext"] == {**istiod["securityContext"], "runAsUser": 1337, "runAsGroup": 1337}
-    # The chart's environment but for what means nothing to meshpilot (the Go runtime's GOMAXPROCS, an
-    # external control plane's KUBECONFIG, ztunnel's node accounts), and ROOT_CA_DIR: istiod reads its
-    # relative default from /, meshpilot's working directory is its own.
+    # The chart's environment but for what means nothing to meshpilot (an external control plane's
+    # KUBECONFIG, ztunnel's node accounts), and ROOT_CA_DIR: istiod reads its relative default from /,
+    # meshpilot's working directory is its own. GOMAXPROCS bounds the push workers.
     theirs_env = {e["name"]: e for e in istiod["env"]}
-    dropped = {"GOMAXPROCS", "KUBECONFIG", "CA_TRUSTED_NODE_ACCOUNTS", "PLATFORM"}
+    dropped = {"KUBECONFIG", "CA_TRUSTED_NODE_ACCOUNTS", "PLATFORM"}
     assert [e for e in mine["env"] if e["name"] != "ROOT_CA_DIR"] == [
         e for name, e in theirs_env.items() if name not in dropped
     ]
@@ -438,6 +438,18 @@ def _by_url(configuration: dict[str, Any], url: str) -> dict[str, Any]:
     return updated
 
 
+def _env_value(entry: dict[str, Any], pod_fields: dict[str, str]) -> str:
+    """What the kubelet would set: a value, a field of the pod, or (GOMAXPROCS) its CPU limit, here
+    the node's two CPUs, as with no limit set."""
+    if "value" in entry:
+        return str(entry["value"])
+    source = entry["valueFrom"]
+    if "resourceFieldRef" in source:
+        assert source["resourceFieldRef"]["resource"] == "limits.cpu"
+        return "2"
+    return pod_fields[source["fieldRef"]["fieldPath"]]
+
+
 class Istiod(Process):
     """meshpilot started as the Deployment starts it (its arguments and environment), on loopback
     ports of its own, with the injector ConfigMap written as the volume would hold it."""
@@ -451,10 +463,7 @@ class Istiod(Process):
         spec = container(deployment)
         pod_fields = {"metadata.name": "istiod-5d8f7c9b4-x2x7q", "metadata.namespace": NAMESPACE}
         pod_fields["spec.serviceAccountName"] = "istiod"
-        env = {
-            e["name"]: e["value"] if "value" in e else pod_fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
-            for e in spec["env"]
-        }
+        env = {e["name"]: _env_value(e, pod_fields) for e in spec["env"]}
         env["KUBERNETES_SERVICE_HOST"] = ""  # not in a pod: the kubeconfig's credentials
         assert spec["args"][0] == "discovery"
         argv = [

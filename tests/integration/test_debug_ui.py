@@ -232,5 +232,10 @@ async def test_debug_ui_in_headless_chromium(tmp_path: Path, workers: int) -> No
     sotw_bytes = sum(r.ByteSize() for responses in received.values() for r in responses)
     assert int(latest["fields"]["bytes"]) == sotw_bytes + delta_push.ByteSize()
     assert float(latest["fields"]["duration"]) > 0
+    # Each proxy's last push is that one, by the number the table gives it (with workers: the main
+    # process's number, which each worker's record of the push carries).
+    number = latest["attrs"]["data-number"]
+    for proxy, row in proxies.items():
+        assert row["cells"][10].startswith(f"#{number}: "), (proxy, row["cells"][10], number)
     slowest = [r["attrs"]["data-proxy"] for r in page.rows if r["class"] == "slow"]
     assert set(slowest) == set(proxies)

@@ -14,7 +14,7 @@ import pytest
 from integration.conftest import MeshHarness
 from support.kube import egress_sidecar, istio, workload
 from support.processes import Envoy, backend_name
-from support.tcp_relay import TcpRelay
+from support.tcp_balancer import TcpBalancer
 from support.wait import eventually
 
 pytestmark = [pytest.mark.envoy, pytest.mark.integration]
@@ -39,7 +39,7 @@ def _apps(*, ratings: bool = True) -> list[dict[str, object]]:
 
 
 class Delta:
-    def __init__(self, mesh: MeshHarness, envoy: Envoy, relay: TcpRelay) -> None:
+    def __init__(self, mesh: MeshHarness, envoy: Envoy, relay: TcpBalancer) -> None:
         self.mesh = mesh
         self.envoy = envoy
         self.relay = relay
@@ -55,7 +55,7 @@ def delta(mesh: MeshHarness) -> Iterator[Delta]:
     mesh.backend("reviews-v1", *REVIEWS)
     mesh.backend("ratings-v1", *RATINGS)
     meshpilot = mesh.start_meshpilot()
-    relay = TcpRelay("127.0.0.1", ("127.0.0.1", meshpilot.grpc_port)).start()
+    relay = TcpBalancer("127.0.0.1", [("127.0.0.1", meshpilot.grpc_port)]).start()
     try:
         envoy = mesh.sidecar("productpage-v1", CLIENT_IP, labels={"app": "productpage"}, xds_port=relay.port)
         eventually(lambda: backend_name(EGRESS, "ratings")[1] == "ratings-v1", what="ratings routed")
@@ -81,7 +81,7 @@ def test_a_reconnect_is_sent_nothing_it_holds(delta: Delta) -> None:
     kept = delta.kept()
     assert delta.relay.cut() > 0
     # Envoy reconnects with initial_resource_versions: every cluster it holds is left out of the answer.
-    eventually(lambda: delta.relay.accepted >= 2, what="Envoy reconnected")
+    eventually(lambda: sum(delta.relay.accepted.values()) >= 2, what="Envoy reconnected")
     eventually(lambda: delta.kept() >= kept + clusters, what="the reconnect's CDS answered with nothing")
     after = delta.envoy.stats()
     rebuilt = (
@@ -149,7 +149,7 @@ def test_a_reconnect_to_a_restarted_server_is_sent_nothing_it_holds(delta: Delta
     stats = delta.envoy.stats()
     delta.mesh.meshpilot.stop()
     restarted = delta.mesh.start_meshpilot()
-    delta.relay.target = ("127.0.0.1", restarted.grpc_port)
+    delta.relay.set_backends([("127.0.0.1", restarted.grpc_port)])
     delta.relay.cut()
     eventually(lambda: delta.kept() >= clusters, what="the new server left out every cluster Envoy holds")
     after = delta.envoy.stats()

@@ -33,12 +33,10 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 from integration.conftest import MeshHarness
-from support import real_kube
 from support.ads_recorder import Recorder
 from support.kube import endpoint_slice, istio, namespace, pod, service
 from support.processes import Envoy, Meshpilot
 from support.real_kube import RealKubeApiServer, issue
-from support.reference import binary
 from support.tcp_balancer import Backend, TcpBalancer
 from support.wait import eventually
 
@@ -77,19 +75,14 @@ def kube(tmp_path: Path) -> Iterator[tuple[RealKubeApiServer, Path]]:
     audit_log = tmp_path / "audit.log"
     policy = tmp_path / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-    apiserver = tmp_path / "kube-apiserver-audited"
-    apiserver.write_text(
-        f"#!/bin/sh\nexec {binary('kube-apiserver')} --audit-policy-file={policy} "
-        f'--audit-log-path={audit_log} --audit-log-mode=blocking "$@"\n'
-    )
-    apiserver.chmod(0o755)
-
-    def pick(name: str) -> Path:
-        return apiserver if name == "kube-apiserver" else binary(name)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(real_kube, "binary", pick)
-        server = RealKubeApiServer(tmp_path / "kube").start()
+    server = RealKubeApiServer(
+        tmp_path / "kube",
+        apiserver_args=[
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={audit_log}",
+            "--audit-log-mode=blocking",
+        ],
+    ).start()
     try:
         yield server, audit_log
     finally:
@@ -294,10 +287,10 @@ async def test_replicas_share_the_proxies_and_one_leader_writes(
     timings: dict[str, float] = {}
 
     def start(name: str) -> Meshpilot:
-        # The first two run as the command does by default, a push worker per core (two here), so
-        # the replica killed is a main process whose workers must stop with it; the third is one
-        # process, joining replicas of the other shape.
-        workers = "1" if name == "istiod-c" else "0"
+        # The first two with two push workers (the command's default on this machine's two cores,
+        # fixed so that every machine runs the same test), so that the replica killed is a main
+        # process whose workers must stop with it; the third is one process, of the other shape.
+        workers = "1" if name == "istiod-c" else "2"
         return mesh.start_meshpilot(
             config_dir=None,
             kubeconfig=kubeconfig_as(api, mesh.tmp / f"{name}.kubeconfig", name),

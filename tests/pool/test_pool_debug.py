@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import any_pb2
-from integration.test_istioctl import Istioctl, _istioctl_certs
 from support.ads_client import AdsClient, DeltaClient
+from support.istioctl import Istioctl, mesh_certs
 from support.pool_fetch import ServerSockets
 from support.processes import Meshpilot, free_port
 from support.wait import eventually
@@ -225,7 +225,7 @@ async def test_istioctl_and_the_debug_types_see_every_worker(
 ) -> None:
     mp, cert_port = server
     ids = {p.id for p in proxies}
-    istioctl = Istioctl(tmp_path, mp, _istioctl_certs(mp, tmp_path / "istioctl-certs"), cert_port)
+    istioctl = Istioctl(tmp_path, mp, mesh_certs(mp, tmp_path / "istioctl-certs"), cert_port)
 
     # Each run is a new connection to whichever worker the kernel picks; each lists every proxy.
     for _ in range(3):

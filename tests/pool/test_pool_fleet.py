@@ -1,27 +1,27 @@
 """A fleet of simulated sidecars over a server with two push workers (issue 20, "Shown").
 
-The sidecars are the benchmark's simulator (``bench.fleet``: Envoy's order of subscriptions, an
-ACK for every response, Envoy's reconnect backoff; over delta, ``bench.fleet_delta``: wildcard CDS
-and LDS, EDS and RDS by name, a reconnect resuming with the versions held), each on its own HTTP/2
+The sidecars are the benchmark's simulator (``bench.fleet``: Envoy's order of subscriptions, an ACK
+for every response, Envoy's reconnect backoff; over delta, ``bench.fleet_delta``: wildcard CDS and
+LDS, EDS and RDS by name, a reconnect resuming with the versions held), each on its own HTTP/2
 connection, all of them watched response by response here: no version of a type (``version_info``,
 delta's ``system_version_info``) may ever be older than one the proxy already received, on any
-stream, and no proxy may be left with no clusters or no listeners once it had some. Which worker holds a stream is read from the kernel: the
-server end of each connection is a socket one worker process has open.
+stream, and no proxy may be left with no clusters or no listeners once it had some. Which worker
+holds a stream is read from the kernel: the server end of each connection is a socket one worker
+process has open.
 
-The kernel spreads connections over the workers' SO_REUSEPORT sockets by a hash of each
-connection's addresses, so each worker's share is binomial: with 200 connections one run in seven
-lands outside 10% of even (measured: 4 of 30 runs of 200 loopback connections over two sockets).
-The fleet here has 1,000 streams, where 10% of even is about three standard deviations.
+The kernel spreads connections over the workers' SO_REUSEPORT sockets by a hash of each connection's
+addresses, so each worker's share is binomial: with 200 connections one run in seven lands outside
+10% of even (measured: 4 of 30 runs of 200 loopback connections over two sockets). The fleet here
+has 1,000 streams, where 10% of even is about three standard deviations.
 
 /ready is polled from a process of its own through the storm and the kill. Its bound, 100 ms, is
-held at the 95th percentile; the few probes over it (0-4 of about 200 a run, up to 0.34 s) come
-from the machine, not the main process: on this 2-core machine shared with other test runs (load
-average 3-10) an idle asyncio HTTP server polled the same way also took over 100 ms once or twice
-a run, and the main process used 6% of a core through the storm (/ready is answered on a thread of
-its own). No probe may take a second (a kubelet probe's default timeout) or fail. The simulator
-runs at a lower priority than the server (it stands for sidecars on other machines), so that the
-cores it shares go to the server first.
-"""
+held at the 95th percentile; the few probes over it (0-4 of about 200 a run, up to 0.34 s) come from
+the machine, not the main process: on this 2-core machine shared with other test runs (load average
+3-10) an idle asyncio HTTP server polled the same way also took over 100 ms once or twice a run, and
+the main process used 6% of a core through the storm (/ready is answered on a thread of its own). No
+probe may take a second (a kubelet probe's default timeout) or fail. The simulator runs at a lower
+priority than the server (it stands for sidecars on other machines), so that the cores it shares go
+to the server first."""
 
 from __future__ import annotations
 

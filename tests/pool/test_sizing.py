@@ -3,12 +3,16 @@ within its cgroup's limit, capped; one process where the kernel picks the xDS po
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
 
+from meshpilot.config.errors import ConfigError
 from meshpilot.pool import sizing
+from meshpilot.server.app import DiscoveryApp
 from meshpilot.server.settings import Address, DiscoverySettings
 
 
@@ -48,16 +52,37 @@ def test_cgroup_v1_quota_and_no_limit(tmp_path: Path) -> None:
     assert sizing.cgroup_cpu_limit(tmp_path / "cg", tmp_path / "nowhere") is None
 
 
+def test_cgroup_v1_mounted_under_the_joined_name_and_v2_beside_it(tmp_path: Path) -> None:
+    """Only ``cpu,cpuacct`` mounted (no ``cpu`` link); and a v1 ``cpu`` line whose files are not
+    there, with a v2 limit in the unified hierarchy (a hybrid host): each limit is found."""
+    _files(
+        tmp_path,
+        {
+            "proc/cgroup": "4:cpu,cpuacct:/kubepods/x\n0::/\n",
+            "cg/cpu,cpuacct/kubepods/x/cpu.cfs_quota_us": "300000\n",
+            "cg/cpu,cpuacct/kubepods/x/cpu.cfs_period_us": "100000\n",
+        },
+    )
+    assert sizing.cgroup_cpu_limit(tmp_path / "cg", tmp_path / "proc") == 3.0
+    _files(tmp_path, {"proc2/cgroup": "4:cpu,cpuacct:/gone\n0::/svc\n", "cg/svc/cpu.max": "50000 100000\n"})
+    assert sizing.cgroup_cpu_limit(tmp_path / "cg", tmp_path / "proc2") == 0.5
+
+
 def test_usable_cores_rounds_the_limit_up_within_the_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
     affinity = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
     monkeypatch.setattr(sizing, "cgroup_cpu_limit", lambda: 0.5)
-    assert sizing.usable_cores() == 1
+    assert sizing.usable_cores({}) == 1
     monkeypatch.setattr(sizing, "cgroup_cpu_limit", lambda: 1.2)
-    assert sizing.usable_cores() == min(affinity, 2)
+    assert sizing.usable_cores({}) == min(affinity, 2)
     monkeypatch.setattr(sizing, "cgroup_cpu_limit", lambda: None)
-    assert sizing.usable_cores() == affinity
+    assert sizing.usable_cores({}) == affinity
     monkeypatch.setattr(sizing, "cgroup_cpu_limit", lambda: 64.0)
-    assert sizing.usable_cores() == affinity
+    assert sizing.usable_cores({}) == affinity
+    # GOMAXPROCS, as Istio's chart sets it from the CPU limit: a bound, never more than the CPUs.
+    assert sizing.usable_cores({"GOMAXPROCS": "1"}) == 1
+    assert sizing.usable_cores({"GOMAXPROCS": "999"}) == affinity
+    assert sizing.usable_cores({"GOMAXPROCS": "0"}) == sizing.usable_cores({"GOMAXPROCS": "x"}) == affinity
     assert sizing.default_workers() == min(affinity, sizing.MAX_DEFAULT_WORKERS)
 
 
@@ -74,7 +99,9 @@ def test_the_default_resolves_to_a_count(monkeypatch: pytest.MonkeyPatch) -> Non
     # A port the kernel picks would differ per worker: the default is one process then ...
     ephemeral = DiscoverySettings(grpc_addr=Address("127.0.0.1", 0), push_workers=0)
     assert sizing.resolve_workers(ephemeral).push_workers == 1
-    # ... and an explicit count is kept (the server refuses it with such a port: test_pool_start_failure).
+    # ... and an explicit count is kept, which the server refuses with such a port.
     assert sizing.resolve_workers(DiscoverySettings(push_workers=4)).push_workers == 4
     assert sizing.ephemeral_ports(ephemeral) == ["127.0.0.1:0"]
+    with pytest.raises(ConfigError, match=re.escape("--push-workers 2 needs fixed xDS ports: 127.0.0.1:0")):
+        DiscoveryApp(dataclasses.replace(ephemeral, push_workers=2))
     assert sizing.ephemeral_ports(fixed) == []

@@ -71,13 +71,20 @@ def test_records_triggers_proxies_and_bytes() -> None:
 
 def test_a_push_numbered_elsewhere_keeps_its_number() -> None:
     """A push worker's records take the main process's numbers (a worker started late sees push 7
-    first); a push of its own counts on from the highest."""
+    first); its own pushes are numbered apart, after the last of those, so that the main process's
+    next push keeps its number."""
     history = PushHistory()
     assert history.started(_request(1), number=7) == 7
-    assert history.started(_request(2)) == 8
-    assert history.started(_request(3), number=8) == 8
-    assert [r.number for r in history.recent()] == [8, 8, 7]
+    assert history.started(_request(2), local=True) == 7
+    assert history.started(_request(3), local=True) == 7
+    assert history.started(_request(4), number=8) == 8
+    assert history.started(_request(5), local=True) == 8
+    assert [r.label for r in history.recent()] == ["8+1", "8", "7+2", "7+1", "7"]
+    assert [r.local for r in history.recent()] == [1, 0, 2, 1, 0]
     assert history.pushes_started == 8
+    # One process numbers every push it starts.
+    single = PushHistory()
+    assert [single.started(_request(t)) for t in (1, 2)] == [1, 2]
 
 
 def test_a_change_noted_once_is_not_reused_by_a_later_push() -> None:

@@ -145,7 +145,8 @@ class Meshpilot(Process):
             "debug",
             # One process unless a test asks for workers (``extra`` comes later and wins): the
             # command's default, one worker per core, would make every server here a pool, twice
-            # the processes and start-up time. $MESHPILOT_TEST_PUSH_WORKERS runs the suites over one.
+            # the processes and start-up time. $MESHPILOT_TEST_PUSH_WORKERS=2 runs the suites with
+            # every server a pool of two.
             "--push-workers",
             os.environ.get("MESHPILOT_TEST_PUSH_WORKERS", "1"),
             *extra,

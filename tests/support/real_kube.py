@@ -42,7 +42,7 @@ import shutil
 import ssl
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -173,8 +173,10 @@ def issue(
 class RealKubeApiServer:
     """etcd and kube-apiserver on 127.0.0.1 (ports picked at start), files under ``workdir``."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, *, apiserver_args: Sequence[str] = ()) -> None:
+        """``apiserver_args``: more flags for kube-apiserver (an audit log, say)."""
         self._own_workdir = workdir is None
+        self._apiserver_args = tuple(apiserver_args)
         self.workdir = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="real-kube-"))
         self.host = "127.0.0.1"
         self.port = 0
@@ -327,6 +329,7 @@ class RealKubeApiServer:
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
                 "--v=1",
+                *self._apiserver_args,
             ],
             self.workdir / "kube-apiserver.log",
         )

@@ -4,7 +4,8 @@ Each new connection goes to the next backend in turn (round-robin, as kube-proxy
 a backend that refuses the connection (a replica that died) is skipped for the next one, as a Service
 whose endpoint was removed no longer sends there. Backends are added as replicas become ready and
 removed as they go (``set_backends``). Bytes are relayed unchanged both ways; a connection lasts
-until either side closes it.
+until either side closes it, or until the test cuts every one (``cut``: a client's stream breaks, its
+server keeps running). With one backend it is a plain relay.
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ class TcpBalancer:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
 
-    def close(self) -> None:
-        self._listener.close()
+    def cut(self) -> int:
+        """Close every relayed connection; how many were open."""
         with self._lock:
             pairs = list(self._open)
             self._open.clear()
@@ -113,3 +114,8 @@ class TcpBalancer:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
+        return len(pairs)
+
+    def close(self) -> None:
+        self._listener.close()
+        self.cut()

@@ -163,7 +163,7 @@ ENV: tuple[Knob, ...] = (
     Knob("PILOT_CRL_CONFIGMAP", _N, "no certificate revocation list"),
     Knob("PILOT_ENABLE_ANALYSIS", _N, "no config analysis", inert=("false",)),
     Knob("CLUSTER_ID", _I),
-    Knob("GOMAXPROCS", _N, "a Go runtime setting", inert_when=lambda _: True),
+    Knob("GOMAXPROCS", _I, "bounds the push workers --push-workers 0 starts (pool.sizing)"),
     Knob("PLATFORM", _N, "no platform-specific metadata", inert=("",)),
     Knob("GODEBUG", _N, "a Go runtime setting", inert=("",)),
     Knob("COMPLIANCE_POLICY", _R, "meshpilot's TLS is not restricted to a compliance policy", inert=("",)),

@@ -14,6 +14,7 @@ from meshpilot import __version__
 from meshpilot.ca.mesh_ca import CaSettings
 from meshpilot.cli import explain, istiod_compat, preview, validate
 from meshpilot.config.errors import ConfigError
+from meshpilot.pool.sizing import MAX_DEFAULT_WORKERS, MAX_WORKERS
 from meshpilot.server import logs
 from meshpilot.server.settings import Address, DiscoverySettings, duration_seconds, env_default
 
@@ -40,8 +41,6 @@ def _duration(text: str) -> float:
 
 def _push_workers(text: str) -> int:
     """A worker count; 0 is one per usable core, capped (decided at start: ``pool.sizing``)."""
-    from meshpilot.pool.sizing import MAX_WORKERS
-
     try:
         count = int(text)
     except ValueError:
@@ -197,8 +196,9 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         type=_push_workers,
         default=env_default("MESHPILOT_PUSH_WORKERS", "0"),
         help="processes serving xDS, sharing its ports; 0 means one per usable core (the CPUs "
-        "the process may run on, within its cgroup's CPU limit; at most 8); 1 serves everything "
-        "from one process (default $MESHPILOT_PUSH_WORKERS or 0)",
+        "the process may run on, within its cgroup's CPU limit and $GOMAXPROCS; at most "
+        f"{MAX_DEFAULT_WORKERS}); 1 serves everything from one process (default "
+        "$MESHPILOT_PUSH_WORKERS or 0)",
     )
     cache_default = env_default("PILOT_XDS_CACHE_SIZE", "60000")
     if env_default("PILOT_ENABLE_XDS_CACHE", "true").lower() == "false":

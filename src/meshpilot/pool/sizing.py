@@ -1,9 +1,12 @@
 """How many push workers a server runs: what ``--push-workers`` asks, or, by default (0), one per
 core the process may use.
 
-"May use" is the smaller of the CPUs it may be scheduled on and its cgroup's CPU limit, rounded up:
-a container limited to 2 CPUs on a 16-core node gets 2 workers, as a Go server (istiod) gets 2 for
-GOMAXPROCS. Each worker holds a copy of the model, so the default is capped (``MAX_DEFAULT_WORKERS``).
+"May use" is the smallest of the CPUs it may be scheduled on, its cgroup's CPU limit rounded up (a
+container limited to 2 CPUs on a 16-core node gets 2 workers) and ``GOMAXPROCS`` where it is set:
+Istio's chart sets it from the container's CPU limit (the node's CPUs without one), and it bounds
+istiod's threads. Go never sizes itself below 2 threads; below 2 CPUs meshpilot runs one process, since
+a second worker would only take turns with the first. Each worker holds a copy of the model, so the
+default is capped (``MAX_DEFAULT_WORKERS``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import dataclasses
 import logging
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from meshpilot.server.settings import DiscoverySettings
@@ -59,11 +63,14 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/pr
     limits: list[float] = []
     v1 = paths.get("cpu")
     if v1 is not None:
-        for directory in _ancestors(root / "cpu", v1):
-            quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
-            if quota and period and quota != "-1" and int(period) > 0:
-                limits.append(int(quota) / int(period))
-    elif "" in paths:
+        # Mounted as "cpu" (usually a link to "cpu,cpuacct"), or only under the joined name.
+        for mount in ("cpu", "cpu,cpuacct"):
+            for directory in _ancestors(root / mount, v1):
+                quota = _read(directory / "cpu.cfs_quota_us")
+                period = _read(directory / "cpu.cfs_period_us")
+                if quota and period and quota != "-1" and int(period) > 0:
+                    limits.append(int(quota) / int(period))
+    if "" in paths:
         for directory in _ancestors(root, paths[""]):
             fields = (_read(directory / "cpu.max") or "max").split()
             if fields[0] != "max" and len(fields) == 2 and int(fields[1]) > 0:
@@ -71,7 +78,8 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/pr
     return min(limits) if limits else None
 
 
-def usable_cores() -> int:
+def usable_cores(environ: Mapping[str, str] = os.environ) -> int:
+    """The cores this process may use (see the module's docstring); at least 1."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -82,10 +90,14 @@ def usable_cores() -> int:
         limit = None
     if limit is not None:
         cores = min(cores, max(1, math.ceil(limit)))
+    gomaxprocs = environ.get("GOMAXPROCS", "")
+    if gomaxprocs.isdigit() and int(gomaxprocs) > 0:
+        cores = min(cores, int(gomaxprocs))
     return cores
 
 
 def default_workers() -> int:
+    """``--push-workers 0``: one per usable core, at most ``MAX_DEFAULT_WORKERS``."""
     return max(1, min(usable_cores(), MAX_DEFAULT_WORKERS))
 
 

@@ -235,6 +235,8 @@ def pushes(
         entries.append(
             {
                 "push": record.number,
+                # A push worker's own push is "7+1": after push 7, not push 7 (``PushRecord.label``).
+                **({"label": record.label} if record.local else {}),
                 "version": record.version,
                 "started": _iso(record.started),
                 "full": record.full,

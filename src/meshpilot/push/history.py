@@ -110,6 +110,14 @@ class PushRecord:
     changes_dropped: int
     proxies: int
     bytes: int
+    #: A push worker's own push (``started(local=True)``): the n-th since the main process's push
+    #: ``number``; 0 for a push the main process numbered (or one process's).
+    local: int = 0
+
+    @property
+    def label(self) -> str:
+        """The push's name for people: its number, ``7+1`` for a worker's own push after push 7."""
+        return f"{self.number}+{self.local}" if self.local else str(self.number)
 
     @property
     def trigger(self) -> str:
@@ -135,6 +143,7 @@ class _Open:
     merged: int
     changes: tuple[ConfigChange, ...]
     changes_dropped: int
+    local: int = 0
     last_done: float = 0.0
     proxies: int = 0
     bytes: int = 0
@@ -152,6 +161,7 @@ class _Open:
             changes_dropped=self.changes_dropped,
             proxies=self.proxies,
             bytes=self.bytes,
+            local=self.local,
         )
 
 
@@ -182,6 +192,8 @@ class PushHistory:
         self._closed: deque[tuple[float, str]] = deque()
         self._noted: OrderedDict[ConfigKey, str] = OrderedDict()
         self._count = 0
+        #: A push worker's own pushes since the main process's last.
+        self._local = 0
         self._forget_after = forget_after
         self._clock = clock
         self._monotonic = monotonic
@@ -196,17 +208,27 @@ class PushHistory:
         if len(noted) > _NOTED_CHANGES:
             noted.popitem(last=False)
 
-    def started(self, request: PushRequest, merged: int = 1, number: int | None = None) -> int:
-        """Open the record of a push whose ``push`` and ``token`` are set; its number (``number``
-        when another process numbered the push: a push worker's records take the main process's)."""
+    def started(
+        self, request: PushRequest, merged: int = 1, number: int | None = None, *, local: bool = False
+    ) -> int:
+        """Open the record of a push whose ``push`` and ``token`` are set; its number. A push worker
+        numbers the main process's pushes as the main process did (``number``), and its own pushes
+        (``local``) after the last of those, apart: ``7+1``, ``7+2`` (``PushRecord.label``)."""
         assert request.push is not None
-        if number is None:
+        sub = 0
+        if number is not None:
+            self._count = max(self._count, number)
+            self._local = 0
+        elif local:
+            number = self._count
+            self._local += 1
+            sub = self._local
+        else:
             self._count += 1
             number = self._count
-        else:
-            self._count = max(self._count, number)
         changes, dropped = self._changes(request)
         record = _Open(
+            local=sub,
             number=number,
             version=request.push.version,
             started=self._clock(),

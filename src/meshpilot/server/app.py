@@ -294,8 +294,7 @@ class DiscoveryApp:
     def _record_push(self, request: PushRequest) -> None:
         assert self.changes is not None and self.pool is not None
         seq = self.changes.push_seq + 1
-        # Listeners run once the push's record is open: its number is the last one started.
-        self.changes.record(Push.of(seq, request, self.server.history.pushes_started))
+        self.changes.record(Push.of(seq, request, request.number))
         self.pool.note_push(seq)
 
     @property

@@ -132,8 +132,9 @@ class PushShare:
 
 
 _NOTHING = PushShare(0, 0, 0.0)
-#: A push as the processes that serve streams know it: the number and version of its record.
-PushKey = tuple[int, str]
+#: A push as every process names it: the number of its record (a push worker numbers the main
+#: process's pushes as the main process did, and its own apart: ``PushRecord.local``).
+PushKey = int
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +155,7 @@ def stream_view(proxies: ConnectedProxies, history: PushHistory, scope: str) -> 
         last = history.for_proxy(proxy.id, 1)
         if last:
             record, pushed = last[0]
-            last_text = f"#{record.number}: {byte_count(pushed.bytes)} in {_ms(pushed.duration_s)}"
+            last_text = f"#{record.label}: {byte_count(pushed.bytes)} in {_ms(pushed.duration_s)}"
         else:
             last_text = "-"
         rows.append(
@@ -172,8 +173,9 @@ def stream_view(proxies: ConnectedProxies, history: PushHistory, scope: str) -> 
         )
     in_scope = {row.proxy_id for row in rows}
     slowest = [(p, d) for p, d in history.slowest_proxies(SLOWEST * 10) if p in in_scope][:SLOWEST]
+    # A push worker's own pushes have no row in the main process's table: only numbered ones count.
     shares = {
-        (r.number, r.version): PushShare(r.proxies, r.bytes, r.duration_s) for r in history.recent(PUSHES)
+        r.number: PushShare(r.proxies, r.bytes, r.duration_s) for r in history.recent(PUSHES) if not r.local
     }
     return StreamView(tuple(rows), tuple(slowest), shares)
 
@@ -182,11 +184,13 @@ def merge_views(views: Iterable[StreamView]) -> StreamView:
     """One view of several processes' streams: every row, the slowest of all, each push's shares
     added up (its duration is the longest of them: the processes push side by side)."""
     rows: list[ProxyRow] = []
-    slowest: list[tuple[str, float]] = []
+    # By proxy: one that reconnected to another worker may be in two views for a while.
+    slowest: dict[str, float] = {}
     shares: dict[PushKey, PushShare] = {}
     for view in views:
         rows += view.rows
-        slowest += view.slowest
+        for proxy_id, seconds in view.slowest:
+            slowest[proxy_id] = max(seconds, slowest.get(proxy_id, 0.0))
         for key, share in view.shares.items():
             had = shares.get(key)
             shares[key] = (
@@ -199,8 +203,8 @@ def merge_views(views: Iterable[StreamView]) -> StreamView:
                 )
             )
     rows.sort(key=lambda row: (row.connection_id, row.proxy_id))
-    slowest.sort(key=lambda item: (-item[1], item[0]))
-    return StreamView(tuple(rows), tuple(slowest[:SLOWEST]), shares)
+    ranked = sorted(slowest.items(), key=lambda item: (-item[1], item[0]))
+    return StreamView(tuple(rows), tuple(ranked[:SLOWEST]), shares)
 
 
 def render(
@@ -268,7 +272,7 @@ def _push_timeline(
 ) -> list[str]:
     # What each push sent is the streams' to say (in a pool the main process records the push and
     # the workers send it).
-    sent = [shares.get((r.number, r.version), _NOTHING) for r in records]
+    sent = [shares.get(r.number, _NOTHING) for r in records]
     longest = max((s.duration_s for s in sent), default=0.0) or 1.0
     out = [
         "<h2>Recent pushes</h2>",

@@ -273,7 +273,11 @@ class DiscoveryServer:
             request.push = push
             request.token = new_token()
             merged, self._merged = self._merged, 1
-            self.history.started(request, merged, number)
+            # A push worker's own push (a SubjectAccessReview's answer) is numbered apart from the
+            # main process's pushes, which carry their numbers (``number``).
+            request.number = self.history.started(
+                request, merged, number, local=self.follower and number is None
+            )
             log.info(
                 "XDS: Pushing Services:%d ConnectedEndpoints:%d Version:%s",
                 len(push.services),
