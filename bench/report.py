@@ -450,7 +450,7 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         "minutes) from `bench/results/<suite>.json`; rerun either to refresh this page. Every figure is "
         "measured in the same run as its reference. The scenarios are in `bench/scenarios/`, the fleet "
         "simulator in `bench/fleet.py` and the suites in `bench/run.py`. Every server but the push-worker "
-        "pool's (\"The push-worker pool\") runs as one process (`--push-workers 1`): these are one "
+        'pool\'s ("The push-worker pool") runs as one process (`--push-workers 1`): these are one '
         "core's figures, while `meshpilot discovery` by default starts a worker per usable core.",
         "",
     ]
