@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.kubelet import container_env
 from support.processes import Process, free_port, http_get
 from support.reference import binary
 from support.wait import eventually
@@ -132,17 +133,7 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
         "metadata.namespace": "istio-system",
         "spec.serviceAccountName": "istiod",
     }
-    env = {}
-    for entry in container["env"]:
-        source = entry.get("valueFrom", {})
-        if "value" in entry:
-            env[entry["name"]] = entry["value"]
-        elif "fieldRef" in source:
-            env[entry["name"]] = fields[source["fieldRef"]["fieldPath"]]
-        else:  # GOMAXPROCS: limits.cpu, the node's CPUs when no limit is set
-            assert source["resourceFieldRef"]["resource"] == "limits.cpu"
-            env[entry["name"]] = "2"
-    return env
+    return container_env(container["env"], fields)
 
 
 def _meshpilot(tmp_path: Path, args: list[str], env: dict[str, str]) -> tuple[Process, int]:

@@ -40,6 +40,7 @@ from kubernetes.client import (
     V1SubjectAccessReview,
     V1SubjectAccessReviewSpec,
 )
+from support.kubelet import container_env
 from support.processes import Process, free_port, http_get
 from support.real_kube import SERVICE_ACCOUNT_ISSUER, RealKubeApiServer, StatusError
 from support.wait import eventually
@@ -438,18 +439,6 @@ def _by_url(configuration: dict[str, Any], url: str) -> dict[str, Any]:
     return updated
 
 
-def _env_value(entry: dict[str, Any], pod_fields: dict[str, str]) -> str:
-    """What the kubelet would set: a value, a field of the pod, or (GOMAXPROCS) its CPU limit, here
-    the node's two CPUs, as with no limit set."""
-    if "value" in entry:
-        return str(entry["value"])
-    source = entry["valueFrom"]
-    if "resourceFieldRef" in source:
-        assert source["resourceFieldRef"]["resource"] == "limits.cpu"
-        return "2"
-    return pod_fields[source["fieldRef"]["fieldPath"]]
-
-
 class Istiod(Process):
     """meshpilot started as the Deployment starts it (its arguments and environment), on loopback
     ports of its own, with the injector ConfigMap written as the volume would hold it."""
@@ -463,7 +452,7 @@ class Istiod(Process):
         spec = container(deployment)
         pod_fields = {"metadata.name": "istiod-5d8f7c9b4-x2x7q", "metadata.namespace": NAMESPACE}
         pod_fields["spec.serviceAccountName"] = "istiod"
-        env = {e["name"]: _env_value(e, pod_fields) for e in spec["env"]}
+        env = container_env(spec["env"], pod_fields)
         env["KUBERNETES_SERVICE_HOST"] = ""  # not in a pod: the kubeconfig's credentials
         assert spec["args"][0] == "discovery"
         argv = [

@@ -121,9 +121,10 @@ def test_start_follows_the_latest_push() -> None:
     log.record(Start("v1", 0))
     request = PushRequest(full=True, reasons=Counter({TriggerReason.CONFIG: 1}))
     request.push = None
-    log.record(Push(1, "v2", True, False, frozenset(), dict(request.reasons)))
+    log.record(Push(1, "v2", True, False, frozenset(), dict(request.reasons), number=4))
     assert log.push_seq == 1
-    assert list(log.snapshot())[-1] == Start("v2", 1)
+    # The push's record number too: a worker starting from here names its own pushes after it.
+    assert list(log.snapshot())[-1] == Start("v2", 1, 4)
 
 
 def test_subscriber_gets_snapshot_then_live_changes_until_it_leaves() -> None:

@@ -53,8 +53,8 @@ def test_cgroup_v1_quota_and_no_limit(tmp_path: Path) -> None:
 
 
 def test_cgroup_v1_mounted_under_the_joined_name_and_v2_beside_it(tmp_path: Path) -> None:
-    """Only ``cpu,cpuacct`` mounted (no ``cpu`` link); and a v1 ``cpu`` line whose files are not
-    there, with a v2 limit in the unified hierarchy (a hybrid host): each limit is found."""
+    """Only ``cpu,cpuacct`` mounted (no ``cpu`` link); and a stale v1 ``cpu`` line whose files are
+    not there beside a v2 limit: each limit is found."""
     _files(
         tmp_path,
         {

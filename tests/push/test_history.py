@@ -14,6 +14,7 @@ from support.xds_server import NODE, Server, three_services
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.push import explain
 from meshpilot.push.history import MAX_CHANGES, ProxyPush, PushHistory, TypeSent
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -85,6 +86,25 @@ def test_a_push_numbered_elsewhere_keeps_its_number() -> None:
     # One process numbers every push it starts.
     single = PushHistory()
     assert [single.started(_request(t)) for t in (1, 2)] == [1, 2]
+
+
+def test_a_worker_started_from_a_snapshot_names_its_own_pushes_after_the_main_s() -> None:
+    """A worker that starts after push 7 has seen no numbered push yet: ``Start`` tells it the
+    number, so its own push is 7+1 (not 0+1), and the debounce log line names it the same way."""
+    history = PushHistory()
+    history.follow(7)
+    assert history.next_label(local=True) == "7+1"
+    history.started(_request(1), local=True)
+    assert [r.label for r in history.recent()] == ["7+1"]
+    assert history.next_label(local=True) == "7+2" and history.next_label() == "8"
+    history.follow(3)  # never backwards
+    assert history.next_label(local=True) == "7+2"
+    # explain names it so, beside a numbered push.
+    history.started(_request(2), number=8)
+    history.proxy_pushed(1, _pushed("p", {"x"}))
+    history.proxy_pushed(2, _pushed("p", {"x"}))
+    explained = explain.pushes(history, None, "p", None)
+    assert [(e["push"], e["label"]) for e in explained["pushes"]] == [(8, "8"), (7, "7+1")]
 
 
 def test_a_change_noted_once_is_not_reused_by_a_later_push() -> None:

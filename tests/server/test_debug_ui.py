@@ -10,6 +10,8 @@ from support.kube import workload, write
 from support.processes import http_get
 from support.xds_server import running, settings_for
 
+from meshpilot.model.push_request import PushRequest
+
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 HOSTILE = "sidecar~127.0.0.11~<img src=x onerror=alert(1)>.default~default.svc.cluster.local"
 
@@ -44,6 +46,36 @@ async def test_client_text_is_escaped_and_rows_are_bounded(tmp_path: Path) -> No
         finally:
             for client in clients:
                 await client.close()
+
+
+def test_a_worker_s_own_pushes_are_not_shares_of_the_main_s() -> None:
+    """A worker's view carries what its streams got from the main process's pushes only; its own
+    pushes (7+1, ...) are left out before the table's bound, so they never crowd out numbered ones."""
+    from types import SimpleNamespace
+
+    from meshpilot.push.history import MAX_PUSHES, ProxyPush, PushHistory, TypeSent
+    from meshpilot.server.debug_ui import PUSHES, stream_view
+
+    history = PushHistory()
+    token = 0
+
+    def push(number: int | None, size: int) -> None:
+        nonlocal token
+        token += 1
+        request = PushRequest(full=False)
+        request.push = SimpleNamespace(version="v1")  # type: ignore[assignment]
+        request.token = token
+        history.started(request, number=number, local=number is None)
+        history.proxy_pushed(token, ProxyPush("p", (TypeSent("sds", frozenset({"x"}), size),), size, 0.01))
+
+    push(7, 100)
+    for _ in range(MAX_PUSHES - 2):
+        push(None, 1)
+    push(8, 200)
+    view = stream_view(SimpleNamespace(connections={}, push_context=None), history, "")  # type: ignore[arg-type]
+    assert PUSHES < MAX_PUSHES - 2
+    assert sorted(view.shares) == [7, 8]
+    assert view.shares[8].bytes == 200 and view.shares[7].bytes == 100
 
 
 def test_views_of_several_processes_make_one() -> None:

@@ -99,10 +99,7 @@ class TcpBalancer:
         finally:
             with self._lock:
                 self._open.pop(pair, None)
-            for sock in pair:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
+            _close(pair)
 
     def cut(self) -> int:
         """Close every relayed connection; how many were open."""
@@ -110,12 +107,16 @@ class TcpBalancer:
             pairs = list(self._open)
             self._open.clear()
         for pair in pairs:
-            for sock in pair:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
+            _close(pair)
         return len(pairs)
 
     def close(self) -> None:
         self._listener.close()
         self.cut()
+
+
+def _close(pair: tuple[socket.socket, socket.socket]) -> None:
+    for sock in pair:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()

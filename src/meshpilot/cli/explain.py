@@ -67,7 +67,7 @@ def show(data: dict[str, Any], out: TextIO) -> None:
         print("no pushes recorded", file=out)
     for push in data["pushes"]:
         kind = "full" if push["full"] else "endpoints only"
-        name = push.get("label", push["push"])
+        name = push.get("label", push["push"])  # a server before labels sends the number only
         print(
             f"\npush {name} at {push['started']} ({kind}, {push['merged']} events merged): "
             f"{push['trigger']}; {push['bytes']} bytes in {push['seconds']}s",

@@ -53,7 +53,8 @@ class PushRequest:
     #: When the push started (after the cache evictions it caused); XdsCache writes
     #: of generations for this request carry it, so stale ones are dropped.
     token: int = 0
-    #: The number of its record in the push history (``PushHistory.started``); set with ``push``.
+    #: The number of its record in the push history (``PushHistory.started``): set on the request
+    #: ``start_push`` was given, for its listeners; merging does not carry it.
     number: int = 0
 
     def merge(self, other: PushRequest) -> PushRequest:

@@ -147,7 +147,7 @@ class ChangeLog:
         elif isinstance(op, Start):
             self._start = op
         elif isinstance(op, Push) and op.version and self._start is not None:
-            self._start = Start(op.version, op.seq)
+            self._start = Start(op.version, op.seq, op.number)
 
 
 def _object(op: Op) -> tuple[str, ObjectKey] | None:

@@ -82,10 +82,13 @@ class Authority:
 @dataclass(frozen=True, slots=True)
 class Start:
     """The model is loaded: build the first snapshot, under the main process's version, and serve.
-    ``push_seq``: the number of the last push sent before it (the admission gate's reference)."""
+    ``push_seq``: the number of the last push sent before it (the admission gate's reference);
+    ``number``: its record's number in the main process's push history (a worker's own pushes are
+    named after it: ``PushHistory.follow``)."""
 
     version: str
     push_seq: int
+    number: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,7 @@ class Push:
     number: int = 0
 
     @classmethod
-    def of(cls, seq: int, request: PushRequest, number: int = 0) -> Push:
+    def of(cls, seq: int, request: PushRequest, number: int) -> Push:
         version = request.push.version if request.push is not None else ""
         return cls(
             seq,

@@ -3,8 +3,9 @@ worker's own model, and starts the pushes the main process debounced.
 
 While a change is applied the worker's server is muted: the registries' updates change the worker's
 model (endpoints, caches) but are not debounced here, since the main process saw the same updates
-and sends the push. What a worker learns by itself (a JWKS it fetched, a SubjectAccessReview's
-answer) is pushed by its own debounce, under a version that extends the main process's."""
+and sends the push. What a worker learns by itself (a SubjectAccessReview's answer; JWKS come
+from the main process) is pushed by its own debounce, under a version that extends the main process's,
+and numbered after the main process's last push (``PushHistory``: ``7+1``)."""
 
 from __future__ import annotations
 
@@ -156,6 +157,7 @@ class Replica:
             self._pushed.set()
             self._pushed = asyncio.Event()
         elif isinstance(op, Start):
+            server.history.follow(op.number)
             with self._muted():
                 server.start_serving(op.version)
             self.push_seq = max(self.push_seq, op.push_seq)

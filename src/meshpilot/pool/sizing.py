@@ -91,7 +91,8 @@ def usable_cores(environ: Mapping[str, str] = os.environ) -> int:
     if limit is not None:
         cores = min(cores, max(1, math.ceil(limit)))
     gomaxprocs = environ.get("GOMAXPROCS", "")
-    if gomaxprocs.isdigit() and int(gomaxprocs) > 0:
+    # As Go reads it: ASCII digits only (``str.isdigit`` takes "²", which ``int`` refuses).
+    if gomaxprocs.isascii() and gomaxprocs.isdigit() and int(gomaxprocs) > 0:
         cores = min(cores, int(gomaxprocs))
     return cores
 

@@ -236,7 +236,7 @@ def pushes(
             {
                 "push": record.number,
                 # A push worker's own push is "7+1": after push 7, not push 7 (``PushRecord.label``).
-                **({"label": record.label} if record.local else {}),
+                "label": record.label,
                 "version": record.version,
                 "started": _iso(record.started),
                 "full": record.full,

@@ -217,7 +217,9 @@ class PushHistory:
         assert request.push is not None
         sub = 0
         if number is not None:
-            self._count = max(self._count, number)
+            # The change log is applied in order: the main process's numbers only grow.
+            assert number >= self._count, (number, self._count)
+            self._count = number
             self._local = 0
         elif local:
             number = self._count
@@ -246,6 +248,19 @@ class PushHistory:
         self._pushes.append(record)
         self._by_token[request.token] = record
         return record.number
+
+    def follow(self, number: int) -> None:
+        """A push worker starting from a snapshot: the main process's last push was ``number``, so
+        the worker's own pushes are named after it until the next one comes."""
+        if number > self._count:
+            self._count = number
+            self._local = 0
+
+    def next_label(self, local: bool = False) -> str:
+        """What the next push ``started`` opens will be called (``PushRecord.label``)."""
+        if local:
+            return f"{self._count}+{self._local + 1}"
+        return str(self._count + 1)
 
     def proxy_pushed(self, token: int, push: ProxyPush) -> None:
         """``push`` went to its proxy as part of the push opened with ``token`` (merged requests carry

@@ -76,8 +76,9 @@ def reasons_text(request: PushRequest) -> str:
     return f"{first}:{count} and {len(rest)}({sum(n for _, n in rest)}) more reasons"
 
 
-def log_debounced(request: PushRequest, how: Debounced, number: int) -> None:
-    """The line istiod logs when a debounced burst becomes push ``number``."""
+def log_debounced(request: PushRequest, how: Debounced, number: str) -> None:
+    """The line istiod logs when a debounced burst becomes push ``number`` (``7``; a push worker's
+    own push after the main process's 7th: ``7+1``)."""
     if not log.isEnabledFor(logging.INFO):
         return
     if request.configs_updated:
@@ -85,7 +86,7 @@ def log_debounced(request: PushRequest, how: Debounced, number: int) -> None:
     else:
         what = f"for reason {reasons_text(request)}"
     log.info(
-        "Push debounce stable[%d] %d %s: %s since last change, %s since last push, forced=%s",
+        "Push debounce stable[%s] %d %s: %s since last change, %s since last push, forced=%s",
         number,
         how.events,
         what,

@@ -434,7 +434,9 @@ class DiscoveryApp:
         if self.changes is not None:
             push = self.server.push_context
             assert push is not None
-            self.changes.record(Start(push.version, self.changes.push_seq))
+            self.changes.record(
+                Start(push.version, self.changes.push_seq, self.server.history.pushes_started)
+            )
 
     def stop(self) -> None:
         self._stop.set()

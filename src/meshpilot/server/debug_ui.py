@@ -24,6 +24,7 @@ from aiohttp import web
 from envoy.service.status.v3 import csds_pb2
 
 from meshpilot import __version__
+from meshpilot.push.history import MAX_PUSHES as MAX_RECORDS
 from meshpilot.push.history import PushHistory, PushRecord
 from meshpilot.push.push_log import byte_count
 from meshpilot.xds.connection import Connection
@@ -132,9 +133,6 @@ class PushShare:
 
 
 _NOTHING = PushShare(0, 0, 0.0)
-#: A push as every process names it: the number of its record (a push worker numbers the main
-#: process's pushes as the main process did, and its own apart: ``PushRecord.local``).
-PushKey = int
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +142,9 @@ class StreamView:
     rows: tuple[ProxyRow, ...]
     #: (proxy ID, slowest recent push in seconds), slowest first, at most ``SLOWEST``.
     slowest: tuple[tuple[str, float], ...]
-    shares: Mapping[PushKey, PushShare]
+    #: By push number, as every process names a push (a push worker numbers the main process's
+    #: pushes as the main process did, and its own apart: ``PushRecord.local``).
+    shares: Mapping[int, PushShare]
 
 
 def stream_view(proxies: ConnectedProxies, history: PushHistory, scope: str) -> StreamView:
@@ -173,10 +173,10 @@ def stream_view(proxies: ConnectedProxies, history: PushHistory, scope: str) -> 
         )
     in_scope = {row.proxy_id for row in rows}
     slowest = [(p, d) for p, d in history.slowest_proxies(SLOWEST * 10) if p in in_scope][:SLOWEST]
-    # A push worker's own pushes have no row in the main process's table: only numbered ones count.
-    shares = {
-        r.number: PushShare(r.proxies, r.bytes, r.duration_s) for r in history.recent(PUSHES) if not r.local
-    }
+    # A push worker's own pushes have no row in the main process's table: only numbered ones count
+    # (picked before the bound, so that a worker's own pushes never crowd out the table's rows).
+    numbered = [r for r in history.recent(MAX_RECORDS) if not r.local][:PUSHES]
+    shares = {r.number: PushShare(r.proxies, r.bytes, r.duration_s) for r in numbered}
     return StreamView(tuple(rows), tuple(slowest), shares)
 
 
@@ -186,7 +186,7 @@ def merge_views(views: Iterable[StreamView]) -> StreamView:
     rows: list[ProxyRow] = []
     # By proxy: one that reconnected to another worker may be in two views for a while.
     slowest: dict[str, float] = {}
-    shares: dict[PushKey, PushShare] = {}
+    shares: dict[int, PushShare] = {}
     for view in views:
         rows += view.rows
         for proxy_id, seconds in view.slowest:
@@ -267,9 +267,7 @@ def _trigger(record: PushRecord, scoped: bool) -> str:
     return ", ".join(f"{r}:{n}" for r, n in sorted(record.reasons.items())) if scoped else record.trigger
 
 
-def _push_timeline(
-    records: list[PushRecord], shares: Mapping[PushKey, PushShare], *, scoped: bool
-) -> list[str]:
+def _push_timeline(records: list[PushRecord], shares: Mapping[int, PushShare], *, scoped: bool) -> list[str]:
     # What each push sent is the streams' to say (in a pool the main process records the push and
     # the workers send it).
     sent = [shares.get(r.number, _NOTHING) for r in records]

@@ -325,7 +325,7 @@ class DiscoveryServer:
         def observe(request: PushRequest, how: Debounced) -> None:
             self.metrics.debounce_time.observe(how.since_first)
             self._merged = how.events
-            log_debounced(request, how, self.history.pushes_started + 1)
+            log_debounced(request, how, self.history.next_label(local=self.follower))
 
         tasks = [
             asyncio.create_task(
