@@ -293,6 +293,9 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
     if single is None or two is None:
         return []
     rows = []
+    # The pool job may be run apart from the suite (``--suite``), at another commit: say which.
+    machine = pool.get("machine") or {}
+    at = f" (commit {machine['commit']})" if "commit" in machine else ""
     for change, label in CHANGES:
         one, pair = push_figures(single.get(change) or []), push_figures(two.get(change) or [])
         if not one or not pair or not one["total"]:
@@ -300,7 +303,7 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
         slowest = pair["slowest"] / one["total"] if pair["slowest"] is not None else None
         rows.append(
             goal_row(
-                f"pool of 2, {label}: slowest worker's push CPU / single process's",
+                f"pool of 2{at}, {label}: slowest worker's push CPU / single process's",
                 SLOWEST_GOAL,
                 slowest,
                 "x",
@@ -309,7 +312,10 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
         total = pair["total"] / one["total"] if pair["total"] is not None else None
         rows.append(
             goal_row(
-                f"pool of 2, {label}: all processes' push CPU / single process's", TOTAL_GOAL, total, "x"
+                f"pool of 2{at}, {label}: all processes' push CPU / single process's",
+                TOTAL_GOAL,
+                total,
+                "x",
             )
         )
     return rows
