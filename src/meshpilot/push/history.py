@@ -217,9 +217,9 @@ class PushHistory:
         assert request.push is not None
         sub = 0
         if number is not None:
-            # The change log is applied in order: the main process's numbers only grow.
-            assert number >= self._count, (number, self._count)
-            self._count = number
+            # The change log is applied in order, so the main process's numbers only grow; were one
+            # ever lower, a debug page's name for a push is not worth stopping a worker over.
+            self._count = max(self._count, number)
             self._local = 0
         elif local:
             number = self._count
