@@ -15,6 +15,7 @@ from support.xds_server import settings_for
 from meshpilot.server.app import DiscoveryApp
 from meshpilot.server.heartbeat import HeartbeatOptions, LoopHeartbeat
 from meshpilot.server.http import LIVE_PATH
+from meshpilot.server.run import run
 
 
 def test_the_heartbeat_reads_stalls_against_its_bounds() -> None:
@@ -33,7 +34,7 @@ async def test_ready_fails_while_the_loop_is_blocked_and_recovers(tmp_path: Path
     write(config / "apps.yaml", workload("reviews", "default", "10.96.0.20", 9080, {"r": "127.0.0.21"}))
     app = DiscoveryApp(settings_for(config))
     app.heartbeat.options = HeartbeatOptions(interval=0.05, ready_stall=0.5, live_stall=1.0)
-    task = asyncio.create_task(app.run())
+    task = asyncio.create_task(run(app))
     port = app.settings.http_addr.port
     try:
         for _ in range(300):

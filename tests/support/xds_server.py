@@ -12,6 +12,7 @@ from support.kube import workload, write
 from support.processes import free_port
 
 from meshpilot.server.app import DiscoveryApp
+from meshpilot.server.run import run
 from meshpilot.server.settings import Address, DiscoverySettings
 
 NODE = "sidecar~127.0.0.11~productpage-v1.default~default.svc.cluster.local"
@@ -50,7 +51,7 @@ def settings_for(config: Path | None, **overrides: object) -> DiscoverySettings:
 async def running(settings: DiscoverySettings) -> AsyncIterator[DiscoveryApp]:
     """A DiscoveryApp serving in this event loop until the block ends."""
     app = DiscoveryApp(settings)
-    task = asyncio.create_task(app.run())
+    task = asyncio.create_task(run(app))
     for _ in range(200):
         if app.grpc_server is not None and app.server.ready:
             break

@@ -291,7 +291,7 @@ def _run_discovery(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         unimplemented_settings=compat.unimplemented_names,
     )
-    from meshpilot.server.app import serve
+    from meshpilot.server.run import serve
 
     try:
         asyncio.run(serve(settings))

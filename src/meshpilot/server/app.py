@@ -1,17 +1,11 @@
-"""The composition root: builds the discovery server from settings and runs it until a signal.
-
-It only wires; behaviour lives in the components. Shutdown order: stop
-accepting streams and requests, end open streams within the grace period,
-stop the push loop, stop watching files.
-"""
+"""The composition root: builds the discovery server from settings (``server.run`` starts and
+stops it). It only wires; behaviour lives in the components."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import signal
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +14,6 @@ import grpc
 from aiohttp.typedefs import Middleware
 from prometheus_client import Counter as Counter_
 
-from meshpilot import __version__
 from meshpilot.config.errors import ConfigError
 from meshpilot.config.file_source import FileSource, ObjectSink
 from meshpilot.config.store import ConfigEvent, ConfigStore
@@ -56,22 +49,19 @@ from meshpilot.pool.supervisor import PushWorkerPool
 from meshpilot.push.debounce import DebounceOptions
 from meshpilot.push.environment import MeshEnvironment
 from meshpilot.push.jwks_resolver import JwksResolver
-from meshpilot.push.preview_page import preview_route
 from meshpilot.push.preview_scratch import PreviewSources
 from meshpilot.registry.aggregate import AggregateRegistry
 from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.registry.serviceentry.controller import ServiceEntryRegistry
-from meshpilot.server import gc_tuning, malloc_tuning
 from meshpilot.server.build_info import control_plane_identifier
 from meshpilot.server.debug import DebugHandlers, DebugSources
 from meshpilot.server.debug_access import debug_access
 from meshpilot.server.heartbeat import LoopHeartbeat
-from meshpilot.server.http import DebugRoutes, ThreadedSite, http_app, monitoring_app, on_loop, start_site
+from meshpilot.server.http import DebugRoutes
 from meshpilot.server.identity import IdentityPlane
 from meshpilot.server.mesh_file import load_mesh_config
 from meshpilot.server.metrics import Metrics
 from meshpilot.server.object_router import ObjectRouter
-from meshpilot.server.push_status import log_push_status
 from meshpilot.server.role import Role
 from meshpilot.server.settings import DiscoverySettings
 from meshpilot.webhooks.inject.config import InjectionError
@@ -233,7 +223,7 @@ class DiscoveryApp:
             self.server, self.env, self.service_entries, _REGISTRY_KINDS, self.kube
         )
         # istioctl's xDS types read the same pages and connections the HTTP debug port shows.
-        # One rule for who reads what, over xDS and over HTTP (``_debug_access``).
+        # One rule for who reads what, over xDS and over HTTP (``debug_access``).
         self._root_namespace: str = mesh.root_namespace
         self.debug_rule = DebugAccess(settings.debug_endpoint_auth, settings.debug_auth_allowed_namespaces)
         self.server.generators.update(debug_generators(self.server, debug, self.debug_rule))
@@ -285,7 +275,7 @@ class DiscoveryApp:
         router = ObjectRouter(self.store, self.kube, self.credentials)
         return router if self.changes is None else LoggedSink(router, self.changes)
 
-    async def _exposition(self) -> bytes:
+    async def exposition(self) -> bytes:
         """A scrape of /metrics (with a pool: the workers' too, ``pool.metrics``)."""
         if self.pool is None:
             return self.metrics.exposition()
@@ -302,7 +292,7 @@ class DiscoveryApp:
         """Every port serves (with a pool: every push worker has served once)."""
         return self.server.ready and (self.pool is None or self.pool.ready)
 
-    def _debug_access(self) -> Middleware:
+    def debug_access(self) -> Middleware:
         """Who may read /debug on the HTTP and monitoring ports: token authentication, then the
         rule the xDS debug types apply, against the mesh root namespace as they use it."""
 
@@ -456,95 +446,6 @@ class DiscoveryApp:
         self.grpc_server = server
         return server
 
-    async def run(self) -> None:
-        assert self.role is not Role.WORKER, "a push worker runs pool.worker_main"
-        settings = self.settings
-        # With push workers the xDS ports are theirs: the kernel spreads new connections over them.
-        server = self.xds_server() if self.pool is None else None
-        runners = []
-        tasks: list[asyncio.Task[Any]] = []
-        # The HTTP port (/ready, debug) on its own thread: probes must not queue behind pushes.
-        # The probes read the main loop's heartbeat: a frozen loop makes /ready fail (heartbeat.py).
-        heartbeat = self.heartbeat
-        heartbeat.start()
-        http = ThreadedSite(
-            http_app(
-                lambda: self.ready and heartbeat.moving(),
-                self.debug_pages if settings.debug_on_http else None,
-                on_loop(asyncio.get_running_loop()),
-                self._debug_access(),
-                live=heartbeat.alive,
-            ),
-            settings.http_addr,
-            "http",
-        )
-        try:
-            await http.start()
-            monitoring = monitoring_app(self._exposition, self.debug_pages, __version__, self._debug_access())
-            # The change preview reads a request body: served on this loop only (push.preview_page).
-            monitoring.add_routes([preview_route(self.preview_sources)])
-            runners.append(await start_site(monitoring, settings.monitoring_addr))
-            if self.webhooks is not None and not self.webhooks.serves_mesh_certificate:
-                await self.webhooks.start()
-            if server is not None:
-                await server.start()
-            if self.pool is not None:
-                # Started before the sources load: the workers import meanwhile and follow the log.
-                self.pool.start()
-            log.info(
-                "meshpilot %s serving: xDS on %s, HTTP on %s, monitoring on %s; webhooks on %s",
-                __version__,
-                settings.grpc_addr,
-                settings.http_addr,
-                settings.monitoring_addr,
-                settings.webhook_addr or "(off)",
-            )
-            # Until the sources are loaded /ready answers 503 and new streams get UNAVAILABLE.
-            if not await self._load_unless_stopped():
-                return
-            tasks.append(asyncio.create_task(self.server.run(), name="push"))
-            if self.pool is not None:
-                tasks.append(asyncio.create_task(self.pool.watch(), name="push workers"))
-            if self.identity is not None:
-                tasks.append(asyncio.create_task(self.identity.run(self._stop), name="serving certificate"))
-            tasks.append(asyncio.create_task(self.jwks.run(), name="jwks"))
-            tasks.append(
-                asyncio.create_task(
-                    log_push_status(lambda: self.server.push_context, self.index), name="push status"
-                )
-            )
-            if self.inject_source is not None:
-                tasks.append(asyncio.create_task(self.inject_source.run(self._stop), name="inject config"))
-            for source in self.sources:
-                tasks.append(asyncio.create_task(source.run(self._stop), name=f"watch {source.root}"))
-            await self._stop.wait()
-            log.info("shutting down")
-        finally:
-            if self.secure_server is not None:
-                await self.secure_server.stop(settings.shutdown_grace)
-            if server is not None:
-                await server.stop(settings.shutdown_grace)
-            if self.pool is not None:
-                await self.pool.stop(settings.shutdown_grace)
-            await http.stop()
-            for runner in runners:
-                await runner.cleanup()
-            if self.webhooks is not None:
-                await self.webhooks.stop()
-            for component in (self.webhook_ca, self.root_certs):
-                if component is not None:
-                    await component.stop()
-            if self.kube_controller is not None:
-                await self.kube_controller.stop()
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            for source in self.sources:
-                await source.close()  # stops its loader process, also mid-file
-            heartbeat.stop()
-
     async def _serve_identity(self, identity: IdentityPlane) -> None:
         """With the CA loaded: the webhooks that serve its certificate, the secure ports, the root
         published."""
@@ -586,30 +487,3 @@ class DiscoveryApp:
         if self.webhooks is not None and self.webhooks.serves_mesh_certificate:
             self.webhook_ca = WebhookCaPatcher(self._kube_api, root)
             self.webhook_ca.start()
-
-    async def _load_unless_stopped(self) -> bool:
-        """Load, unless a stop comes first (an API server that never answers must not block shutdown)."""
-        loading = asyncio.create_task(self.load(), name="load")
-        stopping = asyncio.create_task(self._stop.wait(), name="stop")
-        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not loading.done():
-            loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loading
-            return False
-        loading.result()
-        return True
-
-
-async def serve(settings: DiscoverySettings) -> None:
-    """Run until SIGTERM or SIGINT."""
-    malloc_tuning.configure()
-    gc_tuning.configure()
-    app = DiscoveryApp(settings, after_load=gc_tuning.freeze_loaded)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, app.stop)
-    await app.run()
-    if app.pool is not None and app.pool.failure is not None:
-        raise OSError(app.pool.failure)
