@@ -166,13 +166,15 @@ def endpoint_index_update() -> dict[str, Any]:
     return row
 
 
-def _cds_figures(services: int, destination_rules: int) -> dict[str, float]:
+def _cds_figures(services: int, destination_rules: int, rule_policies: int = 10) -> dict[str, float]:
     """Uncached CDS, protobuf CDS and the CDS cache key, µs per outbound cluster, and the cluster count."""
     from bench.model_fixture import build_model
     from meshpilot.networking.cluster import ClusterInputs, build_outbound_cluster, outbound_specs
     from meshpilot.networking.cluster_wire import OutboundClusterEncoder
 
-    model, proxy = build_model(services=services, endpoints=10, destination_rules=destination_rules)
+    model, proxy = build_model(
+        services=services, endpoints=10, destination_rules=destination_rules, rule_policies=rule_policies
+    )
     inputs = ClusterInputs(proxy, model.push, model.index)
     specs = outbound_specs(proxy)
 
@@ -182,9 +184,14 @@ def _cds_figures(services: int, destination_rules: int) -> dict[str, float]:
             assert cluster is not None
             cluster.SerializeToString()
 
+    rules = list({id(s.rule): s.rule for s in specs if s.rule is not None}.values())
+
     def cds() -> None:
-        # A fresh snapshot memo each time, so templates are rebuilt as after a config change.
+        # A fresh snapshot memo each time, so templates are rebuilt as after a config change (a
+        # snapshot's rules are its own, so what was derived from them goes too).
         model.push._memo.clear()
+        for rule in rules:
+            rule.derived.clear()
         encoder = OutboundClusterEncoder(inputs)
         for s in specs:
             assert encoder.encode(s)
@@ -205,14 +212,16 @@ def generators() -> dict[str, Any]:
     """Uncached CDS per cluster, RDS per virtual host, and the cached CDS path, from a 200-service model.
 
     The ``cds_dr_*`` figures are CDS again with a DestinationRule per service (two subsets and a
-    traffic policy, ``Scenario.destination_rule``): every rule is its own cluster class, so each
-    service's three clusters build their own templates. Without rules every cluster of the model
-    reuses one template, which is the best case of the encoder.
+    traffic policy, ``Scenario.destination_rule``), the rules having ten distinct policies among
+    them: clusters of equal policies share a template. ``cds_dr_distinct_*``: every rule has a
+    policy of its own, so each service's three clusters build their own templates, the encoder's
+    worst case. Without rules every cluster of the model reuses one template, its best case.
     """
     from bench.model_fixture import build_model
     from meshpilot.networking.route import build_route_configuration, encode_route_configuration
 
     plain, with_rules = _cds_figures(200, 0), _cds_figures(200, 200)
+    distinct = _cds_figures(200, 200, rule_policies=200)
     model, proxy = build_model(services=200, endpoints=10)
     route = build_route_configuration(proxy, model.push, "8080")
     vhosts = len(route.virtual_hosts)
@@ -228,6 +237,8 @@ def generators() -> dict[str, Any]:
         "cds_dr_uncached_us_per_cluster": with_rules["uncached"],
         "cds_dr_protobuf_us_per_cluster": with_rules["protobuf"],
         "cds_dr_key_us_per_cluster": with_rules["key"],
+        "cds_dr_distinct_uncached_us_per_cluster": distinct["uncached"],
+        "cds_dr_distinct_protobuf_us_per_cluster": distinct["protobuf"],
         "rds_uncached_us_per_vhost": per_call(rds, min_time=0.5, repeats=3) / vhosts * 1e6,
         "rds_protobuf_us_per_vhost": per_call(
             lambda: build_route_configuration(proxy, model.push, "8080").SerializeToString(),

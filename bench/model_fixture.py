@@ -35,14 +35,18 @@ class _Updater:
         pass
 
 
-def build_model(*, services: int, endpoints: int, destination_rules: int = 0) -> tuple[Any, Proxy]:
-    """The scenario's model and its first sidecar; ``destination_rules`` services get the scenario's rule."""
+def build_model(
+    *, services: int, endpoints: int, destination_rules: int = 0, rule_policies: int = 10
+) -> tuple[Any, Proxy]:
+    """The scenario's model and its first sidecar; ``destination_rules`` services get the scenario's
+    rule, with ``rule_policies`` distinct traffic policies among them."""
     scenario = Scenario(
         "micro",
         services=services,
         endpoints_per_service=endpoints,
         proxies=1,
         destination_rules=destination_rules,
+        rule_policies=rule_policies,
     )
     store, index = ConfigStore(), EndpointIndex()
     updater = _Updater(index)

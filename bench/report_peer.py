@@ -69,6 +69,10 @@ def _less_rewrite(run: dict[str, Any], change: str) -> float | None:
     return round(max(0.0, float(cpu) - float(rewrite)), 3)
 
 
+def _count(scenarios: int) -> str:
+    return "one scenario" if scenarios == 1 else f"{scenarios} scenarios"
+
+
 def _plain(values: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in values.items())
 
@@ -80,10 +84,17 @@ def peer_section(results: dict[str, Any]) -> list[str]:
     if not runs:
         return []
     out = ["### Beside istiod", ""]
+    scenarios = len({run["scenario"] for run in runs})
+    # A peer run made apart from the rest of the suite (``--only``, merged in) names its own commit.
+    when = (
+        f"at commit {peer['commit']}, {peer['date']}, apart from the rest of this suite"
+        if peer.get("commit") and peer.get("commit") != (results.get("machine") or {}).get("commit")
+        else "in this run"
+    )
     out.append(
         f"`python -m bench.run --peer istiod`: istiod {peer.get('version', '?')} "
         f"(`{peer.get('binary', '?')}`, "
-        "built by `make reference`) and meshpilot, one after the other in this run (meshpilot first), on the "
+        f"built by `make reference`) and meshpilot, one after the other {when} (meshpilot first), on the "
         "same machine, "
         "simulator and config directory: istiod is the anchor the other figures on this page are read "
         "against. istiod reads only Istio kinds from files, so both servers read the scenario's "
@@ -105,8 +116,8 @@ def peer_section(results: dict[str, Any]) -> list[str]:
         "wall time is mostly the stream rate (sidecars over new streams/s); its CPU is the comparison. "
         "Where meshpilot is ahead, read why: on a VirtualService change it sends only the route "
         "configuration (its digest skips types whose content did not change), while istiod sends CDS, "
-        "LDS and RDS again ('responses sent'); and this is one small scenario of the quick suite, on "
-        "files, with no TLS or security policy in play, run once each."
+        f"LDS and RDS again ('responses sent'); and this is {_count(scenarios)} of the "
+        f"{results.get('suite', '?')} suite, on files, with no TLS or security policy in play, run once each."
     )
     out.append("")
     by_scenario: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}

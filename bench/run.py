@@ -225,9 +225,13 @@ def machine() -> dict[str, Any]:
 def run_peer(suite: Suite, peer: Variant, only: set[str] | None) -> dict[str, Any]:
     """The suite's fleet scenarios, ServiceEntry form, meshpilot then the peer, one run each."""
     info = peer_istiod.version()
+    measured = machine()
     out: dict[str, Any] = {
         "server": peer.name,
         "version": info,
+        # Named apart from the suite's: a peer run made alone may be merged into a suite's results.
+        "commit": measured.get("commit"),
+        "date": measured.get("date"),
         "binary": str(peer_istiod.binary().relative_to(ROOT)),
         "debounce": DEBOUNCE,
         "runs": [],
@@ -286,7 +290,12 @@ def run_suite(
     started = time.time()
     if not only or "micro" in only:
         log("micro benchmarks, compiled")
-        results["micro"] = {"compiled": run_micro(False, suite.micro_min_time)}
+        measured = machine()
+        results["micro"] = {
+            "commit": measured.get("commit"),
+            "date": measured.get("date"),
+            "compiled": run_micro(False, suite.micro_min_time),
+        }
         log("micro benchmarks, pure Python")
         results["micro"]["pure-python"] = run_micro(True, suite.micro_min_time)
     for job in suite.fleet:

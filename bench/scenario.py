@@ -44,6 +44,9 @@ class Scenario:
     #: VirtualServices (each on one service) and DestinationRules with two subsets.
     virtual_services: int = 0
     destination_rules: int = 0
+    #: How many distinct traffic policies the rules cycle through (their connection limits differ):
+    #: rules with equal policies share CDS templates, so ``destination_rules`` here is the worst case.
+    rule_policies: int = 10
     #: Proxies connect through a Sidecar resource that limits egress to their namespace.
     scoped: bool = False
     #: Proxies are ingress gateways (``router``) of one Gateway; VirtualServices bind to it.
@@ -288,8 +291,8 @@ class Scenario:
 
     def destination_rule(self, s: int) -> dict[str, Any]:
         """Two subsets and a traffic policy of the kinds real meshes set (connection pool, outlier
-        detection, load balancer), v2 overriding the load balancer. Every rule is its own cluster
-        class, so CDS cannot share one template across services (the benchmark's best case)."""
+        detection, load balancer), v2 overriding the load balancer. Rule ``s`` has policy
+        ``s % rule_policies`` of that many distinct ones (connection limits differ)."""
         return {
             "apiVersion": "networking.istio.io/v1",
             "kind": "DestinationRule",
@@ -298,7 +301,7 @@ class Scenario:
                 "host": self.hostname(s),
                 "trafficPolicy": {
                     "connectionPool": {
-                        "tcp": {"maxConnections": 100 + s % 10, "connectTimeout": "5s"},
+                        "tcp": {"maxConnections": 100 + s % self.rule_policies, "connectTimeout": "5s"},
                         "http": {
                             "http1MaxPendingRequests": 64,
                             "http2MaxRequests": 1000,

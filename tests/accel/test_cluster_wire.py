@@ -69,7 +69,9 @@ def meshes(draw: Any) -> tuple[list[dict[str, Any]], bool, bool]:
         ports = draw(st.lists(port_names, min_size=1, max_size=3, unique=True))
         ns = draw(st.sampled_from(["default", "other"]))
         svc_ports = [(name, 8000 + j) for j, name in enumerate(ports)]
-        docs.append(service(f"s{i}", ns, f"10.96.1.{i}", svc_ports, {"app": f"s{i}"}))
+        # PreferClose turns locality balancing on without a rule: a template of its own.
+        close = {"trafficDistribution": "PreferClose"} if draw(st.booleans()) else {}
+        docs.append(service(f"s{i}", ns, f"10.96.1.{i}", svc_ports, {"app": f"s{i}"}, **close))
         if draw(st.booleans()):
             rule: dict[str, Any] = {"host": f"s{i}.{ns}.svc.cluster.local"}
             if draw(st.booleans()):
@@ -265,3 +267,60 @@ def test_port_level_settings_split_classes() -> None:
             assert cluster == build_outbound_cluster(inputs, spec.service, spec.port, spec.subset, spec.rule)
             policies[spec.port.port] = cluster.lb_policy
     assert policies == {80: cluster_pb2.Cluster.RANDOM, 81: cluster_pb2.Cluster.ROUND_ROBIN}
+
+
+def _decoded(payload: bytes | None) -> Any:
+    assert payload is not None
+    return cluster_pb2.Cluster.FromString(any_pb2.Any.FromString(payload).value)
+
+
+def test_a_prefer_close_service_does_not_take_another_services_template() -> None:
+    # Neither has a DestinationRule; PreferClose alone turns locality-weighted balancing on.
+    docs = [
+        *workload("client", "default", "10.96.0.1", 8080, {"client-0": "10.1.0.11"}),
+        service("a", "default", "10.96.1.1", [("http", 80)], {"app": "a"}),
+        service("b", "default", "10.96.1.2", [("http", 80)], {"app": "b"}, trafficDistribution="PreferClose"),
+    ]
+    model = build(docs)
+    proxy = model.proxy(CLIENT)
+    inputs = ClusterInputs(proxy, model.push, model.index)
+    encoder = OutboundClusterEncoder(inputs)
+    specs = {spec.service.name: spec for spec in outbound_specs(proxy) if spec.service.name in "ab"}
+    for name in ("a", "b"):  # a first: its template is made first
+        spec = specs[name]
+        expected = build_outbound_cluster(inputs, spec.service, spec.port, spec.subset, spec.rule)
+        assert _decoded(encoder.encode(spec)) == expected, name
+    assert _decoded(encoder.encode(specs["b"])).common_lb_config.HasField("locality_weighted_lb_config")
+
+
+def test_rules_with_the_same_policy_share_one_template() -> None:
+    policy = {"loadBalancer": {"simple": "RANDOM"}, "outlierDetection": {"consecutive5xxErrors": 3}}
+    docs: list[dict[str, Any]] = list(
+        workload("client", "default", "10.96.0.1", 8080, {"client-0": "10.1.0.11"})
+    )
+    for i in range(3):
+        docs.append(service(f"s{i}", "default", f"10.96.1.{i}", [("http", 80)], {"app": f"s{i}"}))
+        rule = {"host": f"s{i}", "trafficPolicy": policy, "subsets": [{"name": "v1", "labels": {"v": "1"}}]}
+        docs.append(istio("DestinationRule", f"s{i}", "default", rule))
+    docs.append(service("other", "default", "10.96.2.1", [("http", 80)], {"app": "other"}))
+    other = {"host": "other", "trafficPolicy": {"loadBalancer": {"simple": "ROUND_ROBIN"}}}
+    docs.append(istio("DestinationRule", "other", "default", other))
+    model = build(docs)
+    proxy = model.proxy(CLIENT)
+    inputs = ClusterInputs(proxy, model.push, model.index)
+    built: list[str] = []
+    encoder = OutboundClusterEncoder(inputs)
+    original = encoder._template
+
+    def counting(spec: Any) -> bytes | None:
+        built.append(spec.name)
+        return original(spec)
+
+    encoder._template = counting  # type: ignore[method-assign]
+    for spec in outbound_specs(proxy):
+        if spec.rule is not None:
+            expected = build_outbound_cluster(inputs, spec.service, spec.port, spec.subset, spec.rule)
+            assert _decoded(encoder.encode(spec)) == expected, spec.name
+    # Three rules' clusters with and without their subset (the subset has no policy of its own: one
+    # class), and the other rule's: two templates, not seven.
+    assert len(built) == 2, built

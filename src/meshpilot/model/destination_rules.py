@@ -12,7 +12,7 @@ them (``SidecarScope.DestinationRule``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,9 @@ class MergedDestinationRule:
     #: Stable hash of the contributing configs: part of the cache keys of what reads the rule.
     fingerprint: int = field(init=False, compare=False, repr=False)
     _spec: Any = field(default=None, init=False, compare=False, repr=False)
+    #: What builders derive from this (immutable) rule alone, such as the policy of each subset and
+    #: port (``traffic_policy.cluster_policy``): computed once per rule, not once per cluster.
+    derived: dict[Hashable, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         parts = tuple((str(c.key), c.spec_hash) for c in self.configs)

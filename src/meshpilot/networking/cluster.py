@@ -8,6 +8,7 @@ InboundPassthroughCluster.
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,6 +191,17 @@ def build_outbound_cluster(
             _apply_proxy_protocol(cluster, policy.proxy_protocol.version)
     _set_protocol_options(cluster, http_options)
     return cluster
+
+
+def template_inputs(svc: Service, port: Port, policy: tp.ClusterPolicy) -> Hashable:
+    """What ``build_outbound_cluster`` reads of the service, port and rule for an EDS cluster, besides
+    what ``cluster_wire`` writes per cluster (name, metadata, TLS) and the snapshot and proxy.
+
+    Clusters equal in these share one template (``cluster_wire``): the resolved policy, not the rule
+    it came from, so rules with the same policy share; the port's protocol (protocol options, HTTP/2
+    upgrade); and whether the Service prefers close endpoints (locality balancing without a rule).
+    """
+    return (policy.fingerprint, port.protocol.value, locality_lb.prefers_close(svc))
 
 
 def _inline_tls(push: PushContext, rule: MergedDestinationRule | None, port: int) -> eds.EndpointTls:

@@ -2,9 +2,10 @@
 
 Building a Cluster as protobuf objects costs tens of microseconds; nearly all
 of it (connect timeout, load balancer, circuit breakers, protocol options,
-filters) is the same for every cluster of a class: no DestinationRule, or
-the same rule, subset and port, with the same protocol and proxy
-capabilities. The first cluster of a class is built by the reference builder,
+filters) is the same for every cluster of a class: the same traffic policy
+(none, or the one a rule resolves to for the subset and port, whichever rule
+it is), protocol and proxy capabilities (``cluster.template_inputs`` names
+what a class shares). The first cluster of a class is built by the reference builder,
 its per-cluster fields are cleared and the rest is serialized once as the
 class template; every cluster of the class is then the template plus its
 own name, metadata and TLS, written by ``wire.outbound_cluster``. Tests check
@@ -18,7 +19,13 @@ from meshpilot.networking import endpoint as eds
 from meshpilot.networking import extensions, names, wire
 from meshpilot.networking import traffic_policy as tp
 from meshpilot.networking.auto_mtls import auto_mtls_applies, service_mtls_mode
-from meshpilot.networking.cluster import ClusterInputs, OutboundSpec, build_outbound_cluster, config_path
+from meshpilot.networking.cluster import (
+    ClusterInputs,
+    OutboundSpec,
+    build_outbound_cluster,
+    config_path,
+    template_inputs,
+)
 from meshpilot.networking.protobuf import serialize
 from meshpilot.networking.tls import istio_mutual_upstream
 
@@ -39,7 +46,7 @@ class OutboundClusterEncoder:
         self._push = inputs.push
         self._metadata_exchange = extensions.has_upstream_metadata_exchange(inputs.proxy)
         # Local views of the shared memo: the per-cluster path does one small dict lookup.
-        self._templates: dict[tuple[object, str], bytes | None] = {}
+        self._templates: dict[tuple[object, str, str], bytes | None] = {}
         self._tls: dict[bool, tuple[bytes, bytes]] = {}
 
     def encode(self, spec: OutboundSpec) -> bytes | None:
@@ -47,11 +54,17 @@ class OutboundClusterEncoder:
         svc, port, subset, rule = spec.service, spec.port, spec.subset, spec.rule
         if svc.resolution is not Resolution.CLIENT_SIDE_LB:
             return None  # DNS and passthrough clusters carry per-service data: reference builder
-        # A rule's policy differs per port and subset; without one, every port is alike.
-        key = ((rule.fingerprint, subset, port.port) if rule is not None else None, port.protocol.value)
+        # The local key names the class cheaply (a rule's policy differs per port and subset); its
+        # first cluster resolves what the template is built from, which rules with equal policies share.
+        key = (
+            (rule.fingerprint, subset, port.port) if rule is not None else None,
+            port.protocol.value,
+            svc.traffic_distribution,
+        )
         template = self._templates.get(key, b"")
         if template == b"":
-            shared = ("cds-template", key, self._metadata_exchange)
+            inputs = template_inputs(svc, port, tp.cluster_policy(rule, subset, port.port))
+            shared = ("cds-template", inputs, self._metadata_exchange)
             template = self._templates[key] = self._push.memoized(shared, lambda: self._template(spec))
         if template is None:
             return None

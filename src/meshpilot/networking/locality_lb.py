@@ -54,6 +54,11 @@ def groups_by_locality(endpoints: Sequence[Endpoint]) -> list[LocalityGroup]:
     ]
 
 
+def prefers_close(svc: Service) -> bool:
+    """Whether the Service asks for close endpoints itself (``trafficDistribution: PreferClose``)."""
+    return svc.traffic_distribution == PREFER_CLOSE
+
+
 def effective_setting(
     mesh_setting: Any | None, rule_lb: Any | None, svc: Service | None = None
 ) -> tuple[Any | None, bool]:
@@ -69,7 +74,7 @@ def effective_setting(
         if setting.HasField("enabled") and not setting.enabled.value:
             return None, False
         return setting, False
-    if svc is not None and svc.traffic_distribution == PREFER_CLOSE:
+    if svc is not None and prefers_close(svc):
         return _PREFER_CLOSE_SETTING, True
     if mesh_setting is None:
         return None, False

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
@@ -38,6 +38,21 @@ class ClusterPolicy:
         lb = self.load_balancer
         return lb is not None and lb.WhichOneof("lb_policy") == "simple" and lb.simple == _PASSTHROUGH
 
+    _fingerprint: tuple[bytes | None, ...] | None = field(default=None, init=False, compare=False, repr=False)
+
+    @property
+    def fingerprint(self) -> tuple[bytes | None, ...]:
+        """The policy as bytes: equal for equal policies, whichever rule, subset or port they came from."""
+        if self._fingerprint is None:
+            parts = (*(getattr(self, name) for name in _FIELDS), self.proxy_protocol)
+            found = tuple(None if p is None else p.SerializeToString(deterministic=True) for p in parts)
+            object.__setattr__(self, "_fingerprint", found)  # a cache on a frozen object
+            return found
+        return self._fingerprint
+
+
+_NO_POLICY = ClusterPolicy()
+
 
 def _fields_for_port(policy: Any | None, port: int) -> tuple[dict[str, Any], bool]:
     """The policy's fields for ``port``, and whether a port-level setting matched.
@@ -64,7 +79,15 @@ def cluster_policy(rule: MergedDestinationRule | None, subset: str, port: int) -
     overrides all four, set or not.
     """
     if rule is None:
-        return ClusterPolicy()
+        return _NO_POLICY
+    key = ("cluster_policy", subset, port)
+    found: ClusterPolicy | None = rule.derived.get(key)
+    if found is None:
+        found = rule.derived[key] = _merged_policy(rule, subset, port)
+    return found
+
+
+def _merged_policy(rule: MergedDestinationRule, subset: str, port: int) -> ClusterPolicy:
     fields, _ = _fields_for_port(rule.traffic_policy, port)
     if subset:
         found = rule.subset(subset)
