@@ -25,39 +25,48 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
     """(goal, target, measured, verdict) rows for the issue's goals."""
     micro = get(results, "micro", "compiled") or {}
     rows: list[list[Any]] = []
+    apart = _micro_apart(results)
+    micro_tag = f" (commit {apart})" if apart else ""
 
     def row(
         goal: str, target: float, measured: float | None, unit: str, higher_is_better: bool = False
     ) -> None:
         rows.append(goal_row(goal, target, measured, unit, higher_is_better))
 
+    def micro_row(goal: str, target: float, measured: float | None, unit: str, higher: bool = False) -> None:
+        row(goal + micro_tag, target, measured, unit, higher)
+
     eds = micro.get("eds_encoding") or []
     for entry in eds:
-        row(f"EDS encoding, {entry['endpoints']} endpoints/CLA", 1.0, entry.get("compiled_us"), "µs/endpoint")
+        micro_row(
+            f"EDS encoding, {entry['endpoints']} endpoints/CLA", 1.0, entry.get("compiled_us"), "µs/endpoint"
+        )
     worst_ratio = min((e.get("compiled_vs_twin", 0.0) for e in eds), default=None)
-    row(
-        "EDS encoding, compiled vs pure-Python twin (worst case)", 20, worst_ratio, "x", higher_is_better=True
-    )
-    row(
+    micro_row("EDS encoding, compiled vs pure-Python twin (worst case)", 20, worst_ratio, "x", higher=True)
+    micro_row(
         "CDS uncached generation (no DestinationRules: one template, the best case)",
         5.0,
         get(micro, "generators", "cds_uncached_us_per_cluster"),
         "µs/cluster",
     )
-    row(
+    micro_row(
         "CDS uncached generation, a DestinationRule per service (10 distinct policies)",
         5.0,
         get(micro, "generators", "cds_dr_uncached_us_per_cluster"),
         "µs/cluster",
     )
-    row(
+    micro_row(
         "CDS uncached generation, a DestinationRule per service, each its own policy (the worst case)",
         5.0,
         get(micro, "generators", "cds_dr_distinct_uncached_us_per_cluster"),
         "µs/cluster",
     )
-    row("RDS uncached generation", 3.0, get(micro, "generators", "rds_uncached_us_per_vhost"), "µs/vhost")
-    row("Sending a cached ClusterLoadAssignment", 5.0, get(micro, "cached_cla_send", "compiled_us"), "µs")
+    micro_row(
+        "RDS uncached generation", 3.0, get(micro, "generators", "rds_uncached_us_per_vhost"), "µs/vhost"
+    )
+    micro_row(
+        "Sending a cached ClusterLoadAssignment", 5.0, get(micro, "cached_cla_send", "compiled_us"), "µs"
+    )
     http = fleet_run(results, "http")
     if http is not None:
         scale = f"{http['scenario_spec']['proxies']} sidecars, {http['scenario_spec']['services']} services"
@@ -89,19 +98,20 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
 # -- sections --------------------------------------------------------------------------
 
 
+def _micro_apart(results: dict[str, Any]) -> str:
+    """The commit of micro figures re-measured alone (``--only micro``, merged in), else ""."""
+    commit = str(get(results, "micro", "commit") or "")
+    return commit if commit and commit != (results.get("machine") or {}).get("commit") else ""
+
+
 def micro_section(results: dict[str, Any]) -> list[str]:
     micro = results.get("micro") or {}
     compiled, pure = micro.get("compiled") or {}, micro.get("pure-python") or {}
     if not compiled:
         return []
     out = ["### Hot paths (micro benchmarks)", ""]
-    # Micro figures re-measured alone (``--only micro``, merged in) name their own commit.
-    apart = micro.get("commit") and micro.get("commit") != (results.get("machine") or {}).get("commit")
-    when = (
-        f" Measured at commit {micro['commit']}, {micro.get('date', '?')}, apart from the fleets."
-        if apart
-        else ""
-    )
+    apart = _micro_apart(results)
+    when = f" Measured at commit {apart}, {micro.get('date', '?')}, apart from the fleets." if apart else ""
     out.append(
         "Best of several timed batches, one process per build. The pure-Python column is the same code "
         "with `MESHPILOT_NO_EXTENSIONS=1`; protobuf is the reference builder that makes message objects "
