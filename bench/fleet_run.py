@@ -20,7 +20,7 @@ from typing import Any
 from bench import istiod as peer_istiod
 from bench.fleet import Fleet
 from bench.kube_stub import KubeStub
-from bench.measure import DEBOUNCE, fleet_specs, summary
+from bench.measure import DEBOUNCE, fleet_specs, latency_figures
 from bench.scenario import Scenario, write_yaml
 from bench.server import ServerProcess
 from bench.sidecar import EDS, RDS, TYPES
@@ -150,12 +150,9 @@ def _change(
     }
     if fleet.protocol == "delta":
         out["resources_received_per_proxy"] = _per_proxy(after, traffic, expected)
+    out.update(latency_figures(seen))
     if seen:
-        first = min(seen)
-        out["from_write_seconds"] = summary(seen)
-        # From the first proxy's copy: the fan-out once the push has started.
-        out["fan_out_seconds"] = summary([t - first for t in seen])
-        out["first_seconds"] = first
+        out["first_seconds"] = min(seen)
         out["latencies_ms"] = sorted(round(t * 1000, 1) for t in seen)
     return out
 

@@ -29,6 +29,15 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
+def latency_figures(seen: list[float]) -> dict[str, dict[str, float]]:
+    """A change's times per proxy (seconds from the write) as 'from write' and 'fan-out' (from the
+    first proxy's copy: the push once it has started) summaries; nothing when no proxy saw it."""
+    if not seen:
+        return {}
+    first = min(seen)
+    return {"from_write_seconds": summary(seen), "fan_out_seconds": summary([t - first for t in seen])}
+
+
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 

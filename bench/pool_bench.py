@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.fleet import Fleet
-from bench.measure import DEBOUNCE, fleet_specs, log, summary
+from bench.measure import DEBOUNCE, fleet_specs, latency_figures, log
 from bench.scenario import Scenario, write_yaml
 from bench.server import ServerProcess, process_cpu_seconds
 from bench.sidecar import EDS, RDS
@@ -150,9 +150,7 @@ def _push(
     }
     seen = [t - started for t in times if t is not None]
     out["converged"] = len(seen)
-    if seen:
-        out["from_write_seconds"] = summary(seen)
-        out["fan_out_seconds"] = summary([t - min(seen) for t in seen])
+    out.update(latency_figures(seen))
     time.sleep(1)  # the last ACKs land before the next change is measured
     return out
 

@@ -25,6 +25,20 @@ DOMAIN = "default~default.svc.cluster.local"
 DR = ConfigKey(Kind.DESTINATION_RULE, "reviews", "default")
 
 
+def test_read_series_appear_with_their_first_count() -> None:
+    # As istiod's: xds_cache_reads{type="hit"} is not exported at 0 before any read hit.
+    metrics = Metrics()
+    cache = TypedCache(2, metrics)
+    reads = metrics.registry
+    assert reads.get_sample_value("xds_cache_reads_total", {"type": "miss"}) is None
+    assert cache.get(1) is None
+    assert reads.get_sample_value("xds_cache_reads_total", {"type": "miss"}) == 1
+    assert reads.get_sample_value("xds_cache_reads_total", {"type": "hit"}) is None
+    assert cache.add(1, b"one", frozenset(), new_token())
+    assert cache.get(1) == b"one"
+    assert reads.get_sample_value("xds_cache_reads_total", {"type": "hit"}) == 1
+
+
 def test_lru_and_dependency_eviction() -> None:
     metrics = Metrics()
     cache = TypedCache(2, metrics)
