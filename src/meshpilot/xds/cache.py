@@ -20,7 +20,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from meshpilot.model.config import ConfigKey
 from meshpilot.server.metrics import Metrics
@@ -67,28 +66,21 @@ class TypedCache:
         self._by_config: dict[ConfigKey, set[int]] = {}
         #: Time of the last eviction by a config change; older writes are dropped.
         self._evicted_at = 0
-        # Each labelled child is bound once, at its first read: a read is a few dict operations, and
-        # looking the child up on every one cost more than the read (a fifth of a scope's CDS build
-        # from the cache, profiled). Not before: as istiod's, a series appears with its first count.
-        self._hits: Any = None
-        self._misses: Any = None
+        self._reads = metrics.cache_reads if metrics is not None else None
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, key: int) -> bytes | None:
         entry = self._entries.get(key)
+        reads = self._reads
         if entry is None:
-            if self._misses is None and self._metrics is not None:
-                self._misses = self._metrics.cache_reads.labels(type="miss")
-            if self._misses is not None:
-                self._misses.inc()
+            if reads is not None:
+                reads.miss += 1
             return None
         self._entries.move_to_end(key)
-        if self._hits is None and self._metrics is not None:
-            self._hits = self._metrics.cache_reads.labels(type="hit")
-        if self._hits is not None:
-            self._hits.inc()
+        if reads is not None:
+            reads.hit += 1
         return entry.value
 
     def fetch(
