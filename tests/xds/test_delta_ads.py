@@ -45,7 +45,7 @@ def names(response: discovery_pb2.DeltaDiscoveryResponse) -> list[str]:
     return [r.name for r in response.resources]
 
 
-async def synced(server: Server) -> tuple[DeltaClient, dict[str, dict[str, str]]]:
+async def synced(server: Server, node: str = NODE) -> tuple[DeltaClient, dict[str, dict[str, str]]]:
     """A client holding CDS, EDS (reviews, ratings), LDS and RDS (9080), as Envoy subscribes; and the
     versions it holds, by type."""
     client = server.delta_client()
@@ -57,7 +57,7 @@ async def synced(server: Server) -> tuple[DeltaClient, dict[str, dict[str, str]]
         held.setdefault(type_url, {}).update({r.name: r.version for r in response.resources})
         client.ack(response)
 
-    client.send(CDS, node_id=NODE)
+    client.send(CDS, node_id=node)
     await take(CDS)
     client.send(EDS, [REVIEWS, RATINGS])
     await take(EDS)
@@ -122,6 +122,25 @@ async def test_an_endpoint_change_sends_one_assignment(server: Server) -> None:
     client.ack(pushed)
     assert await client.no_response(0.5), "nothing else changed"
     await client.close()
+
+
+async def test_proxies_pushed_the_same_change_share_one_response(server: Server) -> None:
+    # Two sidecars of one namespace: one push gives both the same bytes, nonce included
+    # (xds/responses.py); the next change gets a nonce of its own.
+    other = "sidecar~127.0.0.12~client-0.default~default.svc.cluster.local"
+    (first, _), (second, _) = await synced(server), await synced(server, other)
+    pushed = []
+    for endpoints in ({"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"}, {"reviews-v3": "127.0.0.23"}):
+        write(server.config_dir / "apps.yaml", apps(endpoints))
+        one, two = await first.recv(10), await second.recv(10)
+        assert one.type_url == EDS and names(one) == [REVIEWS]
+        assert one.SerializeToString() == two.SerializeToString(), "one response for both proxies"
+        first.ack(one)
+        second.ack(two)
+        pushed.append(one)
+    assert pushed[0].nonce != pushed[1].nonce, "another content, another nonce"
+    assert await first.no_response(0.3) and await second.no_response(0.3), "the ACKs were taken"
+    await asyncio.gather(first.close(), second.close())
 
 
 async def test_a_virtual_service_change_sends_only_the_affected_routes(server: Server) -> None:

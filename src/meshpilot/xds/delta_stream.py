@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -23,10 +24,10 @@ from google.protobuf.message import DecodeError
 from meshpilot.model.push_request import PushRequest
 from meshpilot.push.history import TypeSent
 from meshpilot.push.push_log import log_sent
-from meshpilot.xds import delta_protocol
+from meshpilot.xds import delta_protocol, responses
 from meshpilot.xds.delta_wire import delta_response
 from meshpilot.xds.generators.base import Resource, digest_of, names_of
-from meshpilot.xds.stream import Stream, new_nonce
+from meshpilot.xds.stream import Stream
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
@@ -150,8 +151,12 @@ class DeltaStream(Stream):
             return
         # A request is always answered, even with nothing: Envoy's initial fetch waits for a response.
         version = request.push.version
-        nonce = new_nonce(version)
-        payload = delta_response(version, type_url, nonce, changes)
+        shared_by = responses.content(
+            self.protocol, type_url, [r for r, _ in changes.updated], changes.removed
+        )
+        nonce, payload = responses.response(
+            request.push, version, shared_by, partial(delta_response, version, type_url, changes=changes)
+        )
         by_type.push_time.observe(time.monotonic() - started)
         warming: frozenset[str] = frozenset()
         if known is TypeUrl.CLUSTER and changes.updated:
@@ -199,7 +204,7 @@ class DeltaStream(Stream):
         response = discovery_pb2.DeltaDiscoveryResponse(
             system_version_info=version,
             type_url=type_url.value,
-            nonce=new_nonce(version),
+            nonce=responses.new_nonce(version),
         )
         for resource in resources:
             response.resources.add(name=resource.name, version=version, resource=resource.message())

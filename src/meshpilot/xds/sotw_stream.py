@@ -16,10 +16,10 @@ from meshpilot.model.push_request import PushRequest
 from meshpilot.networking import wire
 from meshpilot.push.history import TypeSent
 from meshpilot.push.push_log import log_sent
-from meshpilot.xds import protocol, request_head
+from meshpilot.xds import protocol, request_head, responses
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import Resource, digest_of, names_of
-from meshpilot.xds.stream import Stream, new_nonce
+from meshpilot.xds.stream import Stream
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
@@ -119,8 +119,13 @@ class SotwStream(Stream):
             metrics.for_type(known.short).unchanged_skipped.inc()
             return
         version = request.push.version
-        nonce = new_nonce(version)
-        payload = wire.discovery_response(version, type_url, nonce, [r.payload for r in resources])
+        payloads = [r.payload for r in resources]
+        nonce, payload = responses.response(
+            request.push,
+            version,
+            responses.content(self.protocol, type_url, resources),
+            lambda nonce: wire.discovery_response(version, type_url, nonce, payloads),
+        )
         by_type = metrics.for_type(known.short)
         by_type.push_time.observe(time.monotonic() - started)
         if known is TypeUrl.CLUSTER:
@@ -160,7 +165,7 @@ class SotwStream(Stream):
         response = discovery_pb2.DiscoveryResponse(
             version_info=version,
             type_url=type_url.value,
-            nonce=new_nonce(version),
+            nonce=responses.new_nonce(version),
             resources=[r.message() for r in resources],
         )
         if control_plane:

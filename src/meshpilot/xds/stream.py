@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -44,11 +43,6 @@ _REQUEST, _PUSH, _END = 0, 1, 0
 _seq = itertools.count()
 #: Distinct unserved type URLs logged per stream; more are only counted.
 _LOGGED_UNKNOWN_TYPES = 8
-
-
-def new_nonce(version: str) -> str:
-    """A response's nonce: unique per response (16 random bytes cost a fifth of a uuid4 object)."""
-    return f"{version}-{os.urandom(16).hex()}"
 
 
 class Stream(abc.ABC):
