@@ -166,7 +166,13 @@ def endpoint_index_update() -> dict[str, Any]:
     return row
 
 
-def _cds_figures(services: int, destination_rules: int, rule_policies: int = 10) -> dict[str, float]:
+#: Distinct traffic policies among the micro benchmark's rules (a few, as meshes stamp the same ones).
+RULE_POLICIES = 10
+
+
+def _cds_figures(
+    services: int, destination_rules: int, rule_policies: int = RULE_POLICIES
+) -> dict[str, float]:
     """Uncached CDS, protobuf CDS and the CDS cache key, µs per outbound cluster, and the cluster count."""
     from bench.model_fixture import build_model
     from meshpilot.networking.cluster import ClusterInputs, build_outbound_cluster, outbound_specs
@@ -212,15 +218,15 @@ def generators() -> dict[str, Any]:
     """Uncached CDS per cluster, RDS per virtual host, and the cached CDS path, from a 200-service model.
 
     The ``cds_dr_*`` figures are CDS again with a DestinationRule per service (two subsets and a
-    traffic policy, ``Scenario.destination_rule``), the rules having ten distinct policies among
-    them: clusters of equal policies share a template. ``cds_dr_distinct_*``: every rule has a
+    traffic policy, ``Scenario.destination_rule``), the rules having ``RULE_POLICIES`` distinct
+    policies among them: clusters of equal policies share a template. ``cds_dr_distinct_*``: every rule has a
     policy of its own, so each service's three clusters build their own templates, the encoder's
     worst case. Without rules every cluster of the model reuses one template, its best case.
     """
     from bench.model_fixture import build_model
     from meshpilot.networking.route import build_route_configuration, encode_route_configuration
 
-    plain, with_rules = _cds_figures(200, 0), _cds_figures(200, 200)
+    plain, with_rules = _cds_figures(200, 0), _cds_figures(200, 200, RULE_POLICIES)
     distinct = _cds_figures(200, 200, rule_policies=200)
     model, proxy = build_model(services=200, endpoints=10)
     route = build_route_configuration(proxy, model.push, "8080")
@@ -237,6 +243,7 @@ def generators() -> dict[str, Any]:
         "cds_dr_uncached_us_per_cluster": with_rules["uncached"],
         "cds_dr_protobuf_us_per_cluster": with_rules["protobuf"],
         "cds_dr_key_us_per_cluster": with_rules["key"],
+        "rule_policies": RULE_POLICIES,
         "cds_dr_distinct_uncached_us_per_cluster": distinct["uncached"],
         "cds_dr_distinct_protobuf_us_per_cluster": distinct["protobuf"],
         "rds_uncached_us_per_vhost": per_call(rds, min_time=0.5, repeats=3) / vhosts * 1e6,

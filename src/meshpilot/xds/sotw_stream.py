@@ -120,10 +120,16 @@ class SotwStream(Stream):
             return
         version = request.push.version
         payloads = [r.payload for r in resources]
+        shared_by = (
+            responses.content(self.protocol, type_url, resources)
+            if pushed and responses.shareable(len(resources))
+            else None
+        )
         nonce, payload = responses.response(
             request.push,
+            request.token,
             version,
-            responses.content(self.protocol, type_url, resources),
+            shared_by,
             lambda nonce: wire.discovery_response(version, type_url, nonce, payloads),
         )
         by_type = metrics.for_type(known.short)
