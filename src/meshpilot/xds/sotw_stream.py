@@ -54,8 +54,9 @@ class SotwStream(Stream):
             return _Incoming(raw, None)  # the full parse reports what is wrong
         if head[3] & request_head.FLAG_FULL_PARSE:
             return _Incoming(raw, None)
-        # Names as bytes: equal bytes hash alike, so an unchanged ACK needs no parse.
-        return _Incoming(raw, (head[0], head[1], hash(raw[head[4] : head[5]])))
+        # Names as bytes: equal bytes hash alike, so an unchanged ACK needs no parse. Hashed in place
+        # (a view hashes as its bytes): an EDS ACK's names are 50 KB at 1,000 clusters.
+        return _Incoming(raw, (head[0], head[1], hash(memoryview(raw)[head[4] : head[5]])))
 
     def _quiet_ack(self, incoming: _Incoming) -> bool:
         """See ``protocol.quiet_ack``."""
