@@ -137,6 +137,38 @@ async def _synced(server: Server) -> AdsClient:
     return client
 
 
+async def test_proxies_pushed_the_same_change_share_one_response(server: Server) -> None:
+    # As over delta (test_delta_ads): two sidecars given the same endpoint push get the same bytes.
+    other = server.client()
+    other.send(CDS, node_id="sidecar~127.0.0.12~client-0.default~default.svc.cluster.local")
+    other.ack(await other.recv())
+    other.send(EDS, [REVIEWS])
+    other.ack(await other.recv(), [REVIEWS])
+    first = await _synced(server)
+    write(
+        server.config_dir / "apps.yaml",
+        [
+            *workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.11"}),
+            *workload(
+                "reviews",
+                "default",
+                "10.96.0.20",
+                9080,
+                {"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"},
+            ),
+            *workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
+        ],
+    )
+    one, two = await first.recv(10), await other.recv(10)
+    assert one.type_url == EDS and one.SerializeToString() == two.SerializeToString()
+    first.ack(one, [REVIEWS])
+    other.ack(two, [REVIEWS])
+    assert await first.no_response(0.3) and await other.no_response(0.3)
+    acked = {c.watched[EDS].nonce_acked for c in server.app.server.connections.values()}
+    assert acked == {one.nonce}
+    await asyncio.gather(first.close(), other.close())
+
+
 async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> None:
     client = await _synced(server)
     # One change to every type: new services (CDS; a new port for LDS, a known one for

@@ -126,11 +126,14 @@ async def test_an_endpoint_change_sends_one_assignment(server: Server) -> None:
 
 async def test_proxies_pushed_the_same_change_share_one_response(server: Server) -> None:
     # Two sidecars of one namespace: one push gives both the same bytes, nonce included
-    # (xds/responses.py); the next change gets a nonce of its own.
+    # (xds/responses.py). Endpoint pushes share one snapshot: a change and its revert are the same
+    # content as the first push, yet each push draws its own nonce, so a late ACK of the first
+    # cannot pass for an ACK of the third.
     other = "sidecar~127.0.0.12~client-0.default~default.svc.cluster.local"
     (first, _), (second, _) = await synced(server), await synced(server, other)
+    two_endpoints = {"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"}
     pushed = []
-    for endpoints in ({"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"}, {"reviews-v3": "127.0.0.23"}):
+    for endpoints in (two_endpoints, {"reviews-v3": "127.0.0.23"}, two_endpoints):
         write(server.config_dir / "apps.yaml", apps(endpoints))
         one, two = await first.recv(10), await second.recv(10)
         assert one.type_url == EDS and names(one) == [REVIEWS]
@@ -138,8 +141,14 @@ async def test_proxies_pushed_the_same_change_share_one_response(server: Server)
         first.ack(one)
         second.ack(two)
         pushed.append(one)
-    assert pushed[0].nonce != pushed[1].nonce, "another content, another nonce"
-    assert await first.no_response(0.3) and await second.no_response(0.3), "the ACKs were taken"
+    assert len({p.nonce for p in pushed}) == 3, "a nonce per push, even for the same content again"
+    assert (
+        pushed[0].resources == pushed[2].resources
+        and pushed[0].system_version_info == pushed[2].system_version_info
+    )
+    assert await first.no_response(0.3) and await second.no_response(0.3)
+    acked = {c.proxy.id: c.watched[EDS].nonce_acked for c in server.app.server.connections.values()}
+    assert set(acked.values()) == {pushed[2].nonce}, "both ACKs of the last push were taken as such"
     await asyncio.gather(first.close(), second.close())
 
 
