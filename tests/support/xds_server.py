@@ -64,17 +64,22 @@ async def running(settings: DiscoverySettings) -> AsyncIterator[DiscoveryApp]:
             await asyncio.wait_for(task, 10)
 
 
+def apps(reviews: dict[str, str] | None = None, *, ratings: bool = True) -> list[dict[str, object]]:
+    """productpage, reviews and ratings in ``default``, each with one endpoint; or reviews with
+    other endpoints (pod name to address), or without ratings. Written to ``apps.yaml``."""
+    out = [
+        *workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.11"}),
+        *workload("reviews", "default", "10.96.0.20", 9080, reviews or {"reviews-v1": "127.0.0.21"}),
+    ]
+    if ratings:
+        out += workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"})
+    return out
+
+
 @contextlib.asynccontextmanager
 async def three_services(tmp_path: Path) -> AsyncIterator[Server]:
-    """productpage, reviews and ratings in ``default``, each with one endpoint."""
+    """The three services of ``apps``, served."""
     config = tmp_path / "config"
-    write(
-        config / "apps.yaml",
-        [
-            *workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.11"}),
-            *workload("reviews", "default", "10.96.0.20", 9080, {"reviews-v1": "127.0.0.21"}),
-            *workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
-        ],
-    )
+    write(config / "apps.yaml", apps())
     async with running(settings_for(config)) as app:
         yield Server(app, config)

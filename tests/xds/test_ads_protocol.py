@@ -15,7 +15,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from support.ads_client import ADS_METHOD, AdsClient, node, refusal
 from support.kube import istio, workload, write
 from support.processes import free_port
-from support.xds_server import NODE, Server, running, settings_for, three_services
+from support.xds_server import NODE, Server, apps, running, settings_for, three_services
 
 from meshpilot.server.app import DiscoveryApp
 from meshpilot.server.settings import Address, DiscoverySettings
@@ -145,20 +145,7 @@ async def test_proxies_pushed_the_same_change_share_one_response(server: Server)
     other.send(EDS, [REVIEWS])
     other.ack(await other.recv(), [REVIEWS])
     first = await _synced(server)
-    write(
-        server.config_dir / "apps.yaml",
-        [
-            *workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.11"}),
-            *workload(
-                "reviews",
-                "default",
-                "10.96.0.20",
-                9080,
-                {"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"},
-            ),
-            *workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
-        ],
-    )
+    write(server.config_dir / "apps.yaml", apps({"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"}))
     one, two = await first.recv(10), await other.recv(10)
     assert one.type_url == EDS and one.SerializeToString() == two.SerializeToString()
     first.ack(one, [REVIEWS])
@@ -176,15 +163,7 @@ async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> No
     write(
         server.config_dir / "apps.yaml",
         [
-            *workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.11"}),
-            *workload(
-                "reviews",
-                "default",
-                "10.96.0.20",
-                9080,
-                {"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"},
-            ),
-            *workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"}),
+            *apps({"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"}),
             *workload("details", "default", "10.96.0.40", 9080, {"details-v1": "127.0.0.41"}),
             *workload("extra", "default", "10.96.0.50", 7000, {"extra-v1": "127.0.0.51"}),
         ],

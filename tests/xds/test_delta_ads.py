@@ -13,8 +13,8 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from support.ads_client import DeltaClient, lost_status
-from support.kube import istio, workload, write
-from support.xds_server import NODE, Server, three_services
+from support.kube import istio, write
+from support.xds_server import NODE, Server, apps, three_services
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
@@ -22,17 +22,6 @@ LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
 RDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 REVIEWS = "outbound|9080||reviews.default.svc.cluster.local"
 RATINGS = "outbound|9080||ratings.default.svc.cluster.local"
-
-
-def apps(reviews: dict[str, str] | None = None, *, ratings: bool = True) -> list[dict[str, object]]:
-    """The fixture's three services, with other reviews endpoints or without ratings."""
-    out = [
-        *workload("productpage", "default", "10.96.0.10", 9080, {"productpage-v1": "127.0.0.11"}),
-        *workload("reviews", "default", "10.96.0.20", 9080, reviews or {"reviews-v1": "127.0.0.21"}),
-    ]
-    if ratings:
-        out += workload("ratings", "default", "10.96.0.30", 9080, {"ratings-v1": "127.0.0.31"})
-    return out
 
 
 @pytest.fixture

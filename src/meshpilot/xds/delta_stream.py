@@ -151,17 +151,14 @@ class DeltaStream(Stream):
             return
         # A request is always answered, even with nothing: Envoy's initial fetch waits for a response.
         version = request.push.version
-        shared_by = (
-            responses.content(self.protocol, type_url, [r for r, _ in changes.updated], changes.removed)
-            if pushed and responses.shareable(len(changes.updated) + len(changes.removed))
-            else None
-        )
-        nonce, payload = responses.response(
-            request.push,
-            request.token,
-            version,
-            shared_by,
+        nonce, payload = responses.for_stream(
+            request,
+            self.protocol,
+            type_url,
+            [r for r, _ in changes.updated],
+            changes.removed,
             partial(delta_response, version, type_url, changes=changes),
+            pushed=pushed,
         )
         by_type.push_time.observe(time.monotonic() - started)
         warming: frozenset[str] = frozenset()

@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable, Hashable, Sequence
 
 from meshpilot.model.push_context import PushContext
+from meshpilot.model.push_request import PushRequest
 from meshpilot.xds.generators.base import Resource
 
 #: Writes a response around the nonce it is given.
@@ -54,6 +55,24 @@ def content(
     them: two contents are the same only if equal (bytes cache their hash, and a scope's proxies share
     the payload objects)."""
     return (protocol, type_url, tuple((r.name, r.payload) for r in resources), tuple(removed))
+
+
+def for_stream(
+    request: PushRequest,
+    protocol: str,
+    type_url: str,
+    resources: Sequence[Resource],
+    removed: Sequence[str],
+    build: Builder,
+    *,
+    pushed: bool,
+) -> tuple[str, bytes]:
+    """(nonce, bytes) of one stream's response to ``request``: shared if pushed and small."""
+    push = request.push
+    assert push is not None
+    small = pushed and shareable(len(resources) + len(removed))
+    shared_by = content(protocol, type_url, resources, removed) if small else None
+    return response(push, request.token, push.version, shared_by, build)
 
 
 class _Shared:

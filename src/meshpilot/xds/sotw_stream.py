@@ -121,17 +121,14 @@ class SotwStream(Stream):
             return
         version = request.push.version
         payloads = [r.payload for r in resources]
-        shared_by = (
-            responses.content(self.protocol, type_url, resources)
-            if pushed and responses.shareable(len(resources))
-            else None
-        )
-        nonce, payload = responses.response(
-            request.push,
-            request.token,
-            version,
-            shared_by,
+        nonce, payload = responses.for_stream(
+            request,
+            self.protocol,
+            type_url,
+            resources,
+            (),
             lambda nonce: wire.discovery_response(version, type_url, nonce, payloads),
+            pushed=pushed,
         )
         by_type = metrics.for_type(known.short)
         by_type.push_time.observe(time.monotonic() - started)
