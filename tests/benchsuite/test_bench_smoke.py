@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import report, report_delta
+from bench import report, report_delta, report_fleet
 from bench.fleet import Fleet, _names_field
 from bench.fleet_run import COMPILED, FleetJob, run_fleet
 from bench.measure import fleet_specs
@@ -39,7 +39,7 @@ def test_fleet_run_measures_both_changes_and_reports_them(tmp_path: Path) -> Non
     assert result["endpoint_added"]["fleet_cpu_seconds"] >= 0  # a tiny fleet may use under a tick
 
     results = {"suite": "smoke", "fleet": [{"scenario_spec": TINY.__dict__, **result}], "storm": []}
-    rendered = "\n".join(report.fleet_section(results, []))
+    rendered = "\n".join(report_fleet.fleet_section(results, []))
     assert "| tiny | 3/2/4 | compiled |" in rendered
     assert report.goals(results), "the goal rows read the fleet results"
 
@@ -70,7 +70,7 @@ def test_delta_fleet_converges_on_what_sotw_gets_and_a_reconnect_is_sent_nothing
     assert delta["reconnect"]["bytes_per_proxy"] < sotw["reconnect"]["bytes_per_proxy"] / 10
 
     results = {"fleet": [{"scenario_spec": TINY.__dict__, **r} for r in runs.values()]}
-    rendered = "\n".join(report.fleet_section(results, []) + report_delta.protocol_section(results))
+    rendered = "\n".join(report_fleet.fleet_section(results, []) + report_delta.protocol_section(results))
     assert "| tiny | 3/2/4 | compiled | delta |" in rendered
     assert "| same resource names over both | - | yes | - |" in rendered
 
@@ -101,7 +101,7 @@ def test_storm_run_resyncs_every_stream_after_a_drop_and_a_restart(tmp_path: Pat
         assert phase["stream_attempts"] >= TINY.proxies, event
         assert phase["ready_failures"] == 0 or event == "server_restarted"
         assert isinstance(phase["streams_ended"], dict)
-    rendered = "\n".join(report.storm_section({"storm": [{"scenario_spec": TINY.__dict__, **result}]}))
+    rendered = "\n".join(report_fleet.storm_section({"storm": [{"scenario_spec": TINY.__dict__, **result}]}))
     assert "streams dropped" in rendered
     assert "server restarted" in rendered
 
@@ -191,5 +191,5 @@ def test_grpc_floor_pushes_to_every_stream_and_reports_it() -> None:
     assert floor["streams"] == 12
     assert [r["acks"] for r in floor["rounds"]] == [12, 12]
     assert all(r["wall_seconds"] > 0 and r["server_cpu_seconds"] >= 0 for r in floor["rounds"])
-    rendered = "\n".join(report.floor_section({"grpc_floor": [{"stands_for": "an EDS push", **floor}]}))
+    rendered = "\n".join(report_fleet.floor_section({"grpc_floor": [{"stands_for": "an EDS push", **floor}]}))
     assert "12 streams" in rendered and "12/12" in rendered and "an EDS push" in rendered
