@@ -155,7 +155,7 @@ class DeltaStream(Stream):
             request,
             self.protocol,
             type_url,
-            [r for r, _ in changes.updated],
+            changes.updated,
             changes.removed,
             partial(delta_response, version, type_url, changes=changes),
             pushed=pushed,

@@ -61,17 +61,22 @@ def for_stream(
     request: PushRequest,
     protocol: str,
     type_url: str,
-    resources: Sequence[Resource],
+    resources: Sequence[Resource] | Sequence[tuple[Resource, int]],
     removed: Sequence[str],
     build: Builder,
     *,
     pushed: bool,
 ) -> tuple[str, bytes]:
-    """(nonce, bytes) of one stream's response to ``request``: shared if pushed and small."""
+    """(nonce, bytes) of one stream's response to ``request``: shared if pushed and small.
+
+    ``resources`` may be delta's (resource, version) pairs: they are looked at only when the
+    response is small, so a full list is not copied for every proxy."""
     push = request.push
     assert push is not None
-    small = pushed and shareable(len(resources) + len(removed))
-    shared_by = content(protocol, type_url, resources, removed) if small else None
+    shared_by = None
+    if pushed and shareable(len(resources) + len(removed)):
+        plain = [r if isinstance(r, Resource) else r[0] for r in resources]
+        shared_by = content(protocol, type_url, plain, removed)
     return response(push, request.token, push.version, shared_by, build)
 
 
