@@ -78,12 +78,14 @@ class MeshEnvironment:
             ),
             locality=Locality(locality, proxy.cluster_id),
         )
-        # The service targets and the Sidecar are chosen by the new labels: asked of the proxy with them.
+        # The service targets and the Sidecar are chosen by the new labels: asked of the proxy with them
+        # (neither reads the other).
         proxy.state = workload
-        targets = tuple(self.registry.service_targets(proxy))
-        proxy.state = replace(workload, service_targets=targets)
         proxy.state = replace(
-            proxy.state, sidecar_scope=push.sidecar_scope(proxy), previous_scope=before.sidecar_scope
+            workload,
+            service_targets=tuple(self.registry.service_targets(proxy)),
+            sidecar_scope=push.sidecar_scope(proxy),
+            previous_scope=before.sidecar_scope,
         )
 
 

@@ -90,7 +90,23 @@ class ResourceList(list[Resource]):
 
     @classmethod
     def joined(cls, first: ResourceList, second: ResourceList) -> ResourceList:
-        return cls([*first, *second], digest=hash((first.digest, second.digest)))
+        out = cls(digest=hash((first.digest, second.digest)))
+        out += first
+        out += second
+        return out
+
+
+def joined(push: PushContext, first: ResourceList, second: ResourceList) -> ResourceList:
+    """``first`` then ``second``, one list per pair and snapshot: the proxies of a scope are given the
+    same outbound and inbound lists, so they share the joined one too, with its digest and names
+    (joining a thousand clusters again for every proxy was most of a push's per-proxy CDS time)."""
+    # Keyed by identity, checked on a hit: an evicted list's id may be taken by another.
+    made: tuple[ResourceList, ResourceList, ResourceList] = push.memoized(
+        ("joined", id(first), id(second)), lambda: (first, second, ResourceList.joined(first, second))
+    )
+    if made[0] is first and made[1] is second:
+        return made[2]
+    return ResourceList.joined(first, second)
 
 
 def digest_of(resources: list[Resource]) -> int:

@@ -35,7 +35,7 @@ from meshpilot.networking.cluster_wire import OutboundClusterEncoder
 from meshpilot.networking.endpoint import proxy_signature
 from meshpilot.networking.envoyfilter.patches import patch_set
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
+from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, joined, only_kinds
 from meshpilot.xds.generators.envoy_filters import has_cluster_patches, patch_clusters
 from meshpilot.xds.types import TypeUrl
 
@@ -81,7 +81,7 @@ class ClusterGenerator:
                     ("cds-sni-dnat", id(scope), proxy.capabilities, generation, locality),
                     lambda: self._sni_dnat(ctx),
                 )
-                others = ResourceList.joined(others, sni_dnat)
+                others = joined(push, others, sni_dnat)
         elif scope.has_ingress:
             # Sidecar ingress endpoints come from the scope and may name the proxy's own address.
             others = push.memoized((others_key, id(scope), proxy.ip), lambda: self._others(ctx))
@@ -93,7 +93,7 @@ class ClusterGenerator:
             assert patches is not None
             return patch_clusters(proxy, push, outbound, others, patches)
         if seen.isdisjoint(others.names):
-            return ResourceList.joined(outbound, others)
+            return joined(push, outbound, others)
         return [*outbound, *(r for r in others if r.name not in seen)]
 
     def _outbound(self, ctx: GenerationContext) -> tuple[ResourceList, frozenset[str]]:

@@ -28,7 +28,7 @@ from meshpilot.networking.tcp_routes import source_label_key
 from meshpilot.networking.telemetry_problems import report_undefined
 from meshpilot.networking.tracing import HcmTracing
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, only_kinds
+from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, joined, only_kinds
 from meshpilot.xds.generators.envoy_filters import has_listener_patches, patch_listeners
 from meshpilot.xds.types import TypeUrl
 
@@ -151,7 +151,7 @@ class ListenerGenerator:
         taken = {r.name for r in inbound}
         outbound_names = {r.name for r in outbound}
         if len(outbound_names) == len(outbound) and outbound_names.isdisjoint(taken):
-            return ResourceList.joined(outbound, inbound)
+            return joined(push, outbound, inbound)
         kept = []
         for resource in outbound:
             # Envoy rejects a whole update with two listeners of one name; an
