@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -108,3 +109,28 @@ def test_ends_while_a_collection_is_queued_queue_no_other(monkeypatch: pytest.Mo
     for _ in range(50):
         ended.ended()
     assert len(loop.queued) == 1
+
+
+async def test_a_slow_full_collection_spaces_the_next_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collection's cost grows with the fleet's state: the next one waits its duration over the time
+    share, so a storm of refused streams cannot keep the interpreter collecting."""
+    collect = gc.collect
+
+    def slow_collect() -> int:
+        time.sleep(0.05)
+        return collect()
+
+    monkeypatch.setattr(gc_tuning.gc, "collect", slow_collect)
+    # At least 0.05 s each (the sleep, and the real collection): at least 1 s apart.
+    ended = gc_tuning.EndedStreams(every=10, min_interval=0.0, time_share=0.05)
+    for _ in range(10):
+        ended.ended()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert ended.collections == 1
+    for _ in range(10):
+        ended.ended()
+    await asyncio.sleep(0.5)
+    assert ended.collections == 1, "within the spacing: the next waits for the timer"
+    await asyncio.sleep(2.5)
+    assert ended.collections == 2

@@ -59,15 +59,23 @@ class EndedStreams:
     it waits for a rare full collection: a flood of short streams carrying large requests (1 MB node
     IDs, 70,000 names) held twice the server's starting memory that way (docs/reliability.md).
 
-    So: a full collection once ``every`` streams have ended since the last one, at most once per
-    ``min_interval`` (which bounds the time a reconnect storm spends collecting), and a last one
-    ``min_interval`` after a tenth of that many ended, for what a flood leaves behind. A fleet whose
-    streams end one at a time (istiod's 30-minute connection age) gets one per hundred ends.
+    So: a full collection once ``every`` streams have ended since the last one, and a last one
+    after a tenth of that many ended, for what a flood leaves behind; a fleet whose streams end one
+    at a time (istiod's 30-minute connection age) gets one per hundred ends. Collections are spaced
+    by at least ``min_interval`` and by the last one's duration over ``time_share``: a full
+    collection scans every object the proxies' state holds, so its cost grows with the fleet. When
+    5,000 proxies came back at once, the rate limiter refused 36,000 attempts, each an ended stream;
+    the 70 collections they brought took 11 of the storm's 45 s of server CPU, each holding the
+    interpreter (and the /ready thread) up to 0.7 s (bench/notes.md). At most ``time_share`` of the
+    time goes to them now.
     """
 
-    def __init__(self, every: int = 1_000, min_interval: float = 2.0) -> None:
+    def __init__(self, every: int = 1_000, min_interval: float = 2.0, time_share: float = 0.05) -> None:
         self.every = every
         self.min_interval = min_interval
+        self.time_share = time_share
+        #: How long the last full collection took.
+        self._took = 0.0
         self._ended = 0
         self._last = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -79,12 +87,13 @@ class EndedStreams:
         self._ended += 1
         if self._scheduled:
             return
-        if self._ended >= self.every and time.monotonic() - self._last >= self.min_interval:
+        spacing = max(self.min_interval, self._took / self.time_share)
+        if self._ended >= self.every and time.monotonic() - self._last >= spacing:
             # Not from inside the stream's own exception handling, whose traceback is still alive.
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._collect)
         elif self._ended >= self.every // 10 and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.min_interval, self._collect)
+            self._timer = asyncio.get_running_loop().call_later(spacing, self._collect)
 
     def _collect(self) -> None:
         self._scheduled = False
@@ -98,5 +107,6 @@ class EndedStreams:
         gc.collect()
         # Counted from the end: the interval is time the loop spends on other work.
         self._last = time.monotonic()
+        self._took = self._last - started
         self.collections += 1
         log.debug("full collection after ended streams: %.3f s", self._last - started)
