@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -44,7 +43,8 @@ def test_bad_values_are_ignored(
 async def test_full_collections_follow_ended_streams() -> None:
     """A batch of ended streams brings a full collection (not more than one per interval), and what
     is left after a flood is collected once it ends."""
-    ended = gc_tuning.EndedStreams(every=100, min_interval=1.0)
+    # Spaced by the interval alone (a slow real collection must not stretch it: see the next tests).
+    ended = gc_tuning.EndedStreams(every=100, min_interval=1.0, time_share=1.0)
     for _ in range(100):
         ended.ended()
     await asyncio.sleep(0)  # scheduled, not run inside the stream's own exception handling
@@ -111,26 +111,49 @@ def test_ends_while_a_collection_is_queued_queue_no_other(monkeypatch: pytest.Mo
     assert len(loop.queued) == 1
 
 
-async def test_a_slow_full_collection_spaces_the_next_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slow_full_collection_spaces_the_next_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     """A collection's cost grows with the fleet's state: the next one waits its duration over the time
-    share, so a storm of refused streams cannot keep the interpreter collecting."""
-    collect = gc.collect
+    share (up to the cap), so a storm of refused streams cannot keep the interpreter collecting."""
+    clock = [100.0]
 
-    def slow_collect() -> int:
-        time.sleep(0.05)
-        return collect()
+    class Loop:
+        def __init__(self) -> None:
+            self.soon: list[Callable[[], None]] = []
+            self.later: list[float] = []
 
-    monkeypatch.setattr(gc_tuning.gc, "collect", slow_collect)
-    # At least 0.05 s each (the sleep, and the real collection): at least 1 s apart.
-    ended = gc_tuning.EndedStreams(every=10, min_interval=0.0, time_share=0.05)
-    for _ in range(10):
-        ended.ended()
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    assert ended.collections == 1
-    for _ in range(10):
-        ended.ended()
-    await asyncio.sleep(0.5)
-    assert ended.collections == 1, "within the spacing: the next waits for the timer"
-    await asyncio.sleep(2.5)
-    assert ended.collections == 2
+        def call_soon(self, callback: Callable[[], None]) -> None:
+            self.soon.append(callback)
+
+        def call_later(self, delay: float, callback: object) -> Handle:
+            self.later.append(delay)
+            return Handle()
+
+    class Handle:
+        def cancel(self) -> None:
+            pass
+
+    def collect(took: float) -> Callable[[], int]:
+        def run() -> int:
+            clock[0] += took
+            return 0
+
+        return run
+
+    loop = Loop()
+    monkeypatch.setattr(gc_tuning.asyncio, "get_running_loop", lambda: loop)
+    monkeypatch.setattr(gc_tuning.time, "monotonic", lambda: clock[0])
+    ended = gc_tuning.EndedStreams(every=10, min_interval=2.0, time_share=0.05, max_interval=10.0)
+    for took, spacing in ((0.2, 4.0), (0.05, 2.0), (0.8, 10.0)):
+        monkeypatch.setattr(gc_tuning.gc, "collect", collect(took))
+        for _ in range(10):
+            ended.ended()
+        loop.soon.pop()()  # the collection, queued once the threshold is reached
+        assert not loop.soon
+        loop.later.clear()
+        clock[0] += spacing - 0.01
+        for _ in range(10):
+            ended.ended()
+        assert not loop.soon, f"{took} s collection: the next waits {spacing} s"
+        assert loop.later == [pytest.approx(spacing)], "the leftovers' timer waits the same spacing"
+        clock[0] += 0.02
+    assert ended.collections == 3

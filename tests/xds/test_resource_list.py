@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import Any, cast
+import sys
+
+from support.kube import workload
+from support.model import build
 
 from meshpilot.model.push_context import PushContext
 from meshpilot.xds.generators.base import Resource, ResourceList, digest_of, joined
@@ -30,33 +32,35 @@ def test_joined_lists_change_with_either_part() -> None:
     assert ResourceList.joined(resources(b"o1"), inbound).digest != joined.digest
 
 
-class _Snapshot:
-    """A push context's memo, as ``joined`` uses it."""
-
-    def __init__(self) -> None:
-        self.memo: dict[Hashable, Any] = {}
-
-    def memoized(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        if key not in self.memo:
-            self.memo[key] = make()
-        return self.memo[key]
+def _push(*, share: bool = True) -> PushContext:
+    model = build(workload("a", "default", "10.96.0.1", 80, {"a-0": "10.1.0.1"}))
+    push: PushContext = model.env.build_push_context("v1")
+    push.share_outputs = share
+    return push
 
 
 def test_proxies_given_the_same_parts_share_one_joined_list() -> None:
-    push = _Snapshot()
+    push = _push()
     out, inbound, other = resources(b"o1", b"o2"), resources(b"i1"), resources(b"i2")
-    first = joined(cast(PushContext, push), out, inbound)
+    first = joined(push, out, inbound)
     assert list(first) == [*out, *inbound]
-    assert joined(cast(PushContext, push), out, inbound) is first
-    assert list(joined(cast(PushContext, push), out, other)) == [*out, *other]
+    assert first.digest == ResourceList.joined(out, inbound).digest
+    assert joined(push, out, inbound) is first
+    assert list(joined(push, out, other)) == [*out, *other]
 
 
-def test_a_memo_entry_left_by_other_lists_under_the_same_ids_is_not_taken() -> None:
-    # Lists are keyed by id; a list freed with the memo still holding its entry may leave its id to another.
-    push = _Snapshot()
+def test_the_memo_holds_the_parts_so_their_ids_stay_theirs() -> None:
+    # Were a part freed while its entry lived, another list could take its id and be found under it.
+    push = _push()
     out, inbound = resources(b"o1"), resources(b"i1")
-    stale = (resources(b"x"), resources(b"y"), resources(b"x", b"y"))
-    push.memo[("joined", id(out), id(inbound))] = stale
-    made = joined(cast(PushContext, push), out, inbound)
-    assert list(made) == [*out, *inbound]
-    assert made.digest == ResourceList.joined(out, inbound).digest
+    before = sys.getrefcount(out), sys.getrefcount(inbound)
+    joined(push, out, inbound)
+    assert (sys.getrefcount(out), sys.getrefcount(inbound)) == (before[0] + 1, before[1] + 1)
+
+
+def test_without_shared_outputs_each_call_joins_anew() -> None:
+    push = _push(share=False)
+    out, inbound = resources(b"o1"), resources(b"i1")
+    first = joined(push, out, inbound)
+    assert list(first) == [*out, *inbound]
+    assert joined(push, out, inbound) is not first

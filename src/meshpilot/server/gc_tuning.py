@@ -62,18 +62,25 @@ class EndedStreams:
     So: a full collection once ``every`` streams have ended since the last one, and a last one
     after a tenth of that many ended, for what a flood leaves behind; a fleet whose streams end one
     at a time (istiod's 30-minute connection age) gets one per hundred ends. Collections are spaced
-    by at least ``min_interval`` and by the last one's duration over ``time_share``: a full
-    collection scans every object the proxies' state holds, so its cost grows with the fleet. When
-    5,000 proxies came back at once, the rate limiter refused 36,000 attempts, each an ended stream;
-    the 70 collections they brought took 11 of the storm's 45 s of server CPU, each holding the
-    interpreter (and the /ready thread) up to 0.7 s (bench/notes.md). At most ``time_share`` of the
-    time goes to them now.
+    by at least ``min_interval``, and by the last one's duration over ``time_share`` up to
+    ``max_interval``: a full collection scans every object the proxies' state holds, so its cost
+    grows with the fleet. In a storm of 5,000 proxies coming back at once, every attempt the rate
+    limiter refused was an ended stream too, and collections ran every 2-3 s throughout (70 of them,
+    11 of the storm's 45 s of server CPU, each holding the interpreter and the /ready thread up to
+    0.7 s; bench/notes.md). The cap keeps a flood's leftovers bounded however slow they get.
     """
 
-    def __init__(self, every: int = 1_000, min_interval: float = 2.0, time_share: float = 0.05) -> None:
+    def __init__(
+        self,
+        every: int = 1_000,
+        min_interval: float = 2.0,
+        time_share: float = 0.05,
+        max_interval: float = 10.0,
+    ) -> None:
         self.every = every
         self.min_interval = min_interval
         self.time_share = time_share
+        self.max_interval = max_interval
         #: How long the last full collection took.
         self._took = 0.0
         self._ended = 0
@@ -87,7 +94,7 @@ class EndedStreams:
         self._ended += 1
         if self._scheduled:
             return
-        spacing = max(self.min_interval, self._took / self.time_share)
+        spacing = max(self.min_interval, min(self.max_interval, self._took / self.time_share))
         if self._ended >= self.every and time.monotonic() - self._last >= spacing:
             # Not from inside the stream's own exception handling, whose traceback is still alive.
             self._scheduled = True

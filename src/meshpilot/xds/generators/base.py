@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf import any_pb2
 
@@ -19,6 +19,8 @@ from meshpilot.networking.protobuf import TYPE_PREFIX, serialize
 from meshpilot.xds.cache import XdsCache, new_token
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.types import TypeUrl
+
+T = TypeVar("T")
 
 
 def payload_version(payload: bytes) -> int:
@@ -96,17 +98,31 @@ class ResourceList(list[Resource]):
         return out
 
 
+def memoized_by_identity(
+    push: PushContext, key: Hashable, inputs: tuple[object, ...], make: Callable[[], T]
+) -> T:
+    """``make()`` once per snapshot for ``key``, whose parts include the ``id()`` of each of ``inputs``
+    (objects that are not hashable, or whose equality costs more than building again).
+
+    The entry holds the inputs, so no other object can take one of their ids while it lives; the
+    identity check on a hit stands guard for a key that names other ids than ``inputs``."""
+    held, out = push.memoized(key, lambda: (inputs, make()))
+    if any(a is not b for a, b in zip(held, inputs, strict=True)):
+        return make()
+    return out
+
+
 def joined(push: PushContext, first: ResourceList, second: ResourceList) -> ResourceList:
-    """``first`` then ``second``, one list per pair and snapshot: the proxies of a scope are given the
-    same outbound and inbound lists, so they share the joined one too, with its digest and names
-    (joining a thousand clusters again for every proxy was most of a push's per-proxy CDS time)."""
-    # Keyed by identity, checked on a hit: an evicted list's id may be taken by another.
-    made: tuple[ResourceList, ResourceList, ResourceList] = push.memoized(
-        ("joined", id(first), id(second)), lambda: (first, second, ResourceList.joined(first, second))
+    """``first`` then ``second``, one list per pair and snapshot, for parts the proxies of a scope share:
+    they then share the joined list too, with its digest and names (joining a thousand clusters again
+    for every proxy was most of a push's per-proxy CDS time). Parts made for one proxy are joined with
+    ``ResourceList.joined``: an entry per proxy would only hold memory."""
+    return memoized_by_identity(
+        push,
+        ("joined", id(first), id(second)),
+        (first, second),
+        lambda: ResourceList.joined(first, second),
     )
-    if made[0] is first and made[1] is second:
-        return made[2]
-    return ResourceList.joined(first, second)
 
 
 def digest_of(resources: list[Resource]) -> int:

@@ -93,6 +93,9 @@ class ClusterGenerator:
             assert patches is not None
             return patch_clusters(proxy, push, outbound, others, patches)
         if seen.isdisjoint(others.names):
+            # With Sidecar ingress the inbound part is the proxy's own (keyed by its address).
+            if scope.has_ingress:
+                return ResourceList.joined(outbound, others)
             return joined(push, outbound, others)
         return [*outbound, *(r for r in others if r.name not in seen)]
 

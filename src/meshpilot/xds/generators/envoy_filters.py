@@ -16,7 +16,6 @@ SIDECAR_INBOUND; everything of a router is GATEWAY.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable
 from functools import partial
 from typing import TypeVar
 
@@ -33,7 +32,7 @@ from meshpilot.networking.envoyfilter.patches import ApplyTo, Context, PatchSet,
 from meshpilot.networking.envoyfilter.problems import patch_failed
 from meshpilot.networking.envoyfilter.routes import ROUTE_KINDS, PortMap
 from meshpilot.networking.protobuf import serialize
-from meshpilot.xds.generators.base import Resource, ResourceList
+from meshpilot.xds.generators.base import Resource, ResourceList, memoized_by_identity
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
@@ -41,17 +40,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _INBOUND_PASSTHROUGH = "InboundPassthroughCluster"
-
-
-def _shared(push: PushContext, key: Hashable, inputs: tuple[object, ...], make: Callable[[], T]) -> T:
-    """``make()`` once per snapshot for ``key``, whose first parts are the identities of ``inputs``.
-
-    The memo holds the inputs too, so an identity is never taken for another list's.
-    """
-    held, out = push.memoized(key, lambda: (inputs, make()))
-    if any(a is not b for a, b in zip(held, inputs, strict=True)):
-        return make()
-    return out
 
 
 def _parse(resource: Resource, message_type: type[T]) -> T:
@@ -86,7 +74,7 @@ def patch_clusters(
     router = proxy.type is NodeType.ROUTER
     hosts = () if router else _inbound_hosts(proxy)
     key = ("envoyfilter-cds", id(outbound), id(others), patches, router, hosts)
-    return _shared(
+    return memoized_by_identity(
         push, key, (outbound, others), lambda: _clusters(outbound, others, patches, router, dict(hosts))
     )
 
@@ -157,7 +145,7 @@ def patch_listeners(
     """Listeners of one context with the listener patches (and, inbound, the inline route patches)
     applied, then the listeners ADD patches insert."""
     key = ("envoyfilter-lds", id(resources), patches, context)
-    return _shared(push, key, (resources,), lambda: _listeners(resources, patches, context))
+    return memoized_by_identity(push, key, (resources,), lambda: _listeners(resources, patches, context))
 
 
 def _listeners(resources: ResourceList, patches: PatchSet, context: int) -> ResourceList:

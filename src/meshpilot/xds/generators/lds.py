@@ -151,7 +151,9 @@ class ListenerGenerator:
         taken = {r.name for r in inbound}
         outbound_names = {r.name for r in outbound}
         if len(outbound_names) == len(outbound) and outbound_names.isdisjoint(taken):
-            return joined(push, outbound, inbound)
+            # Headless services and Sidecar ingress make a part the proxy's own.
+            own = headless is not None or scope.has_ingress
+            return ResourceList.joined(outbound, inbound) if own else joined(push, outbound, inbound)
         kept = []
         for resource in outbound:
             # Envoy rejects a whole update with two listeners of one name; an
