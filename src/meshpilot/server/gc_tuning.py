@@ -51,23 +51,23 @@ def freeze_loaded() -> None:
 
 
 class EndedStreams:
-    """Full collections paced by ended xDS streams.
+    """Full collections paced by streams the server refused after admitting them.
 
-    Each ended stream leaves a reference cycle inside grpc's asyncio server (the call's state, its
-    context, an abort's exception with its traceback frames, which still hold the stream's last
-    requests). It outlives the young collections while the stream runs, so with the thresholds above
-    it waits for a rare full collection: a flood of short streams carrying large requests (1 MB node
-    IDs, 70,000 names) held twice the server's starting memory that way (docs/reliability.md).
+    grpc's asyncio server keeps an abort's exception in a reference cycle with the call's state. The
+    stream's own frames are cleared from its traceback as it ends (``DiscoveryServer.serve_stream``),
+    so the stream and the requests it read are freed at once; what is left is grpc's part, which may
+    be old enough by then that only a full collection frees it. A flood of hostile streams (1 MB node
+    IDs, 70,000 names) left that way held twice the server's starting memory (docs/reliability.md).
+    Streams refused at admission leave a young cycle, which the young collections free, and a stream
+    its client closed leaves none: neither is counted, so a reconnect storm, where the rate limiter
+    refuses most of some 60,000 attempts, asks for no full collection at all. At 5,000 proxies each
+    one holds the interpreter, and the /ready thread, for 0.3 s or more (bench/notes.md).
 
-    So: a full collection once ``every`` streams have ended since the last one, and a last one
-    after a tenth of that many ended, for what a flood leaves behind; a fleet whose streams end one
-    at a time (istiod's 30-minute connection age) gets one per hundred ends. Collections are spaced
-    by at least ``min_interval``, and by the last one's duration over ``time_share`` up to
-    ``max_interval``: a full collection scans every object the proxies' state holds, so its cost
-    grows with the fleet. In a storm of 5,000 proxies coming back at once, every attempt the rate
-    limiter refused was an ended stream too, and collections ran every 2-3 s throughout (70 of them,
-    11 of the storm's 45 s of server CPU, each holding the interpreter and the /ready thread up to
-    0.7 s; bench/notes.md). The cap keeps a flood's leftovers bounded however slow they get.
+    So: a full collection once ``every`` such streams have ended since the last one, and a last one
+    after a tenth of that many, for what a flood leaves behind. Collections are spaced by at least
+    ``min_interval``, and by the last one's duration over ``time_share`` up to ``max_interval``: a
+    full collection scans every object the proxies' state holds, so its cost grows with the fleet.
+    The cap keeps a flood's leftovers bounded however slow they get.
     """
 
     def __init__(

@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import time
+import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -399,11 +400,25 @@ class DiscoveryServer:
         secure: bool = False,
     ) -> None:
         """Serve one ADS stream of either protocol (``SotwStream`` or ``DeltaStream``)."""
+        stream: Stream | None = None
         try:
             identities = await self._admit(context, secure=secure)
-            await kind(self, context, identities).run(requests)
+            stream = kind(self, context, identities)
+            await stream.run(requests)
+        except grpc.aio.AbortError as err:
+            # grpc keeps an abort's exception in a reference cycle with the call's state, and with it
+            # the traceback's frames: the stream and the requests it last read. The frames below this
+            # one have returned; cleared, they let reference counting free all that now.
+            traceback.clear_frames(err.__traceback__)
+            if stream is not None:
+                # Refused after it was admitted: grpc's own part of the cycle may include objects
+                # old enough that only a full collection frees them. A stream refused at admission
+                # (a reconnect storm's rate-limited attempts) leaves a young cycle, which the young
+                # collections free; one that ends because its client left leaves none.
+                self.ended_streams.ended()
+            raise
         finally:
-            self.ended_streams.ended()
+            stream = None  # this frame stays in the traceback too
 
     def grpc_handler(self, *, secure: bool = False) -> grpc.GenericRpcHandler:
         """ADS handlers; responses are written already serialized. ``secure``: the handler of the secure
