@@ -145,6 +145,15 @@ def storm_section(results: dict[str, Any]) -> list[str]:
         "load); the simulator retries them the same way."
     )
     out.append("")
+    # A storm run made apart from the rest of the suite (``--only storm``, merged in) names its commit.
+    suite_commit = (results.get("machine") or {}).get("commit")
+    for storm in storms:
+        if storm.get("commit") and storm["commit"] != suite_commit:
+            out += [
+                f"The {storm['proxies']}-stream storm ran at commit {storm['commit']}, {storm['date']}, "
+                "apart from the rest of this suite (alone on the machine).",
+                "",
+            ]
     rows = []
     for storm in storms:
         for phase in ("streams_dropped", "server_restarted"):

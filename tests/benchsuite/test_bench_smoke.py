@@ -193,3 +193,12 @@ def test_grpc_floor_pushes_to_every_stream_and_reports_it() -> None:
     assert all(r["wall_seconds"] > 0 and r["server_cpu_seconds"] >= 0 for r in floor["rounds"])
     rendered = "\n".join(report_fleet.floor_section({"grpc_floor": [{"stands_for": "an EDS push", **floor}]}))
     assert "12 streams" in rendered and "12/12" in rendered and "an EDS push" in rendered
+
+
+def test_a_storm_run_merged_from_another_commit_names_it() -> None:
+    phase = {"resync_seconds": 1.0, "ready_latency_seconds": {"p50": 0.001, "p99": 0.002, "max": 0.003}}
+    storm = {"proxies": 5, "streams_dropped": phase, "server_restarted": phase}
+    apart = {"machine": {"commit": "aaaaaaa"}, "storm": [{**storm, "commit": "bbbbbbb", "date": "today"}]}
+    assert "ran at commit bbbbbbb, today, apart" in "\n".join(report_fleet.storm_section(apart))
+    same = {"machine": {"commit": "aaaaaaa"}, "storm": [{**storm, "commit": "aaaaaaa", "date": "today"}]}
+    assert "apart" not in "\n".join(report_fleet.storm_section(same))
