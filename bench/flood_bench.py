@@ -109,7 +109,7 @@ def run(rounds: int, per_round: int) -> dict[str, Any]:
             for i in range(rounds):
                 log_before = server.log.stat().st_size
                 result = asyncio.run(flood(server.target, per_round, seed=i, mix=Mix(heavy=0.01)))
-                time.sleep(3)  # the collection after the last ended streams (gc_tuning.EndedStreams)
+                time.sleep(3)  # the allocator's purging of freed pages, before RSS is read
                 messages += result.messages
                 seconds += result.seconds
                 for code, n in result.ends.items():

@@ -334,8 +334,6 @@ async def test_clients_vanishing_during_pushes_do_not_stall_the_others(tmp_path:
 async def test_new_streams_beyond_the_rate_get_resource_exhausted(tmp_path: Path) -> None:
     settings = settings_for(None, max_requests_per_second=1.0)
     async with running(settings) as app:
-        ended: list[None] = []
-        app.server.ended_streams.ended = lambda: ended.append(None)  # type: ignore[method-assign]
         clients = [AdsClient(str(settings.grpc_addr)) for _ in range(4)]
         for i, client in enumerate(clients):
             client.send(CDS, node_id=f"sidecar~127.0.0.{60 + i}~p{i}.default~default.svc.cluster.local")
@@ -351,10 +349,6 @@ async def test_new_streams_beyond_the_rate_get_resource_exhausted(tmp_path: Path
         assert app.metrics.registry.get_sample_value("meshpilot_xds_rate_limited_total") == 2
         for client in clients:
             await client.close()
-        # Refused at admission or closed by their clients: no stream asks for a full collection
-        # (gc_tuning.EndedStreams; a reconnect storm's refusals would keep the interpreter collecting).
-        await asyncio.sleep(0.2)
-        assert ended == []
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["first-request", "later-request"])
