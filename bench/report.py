@@ -21,6 +21,15 @@ NOTES = ROOT / "bench" / "notes.md"
 PUSH_FLOOR_IMAGE = "-push-floor.png"
 
 
+def storms_apart(results: dict[str, Any]) -> list[str]:
+    """A line under the goals when the storms were merged from a run of their own (``--only storm``)."""
+    commit = (results.get("machine") or {}).get("commit")
+    apart = sorted({s["commit"] for s in results.get("storm") or [] if s.get("commit", commit) != commit})
+    if not apart:
+        return []
+    return [f"The reconnect storms' rows are from commit {', '.join(apart)} (see 'Reconnect storms').", ""]
+
+
 def goals(results: dict[str, Any]) -> list[list[Any]]:
     """(goal, target, measured, verdict) rows for the issue's goals."""
     rows = report_micro.goals(results)
@@ -163,6 +172,7 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         )
         out.append("")
         out += ["### Goals", ""]
+        out += storms_apart(results)
         out += table(
             ["goal", "target", "measured", "verdict"],
             goals(results)

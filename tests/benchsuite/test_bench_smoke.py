@@ -200,5 +200,7 @@ def test_a_storm_run_merged_from_another_commit_names_it() -> None:
     storm = {"proxies": 5, "streams_dropped": phase, "server_restarted": phase}
     apart = {"machine": {"commit": "aaaaaaa"}, "storm": [{**storm, "commit": "bbbbbbb", "date": "today"}]}
     assert "ran at commit bbbbbbb, today, apart" in "\n".join(report_fleet.storm_section(apart))
+    assert "storms' rows are from commit bbbbbbb" in "\n".join(report.storms_apart(apart))
     same = {"machine": {"commit": "aaaaaaa"}, "storm": [{**storm, "commit": "aaaaaaa", "date": "today"}]}
     assert "apart" not in "\n".join(report_fleet.storm_section(same))
+    assert report.storms_apart(same) == []
