@@ -23,8 +23,7 @@ PUSH_FLOOR_IMAGE = "-push-floor.png"
 
 def storms_apart(results: dict[str, Any]) -> list[str]:
     """A line under the goals when the storms were merged from a run of their own (``--only storm``)."""
-    commit = (results.get("machine") or {}).get("commit")
-    apart = sorted({s["commit"] for s in results.get("storm") or [] if s.get("commit", commit) != commit})
+    apart = sorted({s["commit"] for s in report_fleet.storms_run_apart(results)})
     if not apart:
         return []
     return [f"The reconnect storms' rows are from commit {', '.join(apart)} (see 'Reconnect storms').", ""]

@@ -128,6 +128,13 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
     return out
 
 
+def storms_run_apart(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The storms run apart from the rest of the suite (``--only storm``, merged in), which name their
+    commit."""
+    suite_commit = (results.get("machine") or {}).get("commit")
+    return [s for s in results.get("storm") or [] if s.get("commit") and s["commit"] != suite_commit]
+
+
 def storm_section(results: dict[str, Any]) -> list[str]:
     storms = results.get("storm") or []
     if not storms:
@@ -145,15 +152,13 @@ def storm_section(results: dict[str, Any]) -> list[str]:
         "load); the simulator retries them the same way."
     )
     out.append("")
-    # A storm run made apart from the rest of the suite (``--only storm``, merged in) names its commit.
-    suite_commit = (results.get("machine") or {}).get("commit")
-    for storm in storms:
-        if storm.get("commit") and storm["commit"] != suite_commit:
-            out += [
-                f"The {storm['proxies']}-stream storm ran at commit {storm['commit']}, {storm['date']}, "
-                "apart from the rest of this suite (alone on the machine).",
-                "",
-            ]
+    for storm in storms_run_apart(results):
+        when = f", {storm['date']}" if storm.get("date") else ""
+        out += [
+            f"The {storm['proxies']}-stream storm ran at commit {storm['commit']}{when}, "
+            "apart from the rest of this suite (alone on the machine).",
+            "",
+        ]
     rows = []
     for storm in storms:
         for phase in ("streams_dropped", "server_restarted"):

@@ -7,7 +7,7 @@ reviewed by a real kube-apiserver (``make reference``).
 from __future__ import annotations
 
 import datetime
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes.client import CoreV1Api
 from prometheus_client import CollectorRegistry
+from support.held import MEGABYTE, collector_off, megabytes_held
 from support.real_kube import RealKubeApiServer
 
 from meshpilot._proto.istio.security.v1alpha1 import ca_pb2, ca_pb2_grpc
@@ -164,6 +165,26 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(
     assert cert_server.metric("citadel_server_csr_sign_err_count", error_type="CSR_ERROR") == 1
     assert cert_server.metric("citadel_server_csr_sign_err_count", error_type="TTL_ERROR") == 1
     assert _leaf_uris(await _create(cert_server, csr, client=client)) == [PRODUCTPAGE]
+
+
+async def test_a_refused_csr_is_not_kept_by_the_abort(
+    authority: CertificateAuthority, cert_server: Running
+) -> None:
+    """grpc keeps an abort's exception, and the frames of its traceback, until a full collection."""
+    client = _client_credentials(authority, PRODUCTPAGE)
+    with collector_off():
+        code = await _status_of(_create(cert_server, "x" * MEGABYTE, client=client))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+        assert megabytes_held() == 0, "the refused CSR is still held"
+
+
+async def _status_of(call: Awaitable[object]) -> grpc.StatusCode:
+    """The status a call fails with; the client's error, and the frames that name the request, go here."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as err:
+        return err.code()
+    raise AssertionError("the call succeeded")
 
 
 async def test_a_client_without_credentials_is_refused(authority: CertificateAuthority) -> None:

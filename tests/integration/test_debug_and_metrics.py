@@ -129,6 +129,7 @@ def test_metrics_have_istiod_names(live):
     assert metrics["process_cpu_seconds_total"] > 0, "the process collector's counter keeps its _total"
     assert metrics["process_resident_memory_bytes"] > 0
     assert metrics["process_open_fds"] > 0
+    assert 'python_gc_collections_total{generation="2"}' in metrics, "the collector's work is exported"
     before = metrics.get('pilot_push_triggers{type="debug"}', 0)
     assert mp.get("/debug/adsz?push=true")[0] == 200
     eventually(lambda: mp.metric('pilot_push_triggers{type="debug"}') > before, what="forced push counted")

@@ -16,6 +16,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
     ProcessCollector,
     disable_created_metrics,
@@ -54,10 +55,12 @@ class Metrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         # What the control-plane dashboard reads besides pilot_*: the build (one series, 1) and
-        # the process (process_cpu_seconds_total, process_resident_memory_bytes, ...).
+        # the process (process_cpu_seconds_total, process_resident_memory_bytes, ...); and the
+        # collector's work (python_gc_*): full collections are rare and long (server.gc_tuning).
         self.build = Gauge("istio_build", "Istio component build info", ["component", "tag"], registry=r)
         self.build.labels(component="pilot", tag=__version__).set(1)
         ProcessCollector(registry=r)
+        GCCollector(registry=r)
         self.xds_clients = Gauge(
             "pilot_xds", "Number of endpoints connected to this pilot using XDS.", ["version"], registry=r
         )
@@ -266,8 +269,9 @@ def exposition(registry: CollectorRegistry) -> bytes:
 
 
 # Counters istiod itself names with "_total" (the injector's, SDS's, the process collector's
-# process_cpu_seconds_total): they keep the suffix.
-_KEEP_TOTAL_PREFIXES = ("sidecar_injection_", "pilot_sds_certificate_errors", "process_")
+# process_cpu_seconds_total), and the Python collector's, which istiod has no name for: they keep the
+# suffix.
+_KEEP_TOTAL_PREFIXES = ("sidecar_injection_", "pilot_sds_certificate_errors", "process_", "python_gc_")
 
 
 def _rename_counters(text: str, registry: CollectorRegistry) -> str:

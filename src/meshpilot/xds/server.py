@@ -9,12 +9,10 @@ connection its merged request; the connection's stream generates and sends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
 import time
-import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ from meshpilot.push.environment import push_version
 from meshpilot.push.history import PushHistory
 from meshpilot.push.push_log import go_duration, log_debounced
 from meshpilot.push.queue import PushQueue
+from meshpilot.server.aborts import clear_abort_frames
 from meshpilot.server.metrics import Metrics
 from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, assertions_enabled, new_token
 from meshpilot.xds.connection import Connection
@@ -438,21 +437,18 @@ class DiscoveryServer:
 
 
 async def _let_go(err: BaseException, requests: AsyncIterator[bytes]) -> None:
-    """Free what an aborted stream read. grpc keeps the abort's exception in a reference cycle with
-    the call's state, which only a full collection frees, and with it the frames of its traceback and
-    of the exceptions it was raised while handling (the stream; a refused node ID in the frame that
-    parsed it): all have returned, so their variables can go. The request receiver holds its last
-    message until closed; while the stream's reader task is inside it, the task's cancellation closes
-    it. What stays is grpc's own part, small enough to wait for CPython's own full collections: a
-    flood of 100,000 hostile requests over 8,000 streams leaves the server's memory as it does with a
-    full collection after every thousand of them (docs/reliability.md)."""
-    chained: BaseException | None = err
-    seen: set[int] = set()
-    while chained is not None and id(chained) not in seen:
-        seen.add(id(chained))
-        traceback.clear_frames(chained.__traceback__)
-        chained = chained.__cause__ or chained.__context__
+    """Free what an aborted stream read: its frames (``server.aborts``) and the request receiver,
+    which holds its last message until closed; while the stream's reader task is inside it, the
+    task's cancellation closes it. What stays is grpc's own part, small enough to wait for CPython's
+    own full collections: a flood of 100,000 hostile requests over 8,000 streams leaves the server's
+    memory as it does with a full collection after every thousand of them (docs/reliability.md)."""
+    clear_abort_frames(err)
     close = getattr(aiter(requests), "aclose", None)
-    if close is not None:
-        with contextlib.suppress(RuntimeError):  # "already running": the reader is inside it
-            await close()
+    if close is None:
+        return
+    try:
+        await close()
+    except RuntimeError:  # "already running": the reader is inside it, and its cancellation closes it
+        pass
+    except Exception:  # the abort's own status matters more than this cleanup
+        log.exception("ADS: could not close the requests of an aborted stream")
