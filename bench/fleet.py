@@ -269,10 +269,22 @@ class Worker:
 async def _serve(conn: multiprocessing.connection.Connection, worker: Worker) -> None:
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue[Any] = asyncio.Queue()
-    loop.add_reader(conn.fileno(), lambda: commands.put_nowait(conn.recv()))
+
+    def receive() -> None:
+        try:
+            commands.put_nowait(conn.recv())
+        except (EOFError, OSError):
+            # The bench is gone (killed, or it crashed): stop, rather than read a closed pipe forever.
+            loop.remove_reader(conn.fileno())
+            commands.put_nowait(("gone",))
+
+    loop.add_reader(conn.fileno(), receive)
     while True:
         command = await commands.get()
         name = command[0]
+        if name == "gone":
+            await worker.stop()
+            return
         if name == "start":
             await worker.start()
             conn.send("ok")
