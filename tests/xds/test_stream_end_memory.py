@@ -20,6 +20,7 @@ from support.held import MEGABYTE, collector_off, megabytes_held
 from support.kube import workload, write
 from support.xds_server import NODE, running, settings_for
 
+from meshpilot.server.settings import DiscoverySettings
 from meshpilot.xds.sotw_stream import SotwStream
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -54,13 +55,18 @@ async def _freed(ref: weakref.ref[SotwStream]) -> bool:
     return False
 
 
+def _settings(tmp_path: Path) -> DiscoverySettings:
+    """One service, and no new-stream rate limit to wait for."""
+    config = tmp_path / "config"
+    write(config / "apps.yaml", workload("reviews", "default", "10.96.0.20", 9080, {"r1": "127.0.0.21"}))
+    return settings_for(config, max_requests_per_second=100_000.0)
+
+
 @pytest.mark.usefixtures("no_cyclic_collector")
 async def test_a_stream_refused_after_admission_keeps_nothing_it_read(
     tmp_path: Path, streams: list[weakref.ref[SotwStream]]
 ) -> None:
-    config = tmp_path / "config"
-    write(config / "apps.yaml", workload("reviews", "default", "10.96.0.20", 9080, {"r1": "127.0.0.21"}))
-    async with running(settings_for(config, max_requests_per_second=100_000.0)) as app:
+    async with running(_settings(tmp_path)) as app:
         target = str(app.settings.grpc_addr)
         # A megabyte node ID: read and parsed, then refused with INVALID_ARGUMENT by the stream itself.
         err = await refusal(target, lambda c: c.send(CDS, node_id="x" * MEGABYTE))
@@ -82,9 +88,7 @@ async def test_a_served_stream_refused_for_a_later_request_keeps_nothing_it_read
     tmp_path: Path, streams: list[weakref.ref[SotwStream]]
 ) -> None:
     """The refusal comes while the stream's reader is between requests, not before the first."""
-    config = tmp_path / "config"
-    write(config / "apps.yaml", workload("reviews", "default", "10.96.0.20", 9080, {"r1": "127.0.0.21"}))
-    async with running(settings_for(config, max_requests_per_second=100_000.0)) as app:
+    async with running(_settings(tmp_path)) as app:
         client = AdsClient(str(app.settings.grpc_addr))
         try:
             client.send(CDS, node_id=NODE)
