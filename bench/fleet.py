@@ -281,30 +281,42 @@ async def _serve(conn: multiprocessing.connection.Connection, worker: Worker) ->
     loop.add_reader(conn.fileno(), receive)
     while True:
         command = await commands.get()
-        name = command[0]
-        if name == "gone":
+        if command[0] == "gone":
             await worker.stop()
             return
-        if name == "start":
-            await worker.start()
-            conn.send("ok")
-        elif name == "status":
-            conn.send(worker.status(command[1]))
-        elif name == "arm":
-            worker.arm(command[1], command[2])
-            conn.send("ok")
-        elif name == "collect":
-            conn.send(worker.collect())
-        elif name == "names":
-            conn.send(worker.names())
-        elif name == "restart":
+        try:
+            done = await _command(conn, worker, command)
+        except (BrokenPipeError, ConnectionResetError):  # gone while this command ran
             await worker.stop()
-            await worker.start()
-            conn.send("ok")
-        elif name == "stop":
-            await worker.stop()
-            conn.send("ok")
             return
+        if done:
+            return
+
+
+async def _command(conn: multiprocessing.connection.Connection, worker: Worker, command: Any) -> bool:
+    """Carry out one of the bench's commands and answer it; True after "stop"."""
+    name = command[0]
+    if name == "start":
+        await worker.start()
+        conn.send("ok")
+    elif name == "status":
+        conn.send(worker.status(command[1]))
+    elif name == "arm":
+        worker.arm(command[1], command[2])
+        conn.send("ok")
+    elif name == "collect":
+        conn.send(worker.collect())
+    elif name == "names":
+        conn.send(worker.names())
+    elif name == "restart":
+        await worker.stop()
+        await worker.start()
+        conn.send("ok")
+    elif name == "stop":
+        await worker.stop()
+        conn.send("ok")
+        return True
+    return False
 
 
 def _worker_main(

@@ -7,6 +7,7 @@ reviewed by a real kube-apiserver (``make reference``).
 from __future__ import annotations
 
 import datetime
+import gc
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,6 +177,8 @@ async def test_a_refused_csr_is_not_kept_by_the_abort(
         code = await _status_of(_create(cert_server, "x" * MEGABYTE, client=client))
         assert code is grpc.StatusCode.INVALID_ARGUMENT
         assert megabytes_held() == 0, "the refused CSR is still held"
+        requests = [o for o in gc.get_objects() if isinstance(o, ca_pb2.IstioCertificateRequest)]
+        assert not requests, "the refused request is still held"
 
 
 async def _status_of(call: Awaitable[object]) -> grpc.StatusCode:

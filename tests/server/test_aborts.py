@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 import weakref
 
 import pytest
+from support.held import collector_off
 
 from meshpilot.server.aborts import clear_abort_frames
 
@@ -34,8 +34,7 @@ def _abort_after(cause_value: Held, context_value: Held) -> None:
 def test_the_frames_of_both_the_cause_and_the_context_let_go() -> None:
     cause_value, context_value = Held(), Held()
     refs = weakref.ref(cause_value), weakref.ref(context_value)
-    gc.disable()
-    try:
+    with collector_off():
         with pytest.raises(LookupError) as caught:
             _abort_after(cause_value, context_value)
         err = caught.value
@@ -44,8 +43,6 @@ def test_the_frames_of_both_the_cause_and_the_context_let_go() -> None:
         assert all(ref() is not None for ref in refs), "the frames hold them until cleared"
         clear_abort_frames(err)
         assert [ref() for ref in refs] == [None, None]
-    finally:
-        gc.enable()
 
 
 def test_a_cycle_in_the_chain_ends_the_walk() -> None:

@@ -2,8 +2,8 @@
 
 grpc keeps an abort's exception in a reference cycle with the call's state until a full collection.
 The stream, the requests it read and what it made of them (a refused megabyte node ID) must not stay
-with it: they are freed by reference counting as the stream ends (``serve_stream``), which this test
-checks with the collector off.
+with it: they are freed by reference counting as the stream ends (``serve_stream``), which these tests
+check with the collector off.
 """
 
 from __future__ import annotations

@@ -8,8 +8,11 @@ collections rarely (``server.gc_tuning``), so an abort's handler clears those fr
 
 Only frames that have returned may be cleared. In Python 3.11 ``frame.clear()`` on a suspended
 coroutine's frame closes the coroutine; a frame still running refuses (``traceback.clear_frames``
-ignores that). The caller is therefore the frame that caught the abort, below which every frame in
-the chain has returned: the abort propagated out of each of them.
+ignores that). The caller is therefore the frame that caught the abort: every frame in the chain has
+then either returned (the abort, or the exception it was raised while handling, propagated out of
+it) or is still running (the catcher, its callers, a worker thread) and is skipped. Never chain an
+abort to an exception a coroutine caught and still holds while suspended (``raise ... from`` a
+stored exception): that coroutine would be closed.
 """
 
 from __future__ import annotations
