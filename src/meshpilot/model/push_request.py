@@ -5,14 +5,17 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from meshpilot.model.config import ConfigKey
+from meshpilot.model.kind import Kind
 
 if TYPE_CHECKING:
     from meshpilot.model.push_context import PushContext
+
+T = TypeVar("T")
 
 
 class TriggerReason(enum.Enum):
@@ -56,6 +59,36 @@ class PushRequest:
     #: The number of its record in the push history (``PushHistory.started``): set on the request
     #: ``start_push`` was given, for its listeners; merging does not carry it.
     number: int = 0
+    #: What ``updated_kinds`` and ``memo`` hold once asked: worked out once per request, not once per
+    #: proxy of the push (a push reaches thousands of streams with the same request).
+    _kinds: frozenset[Kind] | None = field(default=None, compare=False, repr=False)
+    _memo: dict[Hashable, Any] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def updated_kinds(self) -> frozenset[Kind]:
+        """The kinds of ``configs_updated``."""
+        kinds = self._kinds
+        if kinds is None:
+            kinds = self._kinds = frozenset(key.kind for key in self.configs_updated)
+        return kinds
+
+    def memoized(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()`` once per request for ``key``: what every stream of a push would work out alike
+        from the request alone (or from objects the key holds, such as a sidecar scope)."""
+        memo = self._memo
+        if memo is None:
+            memo = self._memo = {}
+        try:
+            found: T = memo[key]
+        except KeyError:
+            found = memo[key] = make()
+        return found
+
+    def memoized_for(self, tag: str, obj: object, make: Callable[[], T]) -> T:
+        """``memoized`` for an object without value equality (a sidecar scope), by identity: the
+        entry holds ``obj``, so no other object can take its id while the request lives."""
+        held, found = self.memoized((tag, id(obj)), lambda: (obj, make()))
+        return found if held is obj else make()
 
     def merge(self, other: PushRequest) -> PushRequest:
         """A request that covers both; the later snapshot wins, the earlier start stays."""

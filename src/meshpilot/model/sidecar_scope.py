@@ -54,6 +54,11 @@ class HostImports:
     exact: frozenset[str]
     hosts: tuple[str, ...]
 
+    @property
+    def every_service(self) -> bool:
+        """``*`` is among the hosts: every service of the namespace is imported."""
+        return "*" in self.hosts
+
     def imports_service(self, hostname: str) -> bool:
         """A service is imported when its hostname lies within an imported host (``*.com`` has ``a.com``)."""
         if hostname in self.exact:
@@ -229,12 +234,17 @@ def _select_services(
     imports = listener.imports
     wildcard = imports.get(_WILDCARD_NAMESPACE)
     chosen: list[Service] = []
-    for svc in services:
-        hosts = (imports.get(svc.namespace), wildcard)
-        if any(h is not None and h.imports_service(svc.hostname) for h in hosts):
-            found = _matching_port(svc, listener)
-            if found is not None:
-                chosen.append(found)
+    if wildcard is not None and wildcard.every_service and not listener.matches_port:
+        # ``*/*`` on a listener of every port (every namespace's default scope): all of them, as
+        # they are; asking each service the questions below was most of building such a scope.
+        chosen = list(services)
+    else:
+        for svc in services:
+            hosts = (imports.get(svc.namespace), wildcard)
+            if any(h is not None and h.imports_service(svc.hostname) for h in hosts):
+                found = _matching_port(svc, listener)
+                if found is not None:
+                    chosen.append(found)
     # One namespace per hostname: the config namespace wins; otherwise the
     # first seen, unless a Kubernetes service comes later (a ServiceEntry may
     # not squat on a Kubernetes hostname).

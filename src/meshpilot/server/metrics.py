@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from meshpilot import __version__
+from meshpilot.server.histograms import PlainHistogram
 
 # istiod exports no "<name>_created" series for counters and histograms; prometheus-client's switch
 # for that is process-wide, and every metric of this process is meshpilot's.
@@ -102,32 +103,33 @@ class Metrics:
         self.internal_errors = Counter(
             "pilot_total_xds_internal_errors", "Total number of internal XDS errors in pilot.", registry=r
         )
-        self.convergence_time = Histogram(
+        # Observed for every proxy of every push: counted in plain integers (``server.histograms``).
+        self.convergence_time = PlainHistogram(
             "pilot_proxy_convergence_time",
             "Delay in seconds between config change and a proxy receiving all required configuration.",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.queue_time = Histogram(
+        self.queue_time = PlainHistogram(
             "pilot_proxy_queue_time",
             "Time in seconds, a proxy is in the push queue before being dequeued.",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.push_time = Histogram(
+        self.push_time = PlainHistogram(
             "pilot_xds_push_time",
             "Total time in seconds Pilot takes to push lds, rds, cds and eds.",
             ["type"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.send_time = Histogram(
+        self.send_time = PlainHistogram(
             "pilot_xds_send_time",
             "Total time in seconds Pilot takes to send generated configuration.",
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.config_size = Histogram(
+        self.config_size = PlainHistogram(
             "pilot_xds_config_size_bytes",
             "Distribution of configuration sizes pushed to clients",
             ["type"],

@@ -1,35 +1,60 @@
-"""Whether a push request concerns a proxy (istiod's ProxyNeedsPush)."""
+"""Whether a push request concerns a proxy (istiod's ProxyNeedsPush).
+
+A push asks this of every proxy with the same request, so what depends only on the request, or on
+it and a sidecar scope that thousands of proxies share, is worked out once per request
+(``PushRequest.memoized``); per proxy only its own services are looked at.
+"""
 
 from __future__ import annotations
 
-from meshpilot.model.config import ConfigKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.push_request import PushRequest
+from meshpilot.model.sidecar_scope import SidecarScope
 
-
-def _concerns(proxy: Proxy, key: ConfigKey, root_namespace: str) -> bool:
-    # Any proxy may watch any Secret; the SDS generator sends only what the proxy watches and may have.
-    if key.kind is Kind.SECRET:
-        return True
-    if proxy.type is NodeType.SIDECAR and key.kind is Kind.GATEWAY:
-        return False
-    # A router's scope holds no gateway-bound VirtualServices; any Gateway or VirtualService may
-    # bind to it (which ones do is read when its listeners and routes are generated).
-    if proxy.type is NodeType.ROUTER and key.kind in (Kind.GATEWAY, Kind.VIRTUAL_SERVICE):
-        return True
-    # The proxy's own services always matter (its inbound config).
-    if key.kind is Kind.SERVICE_ENTRY and any(
-        t.service.hostname == key.name and t.service.namespace == key.namespace for t in proxy.service_targets
-    ):
-        return True
-    for scope in (proxy.sidecar_scope, proxy.previous_scope):
-        if scope is not None and scope.depends_on(key, root_namespace):
-            return True
-    return proxy.sidecar_scope is None
+_GATEWAY_ONLY = frozenset({Kind.GATEWAY})
+_GATEWAY_BOUND = frozenset({Kind.GATEWAY, Kind.VIRTUAL_SERVICE})
+_SIDECAR_SCOPE = "scope-concerned-sidecar"
+_SCOPE = "scope-concerned"
 
 
 def proxy_needs_push(proxy: Proxy, request: PushRequest, root_namespace: str) -> bool:
+    """Whether any config the request names concerns ``proxy``."""
     if request.forced or not request.configs_updated:
         return True
-    return any(_concerns(proxy, key, root_namespace) for key in request.configs_updated)
+    kinds = request.updated_kinds
+    # Any proxy may watch any Secret; the SDS generator sends only what the proxy watches and may have.
+    if Kind.SECRET in kinds:
+        return True
+    sidecar = proxy.type is NodeType.SIDECAR
+    # A sidecar is never pushed for a Gateway.
+    if sidecar and kinds <= _GATEWAY_ONLY:
+        return False
+    # A router's scope holds no gateway-bound VirtualServices; any Gateway or VirtualService may
+    # bind to it (which ones do is read when its listeners and routes are generated).
+    if proxy.type is NodeType.ROUTER and not kinds.isdisjoint(_GATEWAY_BOUND):
+        return True
+    if proxy.sidecar_scope is None:
+        return True
+    # The proxy's own services always matter (its inbound config).
+    if Kind.SERVICE_ENTRY in kinds and proxy.service_targets:
+        changed = request.memoized(("service-entries",), lambda: _service_entries(request))
+        if any((t.service.hostname, t.service.namespace) in changed for t in proxy.service_targets):
+            return True
+    scopes = (proxy.sidecar_scope, proxy.previous_scope)
+    return any(s is not None and _scope_concerned(request, s, sidecar, root_namespace) for s in scopes)
+
+
+def _scope_concerned(request: PushRequest, scope: SidecarScope, sidecar: bool, root_namespace: str) -> bool:
+    def concerned() -> bool:
+        return any(
+            scope.depends_on(key, root_namespace)
+            for key in request.configs_updated
+            if not (sidecar and key.kind is Kind.GATEWAY)
+        )
+
+    return request.memoized_for(_SIDECAR_SCOPE if sidecar else _SCOPE, scope, concerned)
+
+
+def _service_entries(request: PushRequest) -> frozenset[tuple[str, str]]:
+    return frozenset((k.name, k.namespace) for k in request.configs_updated if k.kind is Kind.SERVICE_ENTRY)

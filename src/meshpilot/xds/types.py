@@ -22,7 +22,9 @@ class TypeUrl(enum.StrEnum):
     @property
     def short(self) -> str:
         """The short name used in metrics labels and debug output (cds, eds, ...)."""
-        return _SHORT.get(self, self.value)
+        # Not .get(self, self.value): the default would be evaluated (a descriptor call) every time.
+        short = _SHORT.get(self)
+        return short if short is not None else self.value
 
     @property
     def is_debug(self) -> bool:

@@ -71,10 +71,13 @@ class ResourceList(list[Resource]):
 
     __slots__ = ("_digest", "_names")
 
-    def __init__(self, items: Iterable[Resource] = (), digest: int | None = None) -> None:
+    def __init__(
+        self, items: Iterable[Resource] = (), digest: int | None = None, names: frozenset[str] | None = None
+    ) -> None:
+        """``names``: the resources' names when already known (a copy with other payloads)."""
         super().__init__(items)
         self._digest = digest
-        self._names: frozenset[str] | None = None
+        self._names = names
 
     @property
     def names(self) -> frozenset[str]:
@@ -166,9 +169,8 @@ class Generator(Protocol):
         """
 
 
-def only_kinds(request: PushRequest, skipped: Iterable[Kind]) -> bool:
+def only_kinds(request: PushRequest, skipped: frozenset[Kind]) -> bool:
     """True when every updated config is of a kind in ``skipped``, so the push can skip this type."""
     if request.is_everything:
         return False
-    skip = frozenset(skipped)
-    return all(key.kind in skip for key in request.configs_updated)
+    return request.updated_kinds <= skipped

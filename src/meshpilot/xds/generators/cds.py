@@ -41,12 +41,14 @@ from meshpilot.xds.types import TypeUrl
 
 # Gateways are not skipped: an AUTO_PASSTHROUGH server adds a router's SNI-DNAT clusters (only routers
 # are pushed for Gateways, and an unchanged list is not sent).
-_SKIPPED = (
-    Kind.WORKLOAD_ENTRY,
-    Kind.WORKLOAD_GROUP,
-    Kind.AUTHORIZATION_POLICY,
-    Kind.REQUEST_AUTHENTICATION,
-    Kind.TELEMETRY,
+_SKIPPED = frozenset(
+    {
+        Kind.WORKLOAD_ENTRY,
+        Kind.WORKLOAD_GROUP,
+        Kind.AUTHORIZATION_POLICY,
+        Kind.REQUEST_AUTHENTICATION,
+        Kind.TELEMETRY,
+    }
 )
 
 

@@ -18,16 +18,18 @@ from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
 from meshpilot.xds.types import TypeUrl
 
-_SKIPPED = (
-    Kind.GATEWAY,
-    Kind.VIRTUAL_SERVICE,
-    Kind.WORKLOAD_GROUP,
-    Kind.AUTHORIZATION_POLICY,
-    Kind.REQUEST_AUTHENTICATION,
-    Kind.SECRET,
-    Kind.TELEMETRY,
-    # Patches change clusters, listeners and routes; a cluster an ADD brings is asked for by name.
-    Kind.ENVOY_FILTER,
+_SKIPPED = frozenset(
+    {
+        Kind.GATEWAY,
+        Kind.VIRTUAL_SERVICE,
+        Kind.WORKLOAD_GROUP,
+        Kind.AUTHORIZATION_POLICY,
+        Kind.REQUEST_AUTHENTICATION,
+        Kind.SECRET,
+        Kind.TELEMETRY,
+        # Patches change clusters, listeners and routes; a cluster an ADD brings is asked for by name.
+        Kind.ENVOY_FILTER,
+    }
 )
 
 
@@ -39,6 +41,12 @@ def _names_by_host(names: frozenset[str]) -> dict[str, list[str]]:
         if parsed is not None:
             out.setdefault(parsed[3], []).append(name)
     return out
+
+
+def _changed(request: PushRequest, by_host: dict[str, list[str]]) -> frozenset[str]:
+    """The watched cluster names (``by_host``) of the hosts whose endpoints ``request`` changed."""
+    hosts = {key.name for key in request.configs_updated if key.kind is Kind.SERVICE_ENTRY}
+    return frozenset(n for host in hosts for n in by_host.get(host, ()))
 
 
 class EndpointGenerator:
@@ -55,8 +63,8 @@ class EndpointGenerator:
         if names is None and not request.full:
             # Watched name sets are shared objects (see shared_names), so this is one lookup.
             by_host = ctx.push.memoized(("eds-by-host", wanted), lambda: _names_by_host(wanted))
-            hosts = {key.name for key in request.configs_updated if key.kind is Kind.SERVICE_ENTRY}
-            wanted = frozenset(n for host in hosts for n in by_host.get(host, ()))
+            # The proxies that watch the same names want the same of them: one set per request.
+            wanted = request.memoized_for("eds-wanted", by_host, lambda: _changed(request, by_host))
             if not wanted:
                 return None
         scope = ctx.proxy.sidecar_scope

@@ -30,32 +30,38 @@ from meshpilot.xds.types import TypeUrl
 
 #: Kinds that cannot change what each type holds for a gRPC client.
 #: Server listeners carry the AuthorizationPolicies' RBAC filters (and report RequestAuthentications).
-_NOT_LISTENERS = (
-    Kind.GATEWAY,
-    Kind.WORKLOAD_ENTRY,
-    Kind.WORKLOAD_GROUP,
-    Kind.DESTINATION_RULE,
-    Kind.VIRTUAL_SERVICE,
-    Kind.TELEMETRY,
+_NOT_LISTENERS = frozenset(
+    {
+        Kind.GATEWAY,
+        Kind.WORKLOAD_ENTRY,
+        Kind.WORKLOAD_GROUP,
+        Kind.DESTINATION_RULE,
+        Kind.VIRTUAL_SERVICE,
+        Kind.TELEMETRY,
+    }
 )
-_NOT_CLUSTERS = (
-    Kind.GATEWAY,
-    Kind.WORKLOAD_ENTRY,
-    Kind.WORKLOAD_GROUP,
-    Kind.VIRTUAL_SERVICE,
-    Kind.AUTHORIZATION_POLICY,
-    Kind.REQUEST_AUTHENTICATION,
-    Kind.PEER_AUTHENTICATION,
-    Kind.TELEMETRY,
+_NOT_CLUSTERS = frozenset(
+    {
+        Kind.GATEWAY,
+        Kind.WORKLOAD_ENTRY,
+        Kind.WORKLOAD_GROUP,
+        Kind.VIRTUAL_SERVICE,
+        Kind.AUTHORIZATION_POLICY,
+        Kind.REQUEST_AUTHENTICATION,
+        Kind.PEER_AUTHENTICATION,
+        Kind.TELEMETRY,
+    }
 )
-_NOT_ROUTES = (
-    Kind.GATEWAY,
-    Kind.WORKLOAD_ENTRY,
-    Kind.WORKLOAD_GROUP,
-    Kind.AUTHORIZATION_POLICY,
-    Kind.REQUEST_AUTHENTICATION,
-    Kind.PEER_AUTHENTICATION,
-    Kind.TELEMETRY,
+_NOT_ROUTES = frozenset(
+    {
+        Kind.GATEWAY,
+        Kind.WORKLOAD_ENTRY,
+        Kind.WORKLOAD_GROUP,
+        Kind.AUTHORIZATION_POLICY,
+        Kind.REQUEST_AUTHENTICATION,
+        Kind.PEER_AUTHENTICATION,
+        Kind.TELEMETRY,
+    }
 )
 
 

@@ -28,7 +28,14 @@ from meshpilot.networking.tcp_routes import source_label_key
 from meshpilot.networking.telemetry_problems import report_undefined
 from meshpilot.networking.tracing import HcmTracing
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, joined, only_kinds
+from meshpilot.xds.generators.base import (
+    GenerationContext,
+    Resource,
+    ResourceList,
+    joined,
+    names_of,
+    only_kinds,
+)
 from meshpilot.xds.generators.envoy_filters import has_listener_patches, patch_listeners
 from meshpilot.xds.types import TypeUrl
 
@@ -60,7 +67,8 @@ class _Traced:
         for i, listener in self.traced:
             copy = retraced(listener, tracing)
             out[i] = Resource.of(copy.name, copy)
-        return ResourceList(out)
+        # Retracing renames nothing: the template's name set serves the copy too.
+        return ResourceList(out, names=self.resources.names)
 
 
 def _shared(
@@ -78,7 +86,7 @@ def _shared(
 
 
 # Gateway changes reach only routers (see dependencies.proxy_needs_push), whose listeners they make.
-_SKIPPED = (Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP)
+_SKIPPED = frozenset({Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP})
 
 
 class ListenerGenerator:
@@ -148,12 +156,13 @@ class ListenerGenerator:
                 outbound = patch_listeners(push, outbound, patches, Context.SIDECAR_OUTBOUND)
             if has_listener_patches(patches, inbound=True):
                 inbound = patch_listeners(push, inbound, patches, Context.SIDECAR_INBOUND)
-        taken = {r.name for r in inbound}
-        outbound_names = {r.name for r in outbound}
-        if len(outbound_names) == len(outbound) and outbound_names.isdisjoint(taken):
+        # The lists' own name sets: computed once per list, which the proxies of a scope share.
+        outbound_names = names_of(outbound)
+        if len(outbound_names) == len(outbound) and outbound_names.isdisjoint(names_of(inbound)):
             # Headless services and Sidecar ingress make a part the proxy's own.
             own = headless is not None or scope.has_ingress
             return ResourceList.joined(outbound, inbound) if own else joined(push, outbound, inbound)
+        taken = {r.name for r in inbound}
         kept = []
         for resource in outbound:
             # Envoy rejects a whole update with two listeners of one name; an

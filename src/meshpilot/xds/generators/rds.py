@@ -29,13 +29,15 @@ from meshpilot.xds.generators.base import GenerationContext, Resource, only_kind
 from meshpilot.xds.generators.envoy_filters import has_route_patches, patch_route_resources
 from meshpilot.xds.types import TypeUrl
 
-_SKIPPED = (
-    Kind.WORKLOAD_ENTRY,
-    Kind.WORKLOAD_GROUP,
-    Kind.AUTHORIZATION_POLICY,
-    Kind.REQUEST_AUTHENTICATION,
-    Kind.PEER_AUTHENTICATION,
-    Kind.TELEMETRY,
+_SKIPPED = frozenset(
+    {
+        Kind.WORKLOAD_ENTRY,
+        Kind.WORKLOAD_GROUP,
+        Kind.AUTHORIZATION_POLICY,
+        Kind.REQUEST_AUTHENTICATION,
+        Kind.PEER_AUTHENTICATION,
+        Kind.TELEMETRY,
+    }
 )
 
 

@@ -1,0 +1,92 @@
+"""Histograms counted in plain integers, for what a push observes once per proxy.
+
+A push observes five histograms per proxy (push, send, convergence and queue times, config size).
+prometheus-client's ``observe`` takes a lock for the sum and another for the bucket it finds by a
+linear scan: 1.45-1.6 µs each on the benchmark machine, where this one takes 0.26-0.34 µs, so about
+6 µs less per proxy and 12 ms less per push to 2,000 proxies. They are observed on the event loop's
+thread only (as ``CacheReads`` is counted), so no lock is needed. The exposition is the same as
+prometheus-client's ``Histogram`` (names, help, ``le`` labels and series; a labelled child appears with
+its first ``labels()`` call, an unlabelled histogram from the start), which a test compares.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import INF, floatToGoString
+
+
+class HistogramChild:
+    """One series: a count per bucket (the last is +Inf) and the sum."""
+
+    __slots__ = ("_bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        # Buckets hold values up to and including their bound (``le``): the first bound >= amount.
+        self.counts[bisect.bisect_left(self._bounds, amount)] += 1
+        self.sum += amount
+
+
+class PlainHistogram(Collector):
+    """A histogram family, labelled or not, exposed as prometheus-client exposes its ``Histogram``."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        *,
+        buckets: Sequence[float],
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        bounds = tuple(float(b) for b in buckets)
+        if list(bounds) != sorted(set(bounds)) or INF in bounds:
+            raise ValueError(f"{name}: buckets must be finite, distinct and in increasing order")
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._bounds = bounds
+        self._le = [floatToGoString(b) for b in (*bounds, INF)]  # type: ignore[no-untyped-call]
+        self._children: dict[tuple[str, ...], HistogramChild] = {}
+        if not self.labelnames:
+            self._children[()] = HistogramChild(bounds)
+        if registry is not None:
+            registry.register(self)
+
+    def labels(self, *values: str, **named: str) -> HistogramChild:
+        if values and named:
+            raise ValueError("label values by position or by name, not both")
+        key = tuple(named[n] for n in self.labelnames) if named else tuple(str(v) for v in values)
+        if len(key) != len(self.labelnames) or not self.labelnames:
+            raise ValueError(f"{self.name} takes the labels {list(self.labelnames)}")
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = HistogramChild(self._bounds)
+        return child
+
+    def observe(self, amount: float) -> None:
+        """Observe an unlabelled histogram."""
+        if self.labelnames:
+            raise ValueError(f"{self.name} is labelled: observe through labels()")
+        self._children[()].observe(amount)
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for key, child in list(self._children.items()):
+            cumulative, buckets = 0, []
+            for le, count in zip(self._le, child.counts, strict=True):
+                cumulative += count
+                buckets.append((le, float(cumulative)))
+            family.add_metric(list(key), buckets, child.sum)
+        yield family
