@@ -23,6 +23,10 @@ def _exposition(kind: type[Histogram] | type[PlainHistogram]) -> str:
     sized.labels("cds").observe(3)
     for value in (0.0, 0.01, 0.011, 0.5, 30, 31):
         timed.observe(value)
+    # NaN goes into the sum and into no bucket or count.
+    odd = kind("pilot_odd", "NaN and infinities", buckets=LATENCIES, registry=registry)
+    for value in (float("nan"), float("inf"), -1.0):
+        odd.observe(value)
     kind("pilot_unused", "Never observed", ["type"], buckets=SIZES, registry=registry)
     kind("pilot_quiet", "Never observed, no labels", buckets=LATENCIES, registry=registry)
     return generate_latest(registry).decode()
@@ -41,6 +45,10 @@ def test_misuse_is_refused_as_prometheus_client_refuses_it() -> None:
         plain.labels("eds")
     with pytest.raises(ValueError, match="takes the labels"):
         labelled.labels("eds", "extra")
+    with pytest.raises(ValueError, match="takes the labels"):
+        labelled.labels(type="eds", other="x")
+    with pytest.raises(ValueError, match="takes the labels"):
+        labelled.labels(kind="eds")
     with pytest.raises(ValueError, match="increasing"):
         PlainHistogram("pilot_c", "c", buckets=(10, 1))
     assert labelled.labels(type="eds") is labelled.labels("eds"), "one child per label values"

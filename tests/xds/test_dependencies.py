@@ -103,6 +103,23 @@ def test_a_scope_is_asked_once_per_request(model: Model, monkeypatch: pytest.Mon
     assert len(asked) == 2
 
 
+def test_the_root_namespace_is_part_of_a_scopes_answer(model: Model) -> None:
+    web = model.proxy(WEB)
+    # A PeerAuthentication in the root namespace concerns every proxy; elsewhere, only those near it.
+    request = change((Kind.PEER_AUTHENTICATION, "default", "istio-system"))
+    assert proxy_needs_push(web, request, "istio-system")
+    assert not proxy_needs_push(web, request, "mesh-root"), "the same request under another root"
+
+
+def test_a_copy_of_a_request_works_its_answers_out_again() -> None:
+    request = change(API_ENDPOINTS)
+    assert request.updated_kinds == {Kind.SERVICE_ENTRY}
+    request.memoized(("k",), lambda: "first")
+    copy = dataclasses.replace(request, configs_updated=frozenset({ConfigKey(Kind.GATEWAY, "g", "ns")}))
+    assert copy.updated_kinds == {Kind.GATEWAY}
+    assert copy.memoized(("k",), lambda: "copy") == "copy"
+
+
 def test_the_request_memo_tells_objects_apart_by_identity() -> None:
     request = PushRequest()
     first, second = [1], [1]

@@ -59,10 +59,12 @@ class PushRequest:
     #: The number of its record in the push history (``PushHistory.started``): set on the request
     #: ``start_push`` was given, for its listeners; merging does not carry it.
     number: int = 0
-    #: What ``updated_kinds`` and ``memo`` hold once asked: worked out once per request, not once per
-    #: proxy of the push (a push reaches thousands of streams with the same request).
-    _kinds: frozenset[Kind] | None = field(default=None, compare=False, repr=False)
-    _memo: dict[Hashable, Any] | None = field(default=None, compare=False, repr=False)
+    #: What ``updated_kinds`` and ``memoized`` hold once asked: worked out once per request, not once
+    #: per proxy of the push (a push reaches thousands of streams with the same request). Not
+    #: constructor fields, so ``dataclasses.replace`` starts a copy without them: the copy may name
+    #: other configs or another snapshot.
+    _kinds: frozenset[Kind] | None = field(default=None, init=False, compare=False, repr=False)
+    _memo: dict[Hashable, Any] | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def updated_kinds(self) -> frozenset[Kind]:
@@ -84,7 +86,7 @@ class PushRequest:
             found = memo[key] = make()
         return found
 
-    def memoized_for(self, tag: str, obj: object, make: Callable[[], T]) -> T:
+    def memoized_for(self, tag: Hashable, obj: object, make: Callable[[], T]) -> T:
         """``memoized`` for an object without value equality (a sidecar scope), by identity: the
         entry holds ``obj``, so no other object can take its id while the request lives."""
         held, found = self.memoized((tag, id(obj)), lambda: (obj, make()))

@@ -30,9 +30,11 @@ class HistogramChild:
         self.sum = 0.0
 
     def observe(self, amount: float) -> None:
+        self.sum += amount
+        if amount != amount:  # NaN: in the sum, in no bucket and not counted, as prometheus-client does
+            return
         # Buckets hold values up to and including their bound (``le``): the first bound >= amount.
         self.counts[bisect.bisect_left(self._bounds, amount)] += 1
-        self.sum += amount
 
 
 class PlainHistogram(Collector):
@@ -64,9 +66,11 @@ class PlainHistogram(Collector):
     def labels(self, *values: str, **named: str) -> HistogramChild:
         if values and named:
             raise ValueError("label values by position or by name, not both")
-        key = tuple(named[n] for n in self.labelnames) if named else tuple(str(v) for v in values)
-        if len(key) != len(self.labelnames) or not self.labelnames:
+        if not self.labelnames or (
+            set(named) != set(self.labelnames) if named else len(values) != len(self.labelnames)
+        ):
             raise ValueError(f"{self.name} takes the labels {list(self.labelnames)}")
+        key = tuple(str(named[n]) for n in self.labelnames) if named else tuple(str(v) for v in values)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = HistogramChild(self._bounds)

@@ -53,7 +53,8 @@ def _scope_concerned(request: PushRequest, scope: SidecarScope, sidecar: bool, r
             if not (sidecar and key.kind is Kind.GATEWAY)
         )
 
-    return request.memoized_for(_SIDECAR_SCOPE if sidecar else _SCOPE, scope, concerned)
+    # The root namespace is in the key: the scope's answer for policy kinds depends on it.
+    return request.memoized_for((_SIDECAR_SCOPE if sidecar else _SCOPE, root_namespace), scope, concerned)
 
 
 def _service_entries(request: PushRequest) -> frozenset[tuple[str, str]]:

@@ -99,7 +99,7 @@ class SecretGenerator:
 
     def needs_push(self, request: PushRequest) -> bool:
         """istiod's sdsNeedsPush: forced pushes and Secret changes only."""
-        return request.forced or any(key.kind is Kind.SECRET for key in request.configs_updated)
+        return request.forced or Kind.SECRET in request.updated_kinds
 
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
