@@ -14,6 +14,7 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.xds.dependencies import proxy_needs_push
+from meshpilot.xds.generators.base import memoized_by_identity
 
 ROOT = "istio-system"
 API = "sidecar~10.1.0.51~api-0.default~default.svc.cluster.local"
@@ -123,8 +124,13 @@ def test_a_copy_of_a_request_works_its_answers_out_again() -> None:
 def test_the_request_memo_tells_objects_apart_by_identity() -> None:
     request = PushRequest()
     first, second = [1], [1]
-    assert request.memoized_for("t", first, lambda: "first") == "first"
-    assert request.memoized_for("t", second, lambda: "second") == "second", "equal, not the same"
-    assert request.memoized_for("t", first, lambda: "again") == "first"
+
+    def memo(obj: list[int], value: str) -> str:
+        found: str = memoized_by_identity(request.memoized, ("t", id(obj)), (obj,), lambda: value)
+        return found
+
+    assert memo(first, "first") == "first"
+    assert memo(second, "second") == "second", "equal, not the same"
+    assert memo(first, "again") == "first"
     assert request.updated_kinds == frozenset()
     assert change(API_ENDPOINTS, A_GATEWAY).updated_kinds == {Kind.SERVICE_ENTRY, Kind.GATEWAY}

@@ -76,7 +76,7 @@ class PushRequest:
 
     def memoized(self, key: Hashable, make: Callable[[], T]) -> T:
         """``make()`` once per request for ``key``: what every stream of a push would work out alike
-        from the request alone (or from objects the key holds, such as a sidecar scope)."""
+        from the request alone (or with objects the key names by identity: ``memoized_by_identity``)."""
         memo = self._memo
         if memo is None:
             memo = self._memo = {}
@@ -85,12 +85,6 @@ class PushRequest:
         except KeyError:
             found = memo[key] = make()
         return found
-
-    def memoized_for(self, tag: Hashable, obj: object, make: Callable[[], T]) -> T:
-        """``memoized`` for an object without value equality (a sidecar scope), by identity: the
-        entry holds ``obj``, so no other object can take its id while the request lives."""
-        held, found = self.memoized((tag, id(obj)), lambda: (obj, make()))
-        return found if held is obj else make()
 
     def merge(self, other: PushRequest) -> PushRequest:
         """A request that covers both; the later snapshot wins, the earlier start stays."""

@@ -11,6 +11,7 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.push_request import PushRequest
 from meshpilot.model.sidecar_scope import SidecarScope
+from meshpilot.xds.generators.base import memoized_by_identity
 
 _GATEWAY_ONLY = frozenset({Kind.GATEWAY})
 _GATEWAY_BOUND = frozenset({Kind.GATEWAY, Kind.VIRTUAL_SERVICE})
@@ -54,7 +55,9 @@ def _scope_concerned(request: PushRequest, scope: SidecarScope, sidecar: bool, r
         )
 
     # The root namespace is in the key: the scope's answer for policy kinds depends on it.
-    return request.memoized_for((_SIDECAR_SCOPE if sidecar else _SCOPE, root_namespace), scope, concerned)
+    key = (_SIDECAR_SCOPE if sidecar else _SCOPE, root_namespace, id(scope))
+    found: bool = memoized_by_identity(request.memoized, key, (scope,), concerned)
+    return found
 
 
 def _service_entries(request: PushRequest) -> frozenset[tuple[str, str]]:

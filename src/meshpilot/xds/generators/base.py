@@ -101,15 +101,18 @@ class ResourceList(list[Resource]):
         return out
 
 
-def memoized_by_identity(
-    push: PushContext, key: Hashable, inputs: tuple[object, ...], make: Callable[[], T]
-) -> T:
-    """``make()`` once per snapshot for ``key``, whose parts include the ``id()`` of each of ``inputs``
-    (objects that are not hashable, or whose equality costs more than building again).
+#: A memo's lookup: ``PushContext.memoized`` (per snapshot) or ``PushRequest.memoized`` (per request).
+Memo = Callable[[Hashable, Callable[[], Any]], Any]
+
+
+def memoized_by_identity(memo: Memo, key: Hashable, inputs: tuple[object, ...], make: Callable[[], T]) -> T:
+    """``make()`` once per ``memo`` entry for ``key``, whose parts include the ``id()`` of each of
+    ``inputs`` (objects that are not hashable, or whose equality costs more than building again).
 
     The entry holds the inputs, so no other object can take one of their ids while it lives; the
     identity check on a hit stands guard for a key that names other ids than ``inputs``."""
-    held, out = push.memoized(key, lambda: (inputs, make()))
+    entry: tuple[tuple[object, ...], T] = memo(key, lambda: (inputs, make()))
+    held, out = entry
     if any(a is not b for a, b in zip(held, inputs, strict=True)):
         return make()
     return out
@@ -121,7 +124,7 @@ def joined(push: PushContext, first: ResourceList, second: ResourceList) -> Reso
     for every proxy was most of a push's per-proxy CDS time). Parts made for one proxy are joined with
     ``ResourceList.joined``: an entry per proxy would only hold memory."""
     return memoized_by_identity(
-        push,
+        push.memoized,
         ("joined", id(first), id(second)),
         (first, second),
         lambda: ResourceList.joined(first, second),

@@ -15,7 +15,7 @@ from meshpilot.networking import wire
 from meshpilot.networking.endpoint import cla_inputs, encode_from_inputs, proxy_signature
 from meshpilot.networking.names import parse_cluster
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
+from meshpilot.xds.generators.base import GenerationContext, Resource, memoized_by_identity, only_kinds
 from meshpilot.xds.types import TypeUrl
 
 _SKIPPED = frozenset(
@@ -64,7 +64,9 @@ class EndpointGenerator:
             # Watched name sets are shared objects (see shared_names), so this is one lookup.
             by_host = ctx.push.memoized(("eds-by-host", wanted), lambda: _names_by_host(wanted))
             # The proxies that watch the same names want the same of them: one set per request.
-            wanted = request.memoized_for("eds-wanted", by_host, lambda: _changed(request, by_host))
+            wanted = memoized_by_identity(
+                request.memoized, ("eds-wanted", id(by_host)), (by_host,), lambda: _changed(request, by_host)
+            )
             if not wanted:
                 return None
         scope = ctx.proxy.sidecar_scope

@@ -75,7 +75,10 @@ def patch_clusters(
     hosts = () if router else _inbound_hosts(proxy)
     key = ("envoyfilter-cds", id(outbound), id(others), patches, router, hosts)
     return memoized_by_identity(
-        push, key, (outbound, others), lambda: _clusters(outbound, others, patches, router, dict(hosts))
+        push.memoized,
+        key,
+        (outbound, others),
+        lambda: _clusters(outbound, others, patches, router, dict(hosts)),
     )
 
 
@@ -145,7 +148,9 @@ def patch_listeners(
     """Listeners of one context with the listener patches (and, inbound, the inline route patches)
     applied, then the listeners ADD patches insert."""
     key = ("envoyfilter-lds", id(resources), patches, context)
-    return memoized_by_identity(push, key, (resources,), lambda: _listeners(resources, patches, context))
+    return memoized_by_identity(
+        push.memoized, key, (resources,), lambda: _listeners(resources, patches, context)
+    )
 
 
 def _listeners(resources: ResourceList, patches: PatchSet, context: int) -> ResourceList:
