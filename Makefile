@@ -11,7 +11,7 @@ RUN_FLAGS ?= --config-dir examples/config --mesh-config examples/mesh.yaml \
 	--grpc-addr 127.0.0.1:15010 --http-addr 127.0.0.1:8080 --monitoring-addr 127.0.0.1:15014 \
 	--webhook-addr 127.0.0.1:15017 --secure-grpc-addr 127.0.0.1:15012 --self-signed-ca-dir build/example-ca
 
-.PHONY: run test install install-test lint typecheck unit bench bench-quick clean reference
+.PHONY: run test test-processes test-checks install install-test lint typecheck bench bench-quick clean reference
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -97,11 +97,23 @@ HAVE_GO := $(shell command -v $(GO) 2>/dev/null)
 TEST_REFERENCE := $(if $(HAVE_GO),reference)
 TEST_ENV := $(if $(HAVE_GO),MESHPILOT_REQUIRE_REFERENCE=1)
 
-# The whole suite: lint, types, then tests with the compiled hot paths (a test
-# fails if they did not load), then the twins' own run of the unit tests.
-test: $(VENV)/.system-deps lint typecheck $(TEST_REFERENCE)
-	$(TEST_ENV) MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q
-	$(TEST_ENV) MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not envoy and not integration and not reference" tests
+# The whole suite: lint, types, the tests with the compiled hot paths (a test fails if they did not
+# load), and the twins' own run of the unit tests. It runs as two lines side by side, each printed
+# when it ends: the tests that drive real processes (Envoy, servers, the reference binaries) mostly
+# wait on them and use under one core of two, so the checks and both unit runs fill the other. The
+# process tests stay one at a time: many bind fixed loopback addresses. Between them the two markers'
+# selections are every test.
+PROCESS_TESTS := envoy or integration or reference
+test: $(VENV)/.system-deps $(TEST_REFERENCE)
+	@echo "make test: the process tests and (lint, types, unit tests compiled, then as twins) run side by side"
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-processes test-checks
+
+test-processes: $(VENV)/.installed-test
+	$(TEST_ENV) MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q -m "$(PROCESS_TESTS)" tests
+
+test-checks: lint typecheck
+	$(TEST_ENV) MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
+	$(TEST_ENV) MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
 
 $(VENV)/.installed-bench: $(VENV)/.installed-test
 	$(BIN)/pip install --quiet -e '.[test,bench]'
