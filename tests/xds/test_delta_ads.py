@@ -332,3 +332,28 @@ async def test_both_protocols_share_one_server(server: Server) -> None:
     delta_clusters = {r.name: r.resource.value for r in (await delta.recv()).resources}
     assert sotw_clusters == delta_clusters, "the same bytes over both protocols"
     await asyncio.gather(sotw.close(), delta.close())
+
+
+async def test_a_type_watched_after_earlier_pushes_is_pushed_too(server: Server) -> None:
+    # A stream works out its push order once per set of watched types (Stream._push_order): a type
+    # subscribed after that must still be pushed.
+    client = server.delta_client()
+    client.send(EDS, [REVIEWS], node_id=NODE)
+    client.ack(await client.recv())
+    write(server.config_dir / "apps.yaml", apps({"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"}))
+    pushed = await client.recv(10)
+    assert pushed.type_url == EDS
+    client.ack(pushed)
+    client.send(CDS)
+    answered = await client.recv(10)
+    assert answered.type_url == CDS
+    client.ack(answered)
+    warmed = await client.recv(10)  # the assignment of a cluster just sent, again (Envoy warms it)
+    assert warmed.type_url == EDS
+    client.ack(warmed)
+    assert await client.no_response(0.3)
+    rule = {"host": "reviews", "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 7}}}}
+    write(server.config_dir / "dr.yaml", [istio("DestinationRule", "reviews", "default", rule)])
+    pushed = await client.recv(10)
+    assert pushed.type_url == CDS and REVIEWS in names(pushed), "the newly watched type is pushed"
+    await client.close()

@@ -42,8 +42,10 @@ def proxy_needs_push(proxy: Proxy, request: PushRequest, root_namespace: str) ->
         changed = request.memoized(("service-entries",), lambda: _service_entries(request))
         if any((t.service.hostname, t.service.namespace) in changed for t in proxy.service_targets):
             return True
-    scopes = (proxy.sidecar_scope, proxy.previous_scope)
-    return any(s is not None and _scope_concerned(request, s, sidecar, root_namespace) for s in scopes)
+    if _scope_concerned(request, proxy.sidecar_scope, sidecar, root_namespace):
+        return True
+    previous = proxy.previous_scope
+    return previous is not None and _scope_concerned(request, previous, sidecar, root_namespace)
 
 
 def _scope_concerned(request: PushRequest, scope: SidecarScope, sidecar: bool, root_namespace: str) -> bool:

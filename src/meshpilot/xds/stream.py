@@ -71,6 +71,9 @@ class Stream(abc.ABC):
         self._warnings = WarningBudget()
         #: While a push is being sent (and recorded): the responses it wrote so far.
         self._sent: list[TypeSent] | None = None
+        #: ``_push_order``'s answer, and the watched types it was worked out for.
+        self._order_of: tuple[str, ...] = ()
+        self._order: tuple[tuple[str, Generator], ...] = ()
 
     # -- what a protocol adds ----------------------------------------------------------
 
@@ -314,19 +317,15 @@ class Stream(abc.ABC):
             conn.proxy.state = dataclasses.replace(conn.proxy.state, previous_scope=None)
         if not needed:
             return
-        ordered: list[str] = [t for t in PUSH_ORDER if t in conn.watched]
-        ordered += [t for t in conn.watched if t not in ordered]
+        ordered = self._push_order(conn)
         history = self.host.history
         sent: list[TypeSent] | None = [] if history is not None else None
         self._sent = sent
         started = time.monotonic()
         try:
-            for type_url in ordered:
-                known = parse_type_url(type_url)
-                generator = self.generators.get(known) if known is not None else None
-                if generator is None or not generator.needs_push(request):
-                    continue
-                await self._send(type_url, request, None, pushed=True)
+            for type_url, generator in ordered:
+                if generator.needs_push(request):
+                    await self._send(type_url, request, None, pushed=True)
         finally:
             self._sent = None
             # Also when the stream broke off midway: what was written is what the proxy may have got.
@@ -336,6 +335,22 @@ class Stream(abc.ABC):
                     request.token, ProxyPush(conn.proxy.id, tuple(sent), sum(s.bytes for s in sent), duration)
                 )
         self.host.metrics.convergence_time.observe(time.monotonic() - request.start)
+
+    def _push_order(self, conn: Connection) -> tuple[tuple[str, Generator], ...]:
+        """The watched types this stream generates, in push order (``PUSH_ORDER``, then the rest as
+        first watched). Worked out again only when the watched types change, not once per push."""
+        watched = tuple(conn.watched)
+        if watched != self._order_of:
+            ordered: list[str] = [t for t in PUSH_ORDER if t in conn.watched]
+            ordered += [t for t in watched if t not in ordered]
+            pairs = []
+            for type_url in ordered:
+                known = parse_type_url(type_url)
+                generator = self.generators.get(known) if known is not None else None
+                if generator is not None:
+                    pairs.append((type_url, generator))
+            self._order_of, self._order = watched, tuple(pairs)
+        return self._order
 
     def _generate(
         self, type_url: str, request: PushRequest, names: frozenset[str] | None

@@ -15,7 +15,13 @@ from meshpilot.networking import wire
 from meshpilot.networking.endpoint import cla_inputs, encode_from_inputs, proxy_signature
 from meshpilot.networking.names import parse_cluster
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators.base import GenerationContext, Resource, memoized_by_identity, only_kinds
+from meshpilot.xds.generators.base import (
+    GenerationContext,
+    Resource,
+    ResourceList,
+    memoized_by_identity,
+    only_kinds,
+)
 from meshpilot.xds.types import TypeUrl
 
 _SKIPPED = frozenset(
@@ -75,10 +81,11 @@ class EndpointGenerator:
         key = ("eds", id(scope), ctx.proxy.config_namespace, signature, wanted, ctx.index.generation)
         return ctx.push.memoized(key, lambda: self._assignments(ctx, wanted))
 
-    def _assignments(self, ctx: GenerationContext, wanted: frozenset[str]) -> list[Resource]:
+    def _assignments(self, ctx: GenerationContext, wanted: frozenset[str]) -> ResourceList:
         cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
         token = ctx.token
-        out = []
+        # A ResourceList: the proxies that share it share its name set too (the push history's).
+        out = ResourceList()
         for name in sorted(wanted):
             inputs = cla_inputs(name, ctx.proxy, ctx.push)
             if inputs is None or cache is None:
