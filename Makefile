@@ -100,20 +100,24 @@ TEST_ENV := $(if $(HAVE_GO),MESHPILOT_REQUIRE_REFERENCE=1)
 # The whole suite: lint, types, the tests with the compiled hot paths (a test fails if they did not
 # load), and the twins' own run of the unit tests. It runs as two lines side by side, each printed
 # when it ends: the tests that drive real processes (Envoy, servers, the reference binaries) mostly
-# wait on them and use under one core of two, so the checks and both unit runs fill the other. The
-# process tests stay one at a time: many bind fixed loopback addresses. Between them the two markers'
-# selections are every test.
+# wait on them, using 81% of one core in a run alone, so the checks and both unit runs fill the
+# other core. The process tests stay one at a time: many bind fixed loopback addresses. Between them
+# the two markers' selections are every test. Each line picks its servers' ports from its own range (bench/server.py, free_port) and keeps its own
+# pytest cache, so the two never pick the same port or overwrite each other's record of failures.
 PROCESS_TESTS := envoy or integration or reference
 test: $(VENV)/.system-deps $(TEST_REFERENCE)
 	@echo "make test: the process tests and (lint, types, unit tests compiled, then as twins) run side by side"
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-processes test-checks
 
 test-processes: $(VENV)/.installed-test
-	$(TEST_ENV) MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q -m "$(PROCESS_TESTS)" tests
+	$(TEST_ENV) MESHPILOT_TEST_PORT_RANGE=20000-26383 MESHPILOT_EXPECT_EXTENSIONS=1 \
+		$(BIN)/pytest -q -o cache_dir=.pytest_cache/processes -m "$(PROCESS_TESTS)" tests
 
 test-checks: lint typecheck
-	$(TEST_ENV) MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
-	$(TEST_ENV) MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
+	$(TEST_ENV) MESHPILOT_TEST_PORT_RANGE=26384-32767 MESHPILOT_EXPECT_EXTENSIONS=1 \
+		$(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
+	$(TEST_ENV) MESHPILOT_TEST_PORT_RANGE=26384-32767 MESHPILOT_NO_EXTENSIONS=1 \
+		$(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
 
 $(VENV)/.installed-bench: $(VENV)/.installed-test
 	$(BIN)/pip install --quiet -e '.[test,bench]'

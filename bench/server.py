@@ -38,15 +38,34 @@ def _ephemeral_floor() -> int:
 _HANDED_OUT: set[int] = set()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, for a server started a moment later.
+#: ``low-high``: the ports ``free_port`` picks from. `make test` gives each of its two concurrent
+#: pytest runs its own range: ``_HANDED_OUT`` guards only one process's picks, and a port picked by
+#: one run but not yet bound by its server could be picked and bound by the other.
+PORT_RANGE_ENV = "MESHPILOT_TEST_PORT_RANGE"
 
-    Taken below the kernel's ephemeral range: a port the kernel hands out (bind to 0) is also
-    what it gives the next outgoing connection, which can take it before the server binds.
-    """
+
+def _port_range() -> tuple[int, int]:
+    """Below the kernel's ephemeral range: a port the kernel hands out (bind to 0) is also what it
+    gives the next outgoing connection, which can take it before the server binds."""
     top = _ephemeral_floor() - 1
+    low, high = max(1024, top - 12000), top
+    wanted = os.environ.get(PORT_RANGE_ENV, "")
+    if wanted:
+        try:
+            first, last = (int(part) for part in wanted.split("-"))
+        except ValueError:
+            raise ValueError(f"{PORT_RANGE_ENV}={wanted!r}: expected low-high, as 20000-25999") from None
+        low, high = max(1024, first), min(top, last)
+        if low > high:
+            raise ValueError(f"{PORT_RANGE_ENV}={wanted!r} leaves no port between 1024 and {top}")
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, for a server started a moment later (from ``_port_range``)."""
+    low, high = _port_range()
     for _ in range(200):
-        port = random.randint(max(1024, top - 12000), top)
+        port = random.randint(low, high)
         if port in _HANDED_OUT:
             continue  # free now, but promised to a server that may not have bound it yet
         with socket.socket() as sock:
