@@ -375,3 +375,35 @@ async def test_malformed_request_is_invalid_argument(server: Server, first: bool
     client.send(CDS, node_id=NODE)
     assert (await client.recv()).type_url == CDS
     await client.close()
+
+
+async def test_types_watched_again_are_pushed_in_push_order(server: Server) -> None:
+    # A stream works out its push order once per set of watched types (Stream._push_order): a type
+    # dropped and watched again, and one watched later, are still pushed, clusters first.
+    client = server.client()
+    client.send(EDS, [REVIEWS], node_id=NODE)
+    client.ack(await client.recv(), [REVIEWS])
+    write(server.config_dir / "apps.yaml", apps({"reviews-v1": "127.0.0.21", "reviews-v2": "127.0.0.22"}))
+    pushed = await client.recv(10)
+    assert pushed.type_url == EDS
+    client.ack(pushed, [])  # empty names: EDS is no longer watched
+    assert await client.no_response(0.3)
+    client.send(CDS, nonce="", version="")
+    client.ack(await client.recv(10))
+    client.send(EDS, [REVIEWS], nonce="", version="")
+    client.ack(await client.recv(10), [REVIEWS])
+    assert await client.no_response(0.3)
+    write(
+        server.config_dir / "apps.yaml",
+        [
+            *apps({"reviews-v1": "127.0.0.21", "reviews-v3": "127.0.0.23"}),
+            *workload("details", "default", "10.96.0.40", 9080, {"details-v1": "127.0.0.41"}),
+        ],
+    )
+    order = []
+    while EDS not in order:
+        response = await client.recv(10)
+        order.append(response.type_url)
+        client.ack(response, [REVIEWS] if response.type_url == EDS else None)
+    assert order == [CDS, EDS]
+    await client.close()
