@@ -102,8 +102,9 @@ TEST_ENV := $(if $(HAVE_GO),MESHPILOT_REQUIRE_REFERENCE=1)
 # when it ends: the tests that drive real processes (Envoy, servers, the reference binaries) mostly
 # wait on them, using 81% of one core in a run alone, so the checks and both unit runs fill the
 # other core. The process tests stay one at a time: many bind fixed loopback addresses. Between them
-# the two markers' selections are every test. Each line picks its servers' ports from its own range (bench/server.py, free_port) and keeps its own
-# pytest cache, so the two never pick the same port or overwrite each other's record of failures.
+# the two markers' selections are every test. Each line picks its servers' ports from its own range
+# (bench/server.py, free_port) and the process tests keep their own pytest cache, so the two never
+# pick the same port or overwrite each other's record of failures.
 PROCESS_TESTS := envoy or integration or reference
 test: $(VENV)/.system-deps $(TEST_REFERENCE)
 	@echo "make test: the process tests and (lint, types, unit tests compiled, then as twins) run side by side"

@@ -156,6 +156,17 @@ async def test_proxies_pushed_the_same_change_share_one_response(server: Server)
     await asyncio.gather(first.close(), other.close())
 
 
+async def _pushed_types(client: AdsClient, *, until: str) -> list[str]:
+    """The types of the responses a push sends, in order, up to one of type ``until``; each ACKed
+    with the names ``_synced`` watches."""
+    order: list[str] = []
+    while until not in order:
+        response = await client.recv(10)
+        order.append(response.type_url)
+        client.ack(response, {EDS: [REVIEWS], RDS: ["9080"]}.get(response.type_url))
+    return order
+
+
 async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> None:
     client = await _synced(server)
     # One change to every type: new services (CDS; a new port for LDS, a known one for
@@ -168,13 +179,7 @@ async def test_full_push_goes_out_in_cds_eds_lds_rds_order(server: Server) -> No
             *workload("extra", "default", "10.96.0.50", 7000, {"extra-v1": "127.0.0.51"}),
         ],
     )
-    order = []
-    while RDS not in order:
-        response = await client.recv(10)
-        order.append(response.type_url)
-        names = {EDS: [REVIEWS], RDS: ["9080"]}.get(response.type_url)
-        client.ack(response, names)
-    assert order == [CDS, EDS, LDS, RDS]
+    assert await _pushed_types(client, until=RDS) == [CDS, EDS, LDS, RDS]
     await client.close()
 
 
@@ -400,10 +405,5 @@ async def test_types_watched_again_are_pushed_in_push_order(server: Server) -> N
             *workload("details", "default", "10.96.0.40", 9080, {"details-v1": "127.0.0.41"}),
         ],
     )
-    order = []
-    while EDS not in order:
-        response = await client.recv(10)
-        order.append(response.type_url)
-        client.ack(response, [REVIEWS] if response.type_url == EDS else None)
-    assert order == [CDS, EDS]
+    assert await _pushed_types(client, until=EDS) == [CDS, EDS]
     await client.close()

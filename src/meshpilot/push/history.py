@@ -51,8 +51,8 @@ class ConfigChange:
 
 
 # The two records below are made for every proxy of every push, so they are not frozen: a frozen
-# dataclass's constructor sets each field through object.__setattr__ and cost three times as much
-# here (2.1 against 0.6 µs). Nothing changes them once made.
+# dataclass's constructor sets each field through object.__setattr__, and cost 2.1 µs against 0.43
+# (TypeSent) and 0.93 against 0.26 (ProxyPush) here. Nothing changes them once made.
 
 
 @dataclass(slots=True)
