@@ -45,6 +45,10 @@ class AuthorizationPolicies:
         )
 
 
+#: What applies to a workload no policy selects (most of a mesh's, on every full push).
+NO_POLICIES = AuthorizationPolicies()
+
+
 def _order(config: Config) -> tuple[str, str, str]:
     return (config.meta.creation_timestamp or "~", config.name, config.namespace)
 
@@ -58,20 +62,34 @@ def _attaches(config: Config, labels: dict[str, str]) -> bool:
     return selector_matches(spec.selector.match_labels, labels)
 
 
+def _candidates(push: PushContext, kind: Kind, namespace: str) -> list[Config]:
+    """The policies of ``kind`` in ``namespace``, in istiod's order: sorted once per snapshot, not per
+    proxy (``push.configs`` scans every config of the kind)."""
+    found: list[Config] = push.memoized(
+        ("policy-candidates", kind, namespace), lambda: sorted(push.configs(kind, namespace), key=_order)
+    )
+    return found
+
+
 def _selected(push: PushContext, kind: Kind, proxy: Proxy, namespaces: tuple[str, str]) -> list[Config]:
     out: list[Config] = []
-    labels = dict(proxy.labels)
+    labels: dict[str, str] | None = None
     for namespace in dict.fromkeys(namespaces):
-        configs = sorted(push.configs(kind, namespace), key=_order)
-        out.extend(c for c in configs if _attaches(c, labels))
+        configs = _candidates(push, kind, namespace)
+        if configs:
+            labels = dict(proxy.labels) if labels is None else labels
+            out.extend(c for c in configs if _attaches(c, labels))
     return out
 
 
 def authorization_policies(push: PushContext, proxy: Proxy) -> AuthorizationPolicies:
     """The AuthorizationPolicies that select ``proxy`` (istiod's ListAuthorizationPolicies)."""
-    by_action: dict[int, list[Config]] = {ALLOW: [], DENY: [], AUDIT: [], CUSTOM: []}
     namespaces = (push.mesh.root_namespace, proxy.config_namespace)
-    for config in _selected(push, Kind.AUTHORIZATION_POLICY, proxy, namespaces):
+    selected = _selected(push, Kind.AUTHORIZATION_POLICY, proxy, namespaces)
+    if not selected:
+        return NO_POLICIES
+    by_action: dict[int, list[Config]] = {ALLOW: [], DENY: [], AUDIT: [], CUSTOM: []}
+    for config in selected:
         by_action.setdefault(config.spec.action, []).append(config)
     return AuthorizationPolicies(
         custom=tuple(by_action[CUSTOM]),

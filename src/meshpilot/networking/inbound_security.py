@@ -64,6 +64,20 @@ def inputs(proxy: Proxy, push: PushContext) -> SecurityInputs:
     ras = request_authentications(push, proxy)
     lookup = push.jwks
     policies = authorization_policies(push, proxy)
+    if not ras and policies.empty:
+        # Most workloads of a mesh: no policy selects them, and they share one answer per snapshot
+        # (asked per proxy on every full push, for the inbound listeners' key).
+        return push.memoized(
+            ("security-inputs-none", proxy.type is not NodeType.SIDECAR),
+            lambda: SecurityInputs(
+                policies=policies,
+                request_authentications=(),
+                trust=rbac.trust_domains(push.mesh),
+                lookup=lookup,
+                jwks=(),
+                clear_route_cache=proxy.type is not NodeType.SIDECAR,
+            ),
+        )
     return SecurityInputs(
         policies=policies,
         request_authentications=ras,

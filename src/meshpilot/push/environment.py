@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
-from dataclasses import replace
 from typing import Any
 
 from meshpilot.config.store import ConfigStore
@@ -12,7 +11,7 @@ from meshpilot.model import labels as wk
 from meshpilot.model.endpoint import Locality
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.jwks import JwksLookup
-from meshpilot.model.proxy import Proxy, locality_label
+from meshpilot.model.proxy import Proxy, ProxyState, locality_label
 from meshpilot.model.push_context import PushContext
 from meshpilot.registry.aggregate import AggregateRegistry
 
@@ -71,21 +70,20 @@ class MeshEnvironment:
         locality = self.registry.proxy_locality(proxy) or _label_locality(labels) or proxy.node_locality
         before = proxy.state
         # Topology labels are added so failoverPriority can compare them with endpoints'.
-        workload = replace(
-            before,
-            labels=wk.with_topology(
-                labels, locality=locality, cluster_id=proxy.cluster_id, network=proxy.metadata.network
-            ),
-            locality=Locality(locality, proxy.cluster_id),
+        labels = wk.with_topology(
+            labels, locality=locality, cluster_id=proxy.cluster_id, network=proxy.metadata.network
         )
+        where = Locality(locality, proxy.cluster_id)
         # The service targets and the Sidecar are chosen by the new labels: asked of the proxy with them
-        # (neither reads the other).
-        proxy.state = workload
-        proxy.state = replace(
-            workload,
-            service_targets=tuple(self.registry.service_targets(proxy)),
-            sidecar_scope=push.sidecar_scope(proxy),
-            previous_scope=before.sidecar_scope,
+        # (neither reads the other). States are built whole, not by ``dataclasses.replace``, which
+        # costs several times more, twice per proxy per full push.
+        proxy.state = ProxyState(labels, where, before.service_targets, before.sidecar_scope)
+        proxy.state = ProxyState(
+            labels,
+            where,
+            tuple(self.registry.service_targets(proxy)),
+            push.sidecar_scope(proxy),
+            before.sidecar_scope,
         )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
@@ -314,7 +313,7 @@ class Stream(abc.ABC):
             # it until the next recomputation (its incremental CDS and EDS read it; nothing here
             # does): kept, it would hold every service the proxy used to see (10,000 after a large
             # file is removed) until the proxy's next full push.
-            conn.proxy.state = dataclasses.replace(conn.proxy.state, previous_scope=None)
+            conn.proxy.state = conn.proxy.state.settled()
         if not needed:
             return
         ordered = self._push_order(conn)

@@ -16,6 +16,7 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
+from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking.auto_passthrough import (
     serves_auto_passthrough,
     sni_dnat_cache_key,
@@ -70,7 +71,8 @@ class ClusterGenerator:
         # only when the snapshot rewrites assignments by locality at all (the EDS memo's test).
         locality = proxy.locality.label if scope.has_dns and proxy_signature(proxy, push) else None
         outbound, seen = push.memoized(
-            ("cds-out", id(scope), proxy.capabilities, generation, locality), lambda: self._outbound(ctx)
+            ("cds-out", _clusters_of(push, scope), proxy.capabilities, generation, locality),
+            lambda: self._outbound(ctx),
         )
         others_key = ("cds-in", proxy.capabilities, proxy.inbound_signature, scope.inbound_pool_key)
         if proxy.type is NodeType.ROUTER:
@@ -146,6 +148,28 @@ class ClusterGenerator:
     def _others(self, ctx: GenerationContext) -> _Others:
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
         return _Others(Resource.of(c.name, c) for c in other_clusters(inputs))
+
+
+def _clusters_of(push: PushContext, scope: SidecarScope) -> int:
+    """Identifies, within the snapshot, the scopes whose outbound clusters are the same: the same
+    service objects, in the same order, with the same DestinationRules (all that ``outbound_specs``
+    reads of a scope). Rules are compared by their fingerprint, which each cluster's cache key
+    already takes for all the builder reads of a rule: a namespace's lookup merges its own copy.
+    Namespaces without a Sidecar of their own usually import the same, so a full push builds their
+    clusters once instead of once per namespace."""
+    found = scope.memo.get("clusters")
+    if found is None:
+        rules = scope.destination_rules
+        signature = tuple(
+            (id(svc), rule.fingerprint if (rule := rules.get(svc.hostname)) is not None else None)
+            for svc in scope.services
+        )
+        # The first scope with this signature stands for it; it holds the objects whose ids the
+        # signature names (the snapshot holds every scope), so no other object can take those ids.
+        first: SidecarScope = push.memoized(("cds-scope", signature), lambda: scope)
+        found = scope.memo["clusters"] = id(first)
+    assert isinstance(found, int)
+    return found
 
 
 class _Others(ResourceList):
