@@ -62,11 +62,12 @@ def _attaches(config: Config, labels: dict[str, str]) -> bool:
     return selector_matches(spec.selector.match_labels, labels)
 
 
-def _candidates(push: PushContext, kind: Kind, namespace: str) -> list[Config]:
+def _candidates(push: PushContext, kind: Kind, namespace: str) -> tuple[Config, ...]:
     """The policies of ``kind`` in ``namespace``, in istiod's order: sorted once per snapshot, not per
     proxy (``push.configs`` scans every config of the kind)."""
-    found: list[Config] = push.memoized(
-        ("policy-candidates", kind, namespace), lambda: sorted(push.configs(kind, namespace), key=_order)
+    found: tuple[Config, ...] = push.memoized(
+        ("policy-candidates", kind, namespace),
+        lambda: tuple(sorted(push.configs(kind, namespace), key=_order)),
     )
     return found
 

@@ -126,30 +126,41 @@ class ProxyState:
     #: The scope before the last recomputation; a change concerns the proxy if it
     #: concerns either scope (a host may have just left or entered it).
     previous_scope: SidecarScope | None = None
-    #: What decides the proxy's inbound config besides capabilities and scope: the ports it serves.
-    #: Derived once per state: CDS and LDS key every full push's inbound part by it.
-    inbound_signature: tuple[object, ...] = field(init=False)
+    #: ``inbound_signature``, worked out on first use (init=False: a copy made by
+    #: ``dataclasses.replace`` works it out again from its own targets).
+    _signature: tuple[object, ...] | None = field(default=None, init=False, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        signature = tuple(
-            (
-                t.target_port,
-                t.port.port,
-                t.port.name,
-                t.port.protocol.value,
-                t.service.hostname,
-                t.service.namespace,
-                t.service.name,
+    @property
+    def inbound_signature(self) -> tuple[object, ...]:
+        """What decides the proxy's inbound config besides capabilities and scope: the ports it
+        serves. CDS and LDS both key a full push's inbound part by it: worked out once per state."""
+        found = self._signature
+        if found is None:
+            found = tuple(
+                (
+                    t.target_port,
+                    t.port.port,
+                    t.port.name,
+                    t.port.protocol.value,
+                    t.service.hostname,
+                    t.service.namespace,
+                    t.service.name,
+                )
+                for t in self.service_targets
             )
-            for t in self.service_targets
-        )
-        object.__setattr__(self, "inbound_signature", signature)
+            object.__setattr__(self, "_signature", found)
+        return found
 
     def settled(self) -> ProxyState:
         """This state without its previous scope (a push that read it is done with it).
 
         Built directly: ``dataclasses.replace`` costs several times more, once per proxy per push."""
-        return ProxyState(self.labels, self.locality, self.service_targets, self.sidecar_scope)
+        return ProxyState(
+            labels=self.labels,
+            locality=self.locality,
+            service_targets=self.service_targets,
+            sidecar_scope=self.sidecar_scope,
+        )
 
 
 @dataclass(slots=True)

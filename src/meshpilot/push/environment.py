@@ -77,13 +77,18 @@ class MeshEnvironment:
         # The service targets and the Sidecar are chosen by the new labels: asked of the proxy with them
         # (neither reads the other). States are built whole, not by ``dataclasses.replace``, which
         # costs several times more, twice per proxy per full push.
-        proxy.state = ProxyState(labels, where, before.service_targets, before.sidecar_scope)
         proxy.state = ProxyState(
-            labels,
-            where,
-            tuple(self.registry.service_targets(proxy)),
-            push.sidecar_scope(proxy),
-            before.sidecar_scope,
+            labels=labels,
+            locality=where,
+            service_targets=before.service_targets,
+            sidecar_scope=before.sidecar_scope,
+        )
+        proxy.state = ProxyState(
+            labels=labels,
+            locality=where,
+            service_targets=tuple(self.registry.service_targets(proxy)),
+            sidecar_scope=push.sidecar_scope(proxy),
+            previous_scope=before.sidecar_scope,
         )
 
 

@@ -9,6 +9,7 @@ by the proxies that serve the same ports.
 
 from __future__ import annotations
 
+import itertools
 from functools import partial
 from typing import Any
 
@@ -151,12 +152,12 @@ class ClusterGenerator:
 
 
 def _clusters_of(push: PushContext, scope: SidecarScope) -> int:
-    """Identifies, within the snapshot, the scopes whose outbound clusters are the same: the same
-    service objects, in the same order, with the same DestinationRules (all that ``outbound_specs``
-    reads of a scope). Rules are compared by their fingerprint, which each cluster's cache key
-    already takes for all the builder reads of a rule: a namespace's lookup merges its own copy.
-    Namespaces without a Sidecar of their own usually import the same, so a full push builds their
-    clusters once instead of once per namespace."""
+    """Identifies the scopes whose outbound clusters are the same: the same service objects, in the
+    same order, with the same DestinationRules (all that ``outbound_specs`` reads of a scope). Rules
+    are compared by their fingerprint, which each cluster's cache key already takes for all the
+    builder reads of a rule: each namespace's lookup merges its own copy. Namespaces without a
+    Sidecar of their own usually import the same, so a full push builds their clusters once instead
+    of once per namespace."""
     found = scope.memo.get("clusters")
     if found is None:
         rules = scope.destination_rules
@@ -164,12 +165,19 @@ def _clusters_of(push: PushContext, scope: SidecarScope) -> int:
             (id(svc), rule.fingerprint if (rule := rules.get(svc.hostname)) is not None else None)
             for svc in scope.services
         )
-        # The first scope with this signature stands for it; it holds the objects whose ids the
-        # signature names (the snapshot holds every scope), so no other object can take those ids.
-        first: SidecarScope = push.memoized(("cds-scope", signature), lambda: scope)
-        found = scope.memo["clusters"] = id(first)
+        # The entry holds the first scope with this signature, and with it the objects whose ids the
+        # signature names, so no other object takes one of those ids while the entry lives. The token
+        # is never reused: a scope of an older snapshot (a proxy answered before its next refresh)
+        # keeps its own and cannot meet another scope's in a newer snapshot's memo.
+        entry: tuple[SidecarScope, int] = push.memoized(
+            ("cds-scope", signature), lambda: (scope, next(_CLUSTER_TOKENS))
+        )
+        found = scope.memo["clusters"] = entry[1]
     assert isinstance(found, int)
     return found
+
+
+_CLUSTER_TOKENS = itertools.count()
 
 
 class _Others(ResourceList):
