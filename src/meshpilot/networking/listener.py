@@ -129,6 +129,14 @@ def _route_chain(route: RouteChain) -> Chain:
     return Chain(route.build, filter_chain_match(route.sni_hosts, route.cidrs), metadata=route.metadata)
 
 
+def _keeps_port(entry: Entry, kind: ListenerProtocol) -> bool:
+    """Whether ``entry`` stays as it is when another service of ``kind`` comes to its port."""
+    if entry.protocol is ListenerProtocol.HTTP and kind is ListenerProtocol.HTTP:
+        return True  # one route configuration serves every HTTP service on the port
+    # The first sniffed service keeps the port.
+    return entry.protocol is ListenerProtocol.AUTO and kind is not ListenerProtocol.TCP
+
+
 class OutboundBuilder:
     """Collects the entries of one sidecar's outbound listeners."""
 
@@ -209,6 +217,10 @@ class OutboundBuilder:
             existing = self.entries.get(key)
             if existing is not None and existing.locked and catch_all:
                 continue
+            if existing is not None and _keeps_port(existing, kind):
+                # Decided before the chains are made: at 1,000 HTTP services on one port, all but
+                # the first would build a chain only to drop it.
+                continue
             wildcard = address == WILDCARD and not bind_to_port
             chains = self._chains(kind, svc, protocol, listen_port, target, wildcard, virtual_services)
             if existing is None:
@@ -240,10 +252,6 @@ class OutboundBuilder:
         return [*tcp, _http_chain(self.proxy, self.push, address, port, rds, alpn=True)]
 
     def _merge(self, entry: Entry, kind: ListenerProtocol, chains: list[Chain]) -> None:
-        if entry.protocol is ListenerProtocol.HTTP and kind is ListenerProtocol.HTTP:
-            return  # one route configuration serves every HTTP service on the port
-        if entry.protocol is ListenerProtocol.AUTO and kind is not ListenerProtocol.TCP:
-            return  # the first sniffed service keeps the port
         existing = {c.match_key() for c in entry.chains if not c.http}
         for chain in chains:
             if chain.http:
