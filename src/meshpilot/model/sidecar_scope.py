@@ -167,6 +167,20 @@ class SidecarScope:
         assert isinstance(found, frozenset)
         return found
 
+    def import_signature(self) -> tuple[tuple[int, int | None], ...]:
+        """What the scope imports, for telling apart the outputs built from it: each service by
+        identity, in order, with its DestinationRule by fingerprint (each namespace's lookup merges
+        its own copy of a rule; the fingerprint is all cluster cache keys take of it). Once per scope."""
+        found = self.memo.get("import_signature")
+        if found is None:
+            rules = self.destination_rules
+            found = self.memo["import_signature"] = tuple(
+                (id(svc), rule.fingerprint if (rule := rules.get(svc.hostname)) is not None else None)
+                for svc in self.services
+            )
+        assert isinstance(found, tuple)
+        return found
+
     @property
     def has_headless(self) -> bool:
         """Whether any imported service is headless (its listeners follow its endpoints)."""

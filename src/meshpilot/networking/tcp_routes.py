@@ -137,6 +137,16 @@ def uses_source_labels(virtual_services: Sequence[VirtualServiceEntry]) -> bool:
     return False
 
 
+def uses_source_namespace(virtual_services: Sequence[VirtualServiceEntry]) -> bool:
+    """Whether a tcp or tls match depends on the proxy's namespace (``static_match``)."""
+    for vs in virtual_services:
+        spec = vs.config.spec
+        for route in (*spec.tcp, *spec.tls):
+            if any(m.source_namespace for m in route.match):
+                return True
+    return False
+
+
 # -- filters ---------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -14,6 +15,7 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
+from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking import wire
 from meshpilot.networking.protobuf import TYPE_PREFIX, serialize
 from meshpilot.xds.cache import XdsCache, new_token
@@ -119,6 +121,31 @@ def memoized_by_identity(memo: Memo, key: Hashable, inputs: tuple[object, ...], 
         if a is not b:
             return make()
     return out
+
+
+def shared_token(
+    push: PushContext, scope: SidecarScope, purpose: str, signature: Callable[[], Hashable]
+) -> int:
+    """A token naming ``scope``'s ``purpose`` output in memo keys, the same for every scope of this
+    snapshot whose ``signature()`` is equal: namespaces without a Sidecar of their own usually import
+    the same, so a full push builds such outputs once instead of once per namespace. ``signature()``
+    names all the output reads of a scope, objects by ``id``; it is asked once per scope.
+
+    The memo entry holds the first scope with the signature, and with it the objects whose ids the
+    signature names, so no other object takes one of those ids while the entry lives. Tokens are never
+    reused: a scope of an older snapshot (a proxy answered before its next refresh) keeps its own and
+    cannot meet another scope's in a newer snapshot's memo."""
+    found = scope.memo.get(purpose)
+    if found is None:
+        entry: tuple[SidecarScope, int] = push.memoized(
+            ("shared-token", purpose, signature()), lambda: (scope, next(_SHARED_TOKENS))
+        )
+        found = scope.memo[purpose] = entry[1]
+    assert isinstance(found, int)
+    return found
+
+
+_SHARED_TOKENS = itertools.count()
 
 
 def joined(push: PushContext, first: ResourceList, second: ResourceList) -> ResourceList:

@@ -9,7 +9,6 @@ by the proxies that serve the same ports.
 
 from __future__ import annotations
 
-import itertools
 from functools import partial
 from typing import Any
 
@@ -17,7 +16,6 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
-from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking.auto_passthrough import (
     serves_auto_passthrough,
     sni_dnat_cache_key,
@@ -37,7 +35,14 @@ from meshpilot.networking.cluster_wire import OutboundClusterEncoder
 from meshpilot.networking.endpoint import proxy_signature
 from meshpilot.networking.envoyfilter.patches import patch_set
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators.base import GenerationContext, Resource, ResourceList, joined, only_kinds
+from meshpilot.xds.generators.base import (
+    GenerationContext,
+    Resource,
+    ResourceList,
+    joined,
+    only_kinds,
+    shared_token,
+)
 from meshpilot.xds.generators.envoy_filters import has_cluster_patches, patch_clusters
 from meshpilot.xds.types import TypeUrl
 
@@ -72,7 +77,14 @@ class ClusterGenerator:
         # only when the snapshot rewrites assignments by locality at all (the EDS memo's test).
         locality = proxy.locality.label if scope.has_dns and proxy_signature(proxy, push) else None
         outbound, seen = push.memoized(
-            ("cds-out", _clusters_of(push, scope), proxy.capabilities, generation, locality),
+            # All the outbound clusters read of a scope is what it imports (``outbound_specs``).
+            (
+                "cds-out",
+                shared_token(push, scope, "cds-out", scope.import_signature),
+                proxy.capabilities,
+                generation,
+                locality,
+            ),
             lambda: self._outbound(ctx),
         )
         others_key = ("cds-in", proxy.capabilities, proxy.inbound_signature, scope.inbound_pool_key)
@@ -149,35 +161,6 @@ class ClusterGenerator:
     def _others(self, ctx: GenerationContext) -> _Others:
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
         return _Others(Resource.of(c.name, c) for c in other_clusters(inputs))
-
-
-def _clusters_of(push: PushContext, scope: SidecarScope) -> int:
-    """Identifies the scopes whose outbound clusters are the same: the same service objects, in the
-    same order, with the same DestinationRules (all that ``outbound_specs`` reads of a scope). Rules
-    are compared by their fingerprint, which each cluster's cache key already takes for all the
-    builder reads of a rule: each namespace's lookup merges its own copy. Namespaces without a
-    Sidecar of their own usually import the same, so a full push builds their clusters once instead
-    of once per namespace."""
-    found = scope.memo.get("clusters")
-    if found is None:
-        rules = scope.destination_rules
-        signature = tuple(
-            (id(svc), rule.fingerprint if (rule := rules.get(svc.hostname)) is not None else None)
-            for svc in scope.services
-        )
-        # The entry holds the first scope with this signature, and with it the objects whose ids the
-        # signature names, so no other object takes one of those ids while the entry lives. The token
-        # is never reused: a scope of an older snapshot (a proxy answered before its next refresh)
-        # keeps its own and cannot meet another scope's in a newer snapshot's memo.
-        entry: tuple[SidecarScope, int] = push.memoized(
-            ("cds-scope", signature), lambda: (scope, next(_CLUSTER_TOKENS))
-        )
-        found = scope.memo["clusters"] = entry[1]
-    assert isinstance(found, int)
-    return found
-
-
-_CLUSTER_TOKENS = itertools.count()
 
 
 class _Others(ResourceList):

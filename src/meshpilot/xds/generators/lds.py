@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Hashable
+from functools import partial
 from typing import Any
 
 from meshpilot.model import telemetry
@@ -18,13 +19,14 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
+from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking import access_log, inbound_security, tracing
 from meshpilot.networking.envoyfilter.patches import Context, patch_set
 from meshpilot.networking.filters import holds_hcm, retraced
 from meshpilot.networking.gateway import gateway_listeners, service_port_map
 from meshpilot.networking.listener import build_outbound_listeners
 from meshpilot.networking.listener_inbound import build_inbound_listeners, workload_mtls
-from meshpilot.networking.tcp_routes import source_label_key
+from meshpilot.networking.tcp_routes import source_label_key, uses_source_namespace
 from meshpilot.networking.telemetry_problems import report_undefined
 from meshpilot.networking.tracing import HcmTracing
 from meshpilot.xds.connection import WatchedResource
@@ -35,6 +37,7 @@ from meshpilot.xds.generators.base import (
     joined,
     names_of,
     only_kinds,
+    shared_token,
 )
 from meshpilot.xds.generators.envoy_filters import has_listener_patches, patch_listeners
 from meshpilot.xds.types import TypeUrl
@@ -85,6 +88,32 @@ def _shared(
     return found
 
 
+def _outbound_signature(scope: SidecarScope) -> Hashable:
+    """All the outbound listeners read of a scope (``build_outbound_listeners``; of the proxy, the key
+    names the rest): each egress listener with the services and VirtualServices it takes, the
+    scope's imports (routes resolve destinations and rules there), where the catch-all chain goes,
+    and the namespace when a tcp or tls route matches on it. A Sidecar's scope is its own: it names
+    ports, binds and an egress proxy of its own."""
+    if scope.config is not None:
+        return ("sidecar", id(scope))
+    uses_namespace = any(uses_source_namespace(e.virtual_services) for e in scope.egress)
+    return (
+        scope.import_signature(),
+        tuple(
+            (
+                e.port is None,
+                e.bind,
+                e.capture_mode,
+                tuple(map(id, e.services)),
+                tuple(map(id, e.virtual_services)),
+            )
+            for e in scope.egress
+        ),
+        scope.outbound_traffic_policy,
+        scope.namespace if uses_namespace else "",
+    )
+
+
 # Gateway changes reach only routers (see dependencies.proxy_needs_push), whose listeners they make.
 _SKIPPED = frozenset({Kind.WORKLOAD_ENTRY, Kind.WORKLOAD_GROUP})
 
@@ -112,7 +141,7 @@ class ListenerGenerator:
             push.memoized,
             (
                 "lds-out",
-                id(scope),
+                shared_token(push, scope, "lds-out", partial(_outbound_signature, scope)),
                 proxy.capabilities,
                 headless,
                 source_label_key(proxy),
