@@ -16,7 +16,7 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from google.protobuf import any_pb2
-from support.kube import istio
+from support.kube import istio, service
 from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
 
@@ -89,6 +89,34 @@ def test_a_rule_exported_to_its_own_namespace_keeps_that_namespace_apart() -> No
     assert generator.built == 2
     assert unpacked(there[RATINGS]).circuit_breakers.thresholds[0].max_connections.value == 7
     assert unpacked(here[RATINGS]).circuit_breakers.thresholds[0].max_connections.value != 7
+
+
+def test_a_route_to_one_port_of_an_imported_service_does_not_split_namespaces() -> None:
+    # The VirtualService's destination imports one port of a service every namespace imports whole:
+    # the scope keeps the imported service itself, so the namespaces still share one build.
+    docs = [
+        *mesh_objects(),
+        service("multi", "default", "10.96.0.60", [("http", 80), ("grpc", 81)], {"app": "multi"}),
+        istio(
+            "VirtualService",
+            "multi",
+            "default",
+            {
+                "hosts": ["multi"],
+                "http": [{"route": [{"destination": {"host": "multi", "port": {"number": 80}}}]}],
+            },
+        ),
+    ]
+    model = build(docs)
+    generator = CountingGenerator()
+    here = outbound(generator, model, model.proxy(CLIENT))
+    there = outbound(generator, model, model.proxy(OTHER))
+    assert generator.built == 1
+    assert here == there
+    assert {
+        "outbound|80||multi.default.svc.cluster.local",
+        "outbound|81||multi.default.svc.cluster.local",
+    } <= set(here)
 
 
 @pytest.mark.parametrize("first", ["default", "other"])
@@ -185,13 +213,41 @@ def test_a_route_matching_the_source_namespace_keeps_namespaces_apart(
     assert tcp_proxy_cluster(found[OTHER][DB_LISTENER]) == "outbound|6000||cache.default.svc.cluster.local"
     assert tcp_proxy_cluster(found[CLIENT][DB_LISTENER]) == "outbound|3306||db.default.svc.cluster.local"
     assert found[OTHER] == listeners_alone(docs, OTHER)
+    assert found[CLIENT] == listeners_alone(docs, CLIENT)
+
+
+@pytest.mark.parametrize("first", [CLIENT, OTHER])
+def test_a_virtual_service_exported_to_its_own_namespace_keeps_namespaces_apart(
+    first: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both namespaces import the same services; only the VirtualService each sees differs.
+    route = istio(
+        "VirtualService",
+        "db-to-cache",
+        "other",
+        {
+            "hosts": ["db.default.svc.cluster.local"],
+            "exportTo": ["."],
+            "tcp": [{"route": [{"destination": {"host": "cache.default.svc.cluster.local"}}]}],
+        },
+    )
+    docs = [*without_headless(), route]
+    built = counted_builds(monkeypatch)
+    model = build(docs)
+    second = OTHER if first == CLIENT else CLIENT
+    found = {node: outbound_listeners(model, node) for node in (first, second)}
+    assert len(built) == 2
+    assert tcp_proxy_cluster(found[OTHER][DB_LISTENER]) == "outbound|6000||cache.default.svc.cluster.local"
+    assert tcp_proxy_cluster(found[CLIENT][DB_LISTENER]) == "outbound|3306||db.default.svc.cluster.local"
+    assert found == {node: listeners_alone(docs, node) for node in (first, second)}
 
 
 def test_a_sidecar_scope_keeps_its_listeners(monkeypatch: pytest.MonkeyPatch) -> None:
     # The same imports as the namespace without a Sidecar, but a Sidecar's scope is never shared.
     sidecar = istio("Sidecar", "everything", "other", {"egress": [{"hosts": ["*/*"]}]})
     built = counted_builds(monkeypatch)
-    model = build([*without_headless(), sidecar])
-    outbound_listeners(model, CLIENT)
-    outbound_listeners(model, OTHER)
+    docs = [*without_headless(), sidecar]
+    model = build(docs)
+    found = {node: outbound_listeners(model, node) for node in (CLIENT, OTHER)}
     assert len(built) == 2
+    assert found == {node: listeners_alone(docs, node) for node in (CLIENT, OTHER)}

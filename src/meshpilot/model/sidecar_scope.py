@@ -379,7 +379,10 @@ class _ServiceUnion:
             return
         numbers = {p.port for p in existing.ports}
         extra = tuple(p for p in svc.ports if p.port not in numbers)
-        self.services[position] = dataclasses.replace(existing, ports=existing.ports + extra)
+        if extra:
+            # Only a copy that adds ports replaces the service: the same object kept lets scopes
+            # of other namespaces share what is built from it (``import_signature``).
+            self.services[position] = dataclasses.replace(existing, ports=existing.ports + extra)
 
 
 def _can_merge(a: Service, b: Service) -> bool:

@@ -135,8 +135,9 @@ def holds_hcm(listener: Any) -> bool:
 def retraced(listener: Any, tracing: HcmTracing) -> Any:
     """A copy of ``listener`` whose HCMs carry ``tracing`` instead.
 
-    Outbound listeners differ between the workloads of one scope only in their HCMs' tracing
-    (Istio's tags name the workload), so they are built once per scope and re-traced per workload.
+    Outbound listeners differ between the workloads sharing them (the scopes of one outbound
+    signature, ``generators.lds``) only in their HCMs' tracing (Istio's tags name the workload and
+    its namespace), so they are built once and re-traced per workload.
     """
 
     out = listener_pb2.Listener()

@@ -371,8 +371,8 @@ def tcp_chains(
 def source_label_key(proxy: Proxy) -> tuple[tuple[str, str], ...] | None:
     """The proxy's labels when a tcp or tls route of its scope matches on them, else None.
 
-    Outbound listeners are shared by the proxies of a scope; with sourceLabels
-    matches, they may be shared only by proxies with the same labels.
+    Outbound listeners are shared by the proxies of scopes with one outbound signature
+    (``generators.lds``); with sourceLabels matches, only by proxies with the same labels.
     """
     scope = proxy.sidecar_scope
     if scope is None:

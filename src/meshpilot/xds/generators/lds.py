@@ -1,10 +1,11 @@
 """LDS: listeners, rebuilt on full pushes whose changes can affect them.
 
-Outbound listeners are shared, per snapshot, by the proxies of one scope with
-the same capabilities (and, with headless services, the same addresses), but
-for their HCMs' tracing, which names the workload: they are built once per
-scope and re-traced per distinct tracing (``filters.retraced``). Inbound
-listeners are shared by the proxies that serve the same ports.
+Outbound listeners are shared, per snapshot, by the proxies of scopes with the
+same outbound signature (``_outbound_signature``: usually every namespace without
+a Sidecar) and the same capabilities (and, with headless services, the same
+addresses), but for their HCMs' tracing, which names the workload: they are
+built once per signature and re-traced per distinct tracing (``filters.retraced``).
+Inbound listeners are shared by the proxies that serve the same ports.
 """
 
 from __future__ import annotations
