@@ -188,6 +188,22 @@ def tcp_proxy_cluster(payload: bytes) -> str:
     return out.cluster
 
 
+CACHE = "outbound|6000||cache.default.svc.cluster.local"
+DB = "outbound|3306||db.default.svc.cluster.local"
+
+
+def kept_apart(docs: list[dict[str, Any]], first: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Each namespace's proxy gets its own build, equal to its build alone, generated with ``first``
+    first (a wrong share hands the first one's listeners on): the db listener's tcp_proxy cluster."""
+    built = counted_builds(monkeypatch)
+    model = build(docs)
+    order = (first, OTHER if first == CLIENT else CLIENT)
+    found = {node: outbound_listeners(model, node) for node in order}
+    assert len(built) == 2
+    assert found == {node: listeners_alone(docs, node) for node in order}
+    return {node: tcp_proxy_cluster(found[node][DB_LISTENER]) for node in order}
+
+
 @pytest.mark.parametrize("first", [CLIENT, OTHER])
 def test_a_route_matching_the_source_namespace_keeps_namespaces_apart(
     first: str, monkeypatch: pytest.MonkeyPatch
@@ -204,16 +220,7 @@ def test_a_route_matching_the_source_namespace_keeps_namespaces_apart(
             ],
         },
     )
-    docs = [*without_headless(), route]
-    built = counted_builds(monkeypatch)
-    model = build(docs)
-    second = OTHER if first == CLIENT else CLIENT
-    found = {node: outbound_listeners(model, node) for node in (first, second)}
-    assert len(built) == 2
-    assert tcp_proxy_cluster(found[OTHER][DB_LISTENER]) == "outbound|6000||cache.default.svc.cluster.local"
-    assert tcp_proxy_cluster(found[CLIENT][DB_LISTENER]) == "outbound|3306||db.default.svc.cluster.local"
-    assert found[OTHER] == listeners_alone(docs, OTHER)
-    assert found[CLIENT] == listeners_alone(docs, CLIENT)
+    assert kept_apart([*without_headless(), route], first, monkeypatch) == {OTHER: CACHE, CLIENT: DB}
 
 
 @pytest.mark.parametrize("first", [CLIENT, OTHER])
@@ -231,15 +238,7 @@ def test_a_virtual_service_exported_to_its_own_namespace_keeps_namespaces_apart(
             "tcp": [{"route": [{"destination": {"host": "cache.default.svc.cluster.local"}}]}],
         },
     )
-    docs = [*without_headless(), route]
-    built = counted_builds(monkeypatch)
-    model = build(docs)
-    second = OTHER if first == CLIENT else CLIENT
-    found = {node: outbound_listeners(model, node) for node in (first, second)}
-    assert len(built) == 2
-    assert tcp_proxy_cluster(found[OTHER][DB_LISTENER]) == "outbound|6000||cache.default.svc.cluster.local"
-    assert tcp_proxy_cluster(found[CLIENT][DB_LISTENER]) == "outbound|3306||db.default.svc.cluster.local"
-    assert found == {node: listeners_alone(docs, node) for node in (first, second)}
+    assert kept_apart([*without_headless(), route], first, monkeypatch) == {OTHER: CACHE, CLIENT: DB}
 
 
 def test_a_sidecar_scope_keeps_its_listeners(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -129,20 +129,19 @@ def virtual_services_for_host(
 
 def uses_source_labels(virtual_services: Sequence[VirtualServiceEntry]) -> bool:
     """Whether a tcp or tls match depends on the proxy's labels (then outputs cannot be shared by scope)."""
-    for vs in virtual_services:
-        spec = vs.config.spec
-        for route in (*spec.tcp, *spec.tls):
-            if any(m.source_labels for m in route.match):
-                return True
-    return False
+    return _any_l4_match(virtual_services, "source_labels")
 
 
 def uses_source_namespace(virtual_services: Sequence[VirtualServiceEntry]) -> bool:
     """Whether a tcp or tls match depends on the proxy's namespace (``static_match``)."""
+    return _any_l4_match(virtual_services, "source_namespace")
+
+
+def _any_l4_match(virtual_services: Sequence[VirtualServiceEntry], field: str) -> bool:
     for vs in virtual_services:
         spec = vs.config.spec
         for route in (*spec.tcp, *spec.tls):
-            if any(m.source_namespace for m in route.match):
+            if any(getattr(m, field) for m in route.match):
                 return True
     return False
 
