@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from meshpilot.model.proxy import InterceptionMode, InvalidNode, NodeMetadata, NodeType, parse_proxy
+import pytest
+from support.mesh_objects import CLIENT, mesh_objects
+from support.model import build
+
+from meshpilot.model.proxy import (
+    InterceptionMode,
+    InvalidNode,
+    NodeMetadata,
+    NodeType,
+    ProxyState,
+    parse_proxy,
+)
 
 
 def test_sidecar_node_id_and_metadata() -> None:
@@ -80,3 +91,20 @@ def test_pod_key_needs_name_dot_namespace_matching_the_namespace() -> None:
     meta = NodeMetadata.parse({"NAMESPACE": "a"})
     assert parse_proxy("sidecar~10.0.0.1~pod.b~a.svc.cluster.local", meta).pod_key is None
     assert parse_proxy("sidecar~10.0.0.1~pod.x.a~a.svc.cluster.local", meta).pod_key is None
+
+
+def test_a_settled_state_keeps_every_field_but_the_previous_scope() -> None:
+    """``settled`` and ``refresh_proxy`` build states field by field: a field added to ProxyState and
+    not passed on there would be reset to its default on every push."""
+    model = build(mesh_objects())
+    proxy = model.proxy(CLIENT)
+    model.env.refresh_proxy(proxy, model.env.build_push_context("test/2"))
+    state = proxy.state
+    assert state.previous_scope is not None and state.service_targets and state.labels
+    settled = state.settled()
+    for field in dataclasses.fields(ProxyState):
+        if field.name == "previous_scope":
+            assert getattr(settled, field.name) is None
+        elif field.init:
+            assert getattr(settled, field.name) is getattr(state, field.name), field.name
+    assert settled.inbound_signature == state.inbound_signature != ()

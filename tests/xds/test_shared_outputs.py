@@ -1,10 +1,11 @@
 """Outbound clusters and listeners shared by the scopes of a snapshot that import the same.
 
 A full push builds a scope's outbound clusters and listeners once; scopes of other namespaces with
-the same imports (the same service and DestinationRule objects, in the same order) reuse them
-(``generators.base.shared_token``). These tests check both sides: what is the same is built once,
-and what differs by namespace (a rule exported to its own namespace, a Sidecar, a route matching on
-the source namespace) is never handed to another namespace.
+the same imports (the same service objects, in the same order, with DestinationRules of the same
+fingerprint) reuse them (``generators.base.shared_token``); listeners compare more (``lds``). These
+tests check both sides: what is the same is built once, and what differs by namespace (a rule
+exported to its own namespace, a Sidecar, a route matching on the source namespace, a
+VirtualService exported to its own namespace) is never handed to another namespace.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ EXTERNAL = "outbound|443||api.example.com"
 
 
 class CountingGenerator(ClusterGenerator):
-    """Counts the outbound lists built (one per distinct scope, capabilities and DNS view)."""
+    """Counts the outbound lists built (one per import signature, capabilities and DNS view)."""
 
     def __init__(self) -> None:
         self.built = 0

@@ -235,6 +235,7 @@ class Proxy:
 
     @property
     def inbound_signature(self) -> tuple[object, ...]:
+        """The ports the proxy serves, as its inbound config is keyed (``ProxyState``)."""
         return self.state.inbound_signature
 
     @property

@@ -173,9 +173,9 @@ class SidecarScope:
         its own copy of a rule; the fingerprint is all cluster cache keys take of it). Once per scope."""
         found = self.memo.get("import_signature")
         if found is None:
-            rules = self.destination_rules
+            rule = self.destination_rule
             found = self.memo["import_signature"] = tuple(
-                (id(svc), rule.fingerprint if (rule := rules.get(svc.hostname)) is not None else None)
+                (id(svc), r.fingerprint if (r := rule(svc.hostname)) is not None else None)
                 for svc in self.services
             )
         assert isinstance(found, tuple)

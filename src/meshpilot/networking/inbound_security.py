@@ -62,29 +62,29 @@ class SecurityInputs:
 
 def inputs(proxy: Proxy, push: PushContext) -> SecurityInputs:
     ras = request_authentications(push, proxy)
-    lookup = push.jwks
     policies = authorization_policies(push, proxy)
+    clear = proxy.type is not NodeType.SIDECAR
     if not ras and policies.empty:
         # Most workloads of a mesh: no policy selects them, and they share one answer per snapshot
         # (asked per proxy on every full push, for the inbound listeners' key).
-        return push.memoized(
-            ("security-inputs-none", proxy.type is not NodeType.SIDECAR),
-            lambda: SecurityInputs(
-                policies=policies,
-                request_authentications=(),
-                trust=rbac.trust_domains(push.mesh),
-                lookup=lookup,
-                jwks=(),
-                clear_route_cache=proxy.type is not NodeType.SIDECAR,
-            ),
+        found: SecurityInputs = push.memoized(
+            ("security-inputs-none", clear), lambda: _inputs(push, policies, ras, clear)
         )
+        return found
+    return _inputs(push, policies, ras, clear)
+
+
+def _inputs(
+    push: PushContext, policies: AuthorizationPolicies, ras: tuple[Config, ...], clear: bool
+) -> SecurityInputs:
+    lookup = push.jwks
     return SecurityInputs(
         policies=policies,
         request_authentications=ras,
         trust=rbac.trust_domains(push.mesh),
         lookup=lookup,
         jwks=jwt_authn.jwks_fingerprint(ras, lookup) if ras else (),
-        clear_route_cache=proxy.type is not NodeType.SIDECAR,
+        clear_route_cache=clear,
         providers=ext_authz.providers(push) if policies.custom else ext_authz.NO_PROVIDERS,
     )
 

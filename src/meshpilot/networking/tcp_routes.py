@@ -128,7 +128,8 @@ def virtual_services_for_host(
 
 
 def uses_source_labels(virtual_services: Sequence[VirtualServiceEntry]) -> bool:
-    """Whether a tcp or tls match depends on the proxy's labels (then outputs cannot be shared by scope)."""
+    """Whether a tcp or tls match depends on the proxy's labels (then listeners are shared only by
+    proxies with the same labels: ``source_label_key``)."""
     return _any_l4_match(virtual_services, "source_labels")
 
 

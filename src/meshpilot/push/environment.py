@@ -82,6 +82,7 @@ class MeshEnvironment:
             locality=where,
             service_targets=before.service_targets,
             sidecar_scope=before.sidecar_scope,
+            previous_scope=before.previous_scope,
         )
         proxy.state = ProxyState(
             labels=labels,

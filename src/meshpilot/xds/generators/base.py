@@ -135,12 +135,13 @@ def shared_token(
     signature names, so no other object takes one of those ids while the entry lives. Tokens are never
     reused: a scope of an older snapshot (a proxy answered before its next refresh) keeps its own and
     cannot meet another scope's in a newer snapshot's memo."""
-    found = scope.memo.get(purpose)
+    held = ("shared-token", purpose)
+    found = scope.memo.get(held)
     if found is None:
         entry: tuple[SidecarScope, int] = push.memoized(
-            ("shared-token", purpose, signature()), lambda: (scope, next(_SHARED_TOKENS))
+            (*held, signature()), lambda: (scope, next(_SHARED_TOKENS))
         )
-        found = scope.memo[purpose] = entry[1]
+        found = scope.memo[held] = entry[1]
     assert isinstance(found, int)
     return found
 

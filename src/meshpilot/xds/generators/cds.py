@@ -3,8 +3,9 @@
 Outbound clusters are cached one by one under a key of everything their
 builder reads (service, DestinationRule, identities, MeshConfig, the proxy's
 capabilities), and the whole outbound list is shared, per snapshot, by the
-proxies of one scope with the same capabilities. Inbound clusters are shared
-by the proxies that serve the same ports.
+proxies with the same capabilities of every scope with the same imports
+(``SidecarScope.import_signature``: usually every namespace without a Sidecar).
+Inbound clusters are shared by the proxies that serve the same ports.
 """
 
 from __future__ import annotations
