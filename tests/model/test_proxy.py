@@ -108,3 +108,26 @@ def test_a_settled_state_keeps_every_field_but_the_previous_scope() -> None:
         elif field.init:
             assert getattr(settled, field.name) is getattr(state, field.name), field.name
     assert settled.inbound_signature == state.inbound_signature != ()
+
+
+def test_derived_answers_are_kept_per_state_and_snapshot() -> None:
+    model = build(mesh_objects())
+    proxy = model.proxy(CLIENT)
+    first, second = model.env.build_push_context("test/2"), model.env.build_push_context("test/3")
+    made: list[str] = []
+
+    def make(what: str) -> str:
+        made.append(what)
+        return what
+
+    state = proxy.state
+    assert state.derived(first, "a", lambda: make("a1")) == "a1"
+    assert state.derived(first, "a", lambda: make("again")) == "a1"
+    assert state.derived(first, "b", lambda: make("b1")) == "b1"
+    # Another snapshot (a request answered before the refresh): asked again, and only its answers kept.
+    assert state.derived(second, "a", lambda: make("a2")) == "a2"
+    assert state.derived(first, "a", lambda: make("a1 again")) == "a1 again"
+    # A refreshed state (new labels, a new scope) keeps nothing of the one it replaces.
+    model.env.refresh_proxy(proxy, first)
+    assert proxy.state.derived(first, "a", lambda: make("a3")) == "a3"
+    assert made == ["a1", "b1", "a2", "a1 again", "a3"]

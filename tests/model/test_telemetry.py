@@ -7,6 +7,7 @@ from typing import Any
 from support.kube import workload
 from support.model import Model, build
 
+from meshpilot.config.decode import decode_object
 from meshpilot.model import telemetry
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.kind import Kind
@@ -289,3 +290,24 @@ def test_a_telemetry_change_pushes_listeners_of_its_namespace_or_of_everyone_fro
         if generators[t].needs_push(request("default"))
     }
     assert pushed == {TypeUrl.LISTENER}
+
+
+def test_what_applies_is_answered_once_per_proxy_state_and_anew_for_another_snapshot() -> None:
+    def selecting(app: str) -> dict[str, Any]:
+        spec = {"selector": {"matchLabels": {"app": app}}, "metrics": [{"reportingInterval": "5s"}]}
+        return _telemetry("selected", "default", spec)
+
+    model = _model(selecting("api"))
+    proxy = _api(model)
+    key = ConfigKey(Kind.TELEMETRY, "selected", "default")
+    found = telemetry.applicable(model.push, proxy)
+    assert key in dict(found.fingerprint)
+    assert telemetry.applicable(model.push, proxy) is found
+    # The object now selects another workload. A request answered with the new snapshot before the
+    # proxy's refresh reads the new snapshot's answer, not the one its state kept.
+    model.env.store.upsert(decode_object(selecting("web")).obj)
+    push = model.env.build_push_context("test/2")
+    assert key not in dict(telemetry.applicable(push, proxy).fingerprint)
+    model.env.refresh_proxy(proxy, push)
+    assert key not in dict(telemetry.applicable(push, proxy).fingerprint)
+    assert key in dict(telemetry.applicable(model.push, proxy).fingerprint)

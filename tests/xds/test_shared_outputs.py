@@ -1,4 +1,5 @@
-"""Outbound clusters and listeners shared by the scopes of a snapshot that import the same.
+"""Outbound clusters and listeners, and routes' cache parts, shared by the scopes of a snapshot that
+import the same.
 
 A full push builds a scope's outbound clusters and listeners once; scopes of other namespaces with
 the same imports (the same service objects, in the same order, with DestinationRules of the same
@@ -21,12 +22,16 @@ from support.kube import istio, service
 from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
 
+from meshpilot.model.config import ConfigKey
+from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_request import PushRequest
+from meshpilot.xds.cache import XdsCache
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators import lds
+from meshpilot.xds.generators import lds, rds
 from meshpilot.xds.generators.base import GenerationContext
 from meshpilot.xds.generators.cds import ClusterGenerator
+from meshpilot.xds.generators.rds import RouteGenerator
 from meshpilot.xds.types import TypeUrl
 
 OTHER = "sidecar~10.1.0.31~ratings-v1.other~other.svc.cluster.local"
@@ -251,3 +256,70 @@ def test_a_sidecar_scope_keeps_its_listeners(monkeypatch: pytest.MonkeyPatch) ->
     found = {node: outbound_listeners(model, node) for node in (CLIENT, OTHER)}
     assert len(built) == 2
     assert found == {node: listeners_alone(docs, node) for node in (CLIENT, OTHER)}
+
+
+# -- routes -----------------------------------------------------------------------------------------
+
+
+def routes(model: Model, node: str) -> dict[str, bytes]:
+    proxy = model.proxy(node)
+    ctx = GenerationContext(proxy, model.push, model.index, PushRequest(push=model.push), XdsCache())
+    resources = RouteGenerator().generate(ctx, WatchedResource(TypeUrl.ROUTE.value), frozenset({"9080"}))
+    return {r.name: r.payload for r in resources or []}
+
+
+def counted_parts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The scopes' namespaces whose route cache parts were worked out (not taken from another's)."""
+    counted: list[str] = []
+    real = rds.route_cache_parts
+
+    def counting(scope: Any, name: str, domain_suffix: str) -> Any:
+        counted.append(scope.namespace)
+        return real(scope, name, domain_suffix)
+
+    monkeypatch.setattr(rds, "route_cache_parts", counting)
+    return counted
+
+
+def test_route_cache_parts_of_namespaces_importing_the_same_are_worked_out_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counted = counted_parts(monkeypatch)
+    model = build(mesh_objects())
+    here, there = routes(model, CLIENT), routes(model, OTHER)
+    assert counted == ["default"]
+    # Short names differ by namespace: the routes themselves are each namespace's own.
+    assert here != there
+    assert here == routes(build(mesh_objects()), CLIENT)
+    assert there == routes(build(mesh_objects()), OTHER)
+
+
+@pytest.mark.parametrize("first", [CLIENT, OTHER])
+def test_a_virtual_service_exported_to_its_own_namespace_keeps_route_parts_apart(
+    first: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only "other" sees the VirtualService: a shared answer would key one namespace's route by the
+    # other's inputs, and a change to the VirtualService would not evict "other"'s route.
+    split = istio(
+        "VirtualService",
+        "ratings-split",
+        "other",
+        {
+            "hosts": ["ratings.other.svc.cluster.local"],
+            "exportTo": ["."],
+            "http": [
+                {"route": [{"destination": {"host": "ratings.other.svc.cluster.local"}, "weight": 100}]}
+            ],
+        },
+    )
+    docs = [*mesh_objects(), split]
+    counted = counted_parts(monkeypatch)
+    model = build(docs)
+    order = (first, OTHER if first == CLIENT else CLIENT)
+    found = {node: routes(model, node) for node in order}
+    assert sorted(counted) == ["default", "other"]
+    assert found == {node: routes(build(docs), node) for node in order}
+    key = ConfigKey(Kind.VIRTUAL_SERVICE, "ratings-split", "other")
+    parts = {node: rds._cache_parts(model.push, model.proxy(node).sidecar_scope, "9080") for node in order}
+    assert parts[OTHER] is not None and key in parts[OTHER].dependencies
+    assert parts[CLIENT] is not None and key not in parts[CLIENT].dependencies

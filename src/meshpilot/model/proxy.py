@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from meshpilot.bounded_logs import clip
 from meshpilot.input_limits import MAX_METADATA_JSON_CHARS, MAX_NODE_ID_CHARS, InputRejected, load_json
@@ -15,6 +15,8 @@ from meshpilot.model.endpoint import Locality
 if TYPE_CHECKING:
     from meshpilot.model.service import ServiceTarget
     from meshpilot.model.sidecar_scope import SidecarScope
+
+T = TypeVar("T")
 
 
 class NodeType(enum.Enum):
@@ -129,6 +131,9 @@ class ProxyState:
     #: ``inbound_signature``, worked out on first use (init=False: a copy made by
     #: ``dataclasses.replace`` works it out again from its own targets).
     _signature: tuple[object, ...] | None = field(default=None, init=False, compare=False, repr=False)
+    #: ``derived``'s answers and the snapshot they were asked with (init=False, as ``_signature``).
+    _derived: dict[str, object] | None = field(default=None, init=False, compare=False, repr=False)
+    _derived_for: object = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def inbound_signature(self) -> tuple[object, ...]:
@@ -150,6 +155,23 @@ class ProxyState:
             )
             object.__setattr__(self, "_signature", found)
         return found
+
+    def derived(self, snapshot: object, purpose: str, make: Callable[[], T]) -> T:
+        """``make()`` once per state, snapshot and ``purpose``: for answers that read only this state,
+        the proxy's identity and the snapshot, which one proxy asks several times per push (the
+        Telemetry objects that apply to it are asked for by every filter that reads telemetry).
+        Asked with another snapshot (a request answered before the proxy's refresh), it starts over:
+        it holds the answers of one snapshot only."""
+        found = self._derived
+        if found is None or self._derived_for is not snapshot:
+            found = {}
+            object.__setattr__(self, "_derived", found)
+            object.__setattr__(self, "_derived_for", snapshot)
+        try:
+            return found[purpose]  # type: ignore[return-value]
+        except KeyError:
+            value = found[purpose] = make()
+            return value
 
     def settled(self) -> ProxyState:
         """This state without its previous scope (a push that read it is done with it).

@@ -204,7 +204,12 @@ def _namespace_wide(index: _Index, namespace: str) -> Config | None:
 
 
 def applicable(push: PushContext, proxy: Proxy) -> Applicable:
-    """The Telemetry objects that apply to ``proxy`` (istiod's applicableTelemetries)."""
+    """The Telemetry objects that apply to ``proxy`` (istiod's applicableTelemetries): worked out once
+    per proxy state and snapshot, as the filters that read telemetry each ask for them."""
+    return proxy.state.derived(push, "telemetry", lambda: _applicable(push, proxy))
+
+
+def _applicable(push: PushContext, proxy: Proxy) -> Applicable:
     index = _index(push)
     if not index.by_namespace:
         return _NOTHING

@@ -8,6 +8,7 @@ that service's virtual host.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -179,6 +180,19 @@ def route_cache_parts(scope: SidecarScope, name: str, domain_suffix: str) -> Rou
         parts = RouteCacheParts(fingerprint, frozenset(dependencies), source_sensitive)
     scope.memo[memo_key] = parts
     return parts
+
+
+def route_parts_signature(scope: SidecarScope) -> Hashable:
+    """All ``route_cache_parts`` reads of a scope, to share its answers between scopes: the egress
+    listeners' services and VirtualServices, the imports (destinations resolve there, DestinationRules
+    hash) and the outbound policy. A Sidecar's scope is its own (an egress proxy, ports of its own)."""
+    if scope.config is not None:
+        return ("sidecar", id(scope))
+    return (
+        scope.import_signature(),
+        tuple((e.port, tuple(map(id, e.services)), tuple(map(id, e.virtual_services))) for e in scope.egress),
+        scope.outbound_traffic_policy,
+    )
 
 
 def _has_consistent_hash(rule: MergedDestinationRule) -> bool:

@@ -12,7 +12,9 @@ from functools import partial
 
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType
+from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
+from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking import wire
 from meshpilot.networking.envoyfilter.patches import patch_set
 from meshpilot.networking.gateway import gateway_route_configuration, service_port_map
@@ -22,10 +24,11 @@ from meshpilot.networking.route import (
     encode_route_configuration,
     route_cache_key,
     route_cache_parts,
+    route_parts_signature,
 )
 from meshpilot.xds.cache import TypedCache
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds
+from meshpilot.xds.generators.base import GenerationContext, Resource, only_kinds, shared_token
 from meshpilot.xds.generators.envoy_filters import has_route_patches, patch_route_resources
 from meshpilot.xds.types import TypeUrl
 
@@ -67,7 +70,7 @@ class RouteGenerator:
         for name in sorted(wanted):
             parts = None
             if cache is not None and scope is not None:
-                parts = route_cache_parts(scope, name, ctx.push.domain_suffix)
+                parts = _cache_parts(ctx.push, scope, name)
             if cache is None or parts is None:
                 out.append(Resource(name, _any(encode_route_configuration(ctx.proxy, ctx.push, name))))
                 continue
@@ -122,6 +125,21 @@ class RouteGenerator:
         )
         payload = push.memoized(key, lambda: _any(serialize(gateway_route_configuration(proxy, push, name))))
         return Resource(name, payload)
+
+
+def _cache_parts(push: PushContext, scope: SidecarScope, name: str) -> RouteCacheParts | None:
+    """``route_cache_parts``, worked out once per route name for the scopes that read the same
+    (``route_parts_signature``): usually every namespace without a Sidecar, each of which would
+    otherwise walk the same thousand services on every full push."""
+    held = ("route", name)
+    if held in scope.memo:
+        return scope.memo[held]  # type: ignore[return-value]
+    token = shared_token(push, scope, "route-parts", partial(route_parts_signature, scope))
+    parts: RouteCacheParts | None = push.memoized(
+        ("route-parts", token, name), lambda: route_cache_parts(scope, name, push.domain_suffix)
+    )
+    scope.memo[held] = parts
+    return parts
 
 
 def _any(route_configuration: bytes) -> bytes:
