@@ -294,6 +294,27 @@ async def test_discovery_selectors(api: KubeApiServer, cluster: Cluster) -> None
     assert cluster.hosts() == {"a.default.svc.cluster.local", "b.other.svc.cluster.local"}
 
 
+async def test_selectors_that_come_before_the_namespace_filter_objects_listed_earlier(
+    api: KubeApiServer, cluster: Cluster
+) -> None:
+    # At start the lists race: the Services may come before the MeshConfig's selectors, and those
+    # before the Namespace. Objects applied while nothing was selected are taken out when selectors
+    # come, whether or not their Namespace was seen yet, and stay out when it comes unselected.
+    api.apply(namespace("default", mesh="on"))
+    api.apply(service("a", "default", "10.0.0.1", [("http", 80)]))
+    api.apply(service("b", "other", "10.0.0.2", [("http", 80)]))
+    cluster.source.start()
+    await asyncio.wait_for(cluster.source.wait_synced(), 10)
+    assert cluster.hosts() == {"a.default.svc.cluster.local", "b.other.svc.cluster.local"}
+    cluster.source.set_discovery_selectors([{"matchLabels": {"mesh": "on"}}])
+    assert cluster.hosts() == {"a.default.svc.cluster.local"}
+    api.apply(namespace("other"))
+    await until(lambda: cluster.events("reg", "Namespaces", "add") == 2, what="the Namespace seen")
+    assert cluster.hosts() == {"a.default.svc.cluster.local"}
+    api.apply(namespace("other", mesh="on"))
+    await until(lambda: cluster.hosts() == {"a.default.svc.cluster.local", "b.other.svc.cluster.local"})
+
+
 async def test_status_only_change_is_not_reapplied(api: KubeApiServer, cluster: Cluster) -> None:
     api.apply(CONFIG_OBJECTS[0])
     cluster.source.start()

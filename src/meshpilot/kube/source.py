@@ -167,10 +167,13 @@ class KubeSource:
         self._by_namespace.clear()
 
     def set_discovery_selectors(self, selectors: list[dict[str, Any]]) -> None:
-        changed = self.namespaces.set_selectors(selectors)
-        if changed:
+        self.namespaces.set_selectors(selectors)
+        # Every namespace that holds objects, not only those whose Namespace was seen: objects listed
+        # before their Namespace were applied under the selectors of their time.
+        stale = self._out_of_date(self._by_namespace)
+        if stale:
             with self._sink.batch():
-                self._refilter(changed)
+                self._refilter(stale)
 
     # -- applying deliveries (on the loop) ----------------------------------------
 
@@ -186,18 +189,21 @@ class KubeSource:
                     key = (kind, namespace, name)
                     if change.deleted:
                         self._delete(key)
-                        if kind is Kind.NAMESPACE and self.namespaces.set_namespace(name, None):
+                        if kind is Kind.NAMESPACE:
+                            self.namespaces.set_namespace(name, None)
                             refilter.add(name)
                     elif change.obj is None:
                         self._reject(key, change.error)
                     else:
                         self._upsert(key, change.obj)
-                        if isinstance(change.obj, KubeNamespace) and self.namespaces.set_namespace(
-                            name, change.obj.meta.labels
-                        ):
+                        if isinstance(change.obj, KubeNamespace):
+                            self.namespaces.set_namespace(name, change.obj.meta.labels)
                             refilter.add(name)
-                if refilter:
-                    self._refilter(refilter)
+                # Whether a Namespace event changed its membership is read off what is applied: its
+                # objects may have been applied before the selectors or the Namespace came.
+                stale = self._out_of_date(refilter)
+                if stale:
+                    self._refilter(stale)
                 if delivery.listed and not delivery.informer.synced:
                     delivery.informer.synced = True
                     if all(informer.synced for informer in self.informers):
@@ -245,6 +251,18 @@ class KubeSource:
             reason,
             kept,
         )
+
+    def _out_of_date(self, namespaces: Iterable[str]) -> set[str]:
+        """Those of ``namespaces`` holding an object applied where the filter now refuses it, or
+        held back where it now allows it."""
+        return {
+            namespace
+            for namespace in namespaces
+            if any(
+                self._objects[key].applied != self.namespaces.allows(namespace)
+                for key in self._by_namespace.get(namespace, ())
+            )
+        }
 
     def _refilter(self, namespaces: set[str]) -> None:
         for namespace in sorted(namespaces):
