@@ -152,9 +152,9 @@ def peer_jobs(suite: Suite, peer: Variant) -> tuple[FleetJob, ...]:
     return tuple(jobs)
 
 
-def _both(scenario: Scenario, variants: tuple[Variant, ...]) -> FleetJob:
+def _both(scenario: Scenario, variants: tuple[Variant, ...], rounds: int = 1) -> FleetJob:
     """A job whose compiled server also runs with delta sidecars, and whose streams drop at the end."""
-    return FleetJob(scenario, variants, delta=(COMPILED,), reconnect=True)
+    return FleetJob(scenario, variants, delta=(COMPILED,), reconnect=True, rounds=rounds)
 
 
 def suites(scale: float = 1.0) -> dict[str, Suite]:
@@ -177,7 +177,8 @@ def suites(scale: float = 1.0) -> dict[str, Suite]:
             "full",
             micro_min_time=0.2,
             fleet=(
-                _both(full_http, (COMPILED, PURE, NO_CACHE)),
+                # The goals' scenario: its pushes are made five times (see FleetJob.rounds).
+                _both(full_http, (COMPILED, PURE, NO_CACHE), rounds=5),
                 _both(_scenario("http-dr", scale), (COMPILED,)),
                 _both(_scenario("tcp", scale), (COMPILED,)),
                 _both(_scenario("scoped", scale), (COMPILED,)),

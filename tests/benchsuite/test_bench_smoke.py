@@ -46,7 +46,8 @@ def test_fleet_run_measures_both_changes_and_reports_them(tmp_path: Path) -> Non
 
 @pytest.mark.timeout(240)
 def test_delta_fleet_converges_on_what_sotw_gets_and_a_reconnect_is_sent_nothing(tmp_path: Path) -> None:
-    job = FleetJob(TINY, (COMPILED,), delta=(COMPILED,), steady_seconds=0.5, reconnect=True)
+    # Two rounds of each change: each round's marker is new, so each reaches every proxy.
+    job = FleetJob(TINY, (COMPILED,), delta=(COMPILED,), steady_seconds=0.5, reconnect=True, rounds=2)
     runs = {
         protocol: run_fleet(job, variant, tmp_path / protocol, protocol=protocol)
         for variant, protocol in job.runs()
@@ -60,6 +61,8 @@ def test_delta_fleet_converges_on_what_sotw_gets_and_a_reconnect_is_sent_nothing
     assert delta["resources_per_proxy"] == sotw["resources_per_proxy"]
     for change in ("endpoint_added", "virtual_service_changed"):
         assert delta[change]["converged"] == TINY.proxies, change
+        assert len(delta[change]["rounds"]) == 2, change
+        assert all(r["from_write_p99"] is not None for r in delta[change]["rounds"]), change
     assert delta["endpoint_added"]["server"]["pushes"] == {'type="eds"': TINY.proxies}
     assert delta["endpoint_added"]["resources_received_per_proxy"] == {"eds": 1.0}
     # A delta ACK is the type and the nonce; a state-of-the-world EDS ACK names every cluster.
