@@ -63,8 +63,8 @@ class FleetJob:
     #: After the changes, drop every stream and time the resync (what a reconnect is sent again).
     reconnect: bool = False
     #: Each change is made this many times, the two kinds in turn; a change's figures are those of
-    #: its round of median server CPU, with every round's CPU and p99 beside them (``rounds``): one
-    #: push's CPU on this machine varies by a third between rounds of the same run.
+    #: its round of median server CPU, with every round's CPU and p99 beside them (``median_round``):
+    #: one push's CPU on this machine has varied by up to half from one run to the next.
     rounds: int = 1
 
     def runs(self) -> list[tuple[Variant, str]]:
@@ -165,13 +165,17 @@ def _change(
 
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """A change's figures: its round of median server CPU (the lower of the middle two of an even
-    count), with each round's CPU and p99 (in the order made) under ``rounds``."""
-    chosen = dict(sorted(rounds, key=lambda r: r["server_cpu_seconds"])[(len(rounds) - 1) // 2])
+    count) among the rounds every proxy converged in (among all when none did; its ``converged`` says
+    so), with each round's CPU, p99 and convergence (in the order made) under ``rounds``. The p99 is
+    that round's, not the median of the rounds' p99s."""
+    whole = [r for r in rounds if r["converged"] == r["proxies"]] or rounds
+    chosen = dict(sorted(whole, key=lambda r: r["server_cpu_seconds"])[(len(whole) - 1) // 2])
     chosen["rounds"] = [
         {
             "server_cpu_seconds": r["server_cpu_seconds"],
             "from_write_p99": get(r, "from_write_seconds", "p99"),
             "fan_out_p99": get(r, "fan_out_seconds", "p99"),
+            "converged": r["converged"],
         }
         for r in rounds
     ]

@@ -337,14 +337,24 @@ def test_the_report_puts_both_protocols_and_the_floor_side_by_side() -> None:
 
 def test_a_change_made_in_rounds_is_reported_by_its_median_round_with_every_round_beside_it() -> None:
     made = [
-        {"server_cpu_seconds": cpu, "from_write_seconds": {"p99": p99}, "fan_out_seconds": {"p99": p99 / 2}}
-        for cpu, p99 in ((0.9, 1.2), (0.5, 0.8), (0.7, 1.0), (1.4, 1.9))
+        {
+            "proxies": 400,
+            "converged": converged,
+            "server_cpu_seconds": cpu,
+            "from_write_seconds": {"p99": p99},
+            "fan_out_seconds": {"p99": p99 / 2},
+        }
+        for cpu, p99, converged in ((0.9, 1.2, 400), (0.5, 0.8, 400), (0.7, 1.0, 400), (1.4, 1.9, 400))
     ]
     chosen = median_round(made)
     # The lower of the middle two of an even count: 0.7 of 0.7 and 0.9, with that round's p99.
     assert (chosen["server_cpu_seconds"], chosen["from_write_seconds"]["p99"]) == (0.7, 1.0)
     assert [r["server_cpu_seconds"] for r in chosen["rounds"]] == [0.9, 0.5, 0.7, 1.4]
     assert [r["from_write_p99"] for r in chosen["rounds"]] == [1.2, 0.8, 1.0, 1.9]
+    # A round some proxy never converged in is listed, not chosen: of 0.5, 0.7 and 1.4, 0.7.
+    partial = [{**made[0], "converged": 399}, *made[1:]]
+    assert median_round(partial)["server_cpu_seconds"] == 0.7
+    assert [r["converged"] for r in median_round(partial)["rounds"]] == [399, 400, 400, 400]
     run = _run("delta", 0.2, 1500)
     run["endpoint_added"] = {**run["endpoint_added"], **chosen}
     floor = {

@@ -315,6 +315,21 @@ async def test_selectors_that_come_before_the_namespace_filter_objects_listed_ea
     await until(lambda: cluster.hosts() == {"a.default.svc.cluster.local", "b.other.svc.cluster.local"})
 
 
+async def test_objects_held_back_before_their_namespace_is_listed_come_in_when_selectors_go(
+    api: KubeApiServer, cluster: Cluster
+) -> None:
+    api.apply(namespace("default", mesh="on"))
+    api.apply(service("a", "default", "10.0.0.1", [("http", 80)]))
+    api.apply(service("b", "other", "10.0.0.2", [("http", 80)]))
+    cluster.source.set_discovery_selectors([{"matchLabels": {"mesh": "on"}}])
+    cluster.source.start()
+    await asyncio.wait_for(cluster.source.wait_synced(), 10)
+    # No Namespace "other" was listed: held back while selectors are set, and in once they are not.
+    assert cluster.hosts() == {"a.default.svc.cluster.local"}
+    cluster.source.set_discovery_selectors([])
+    assert cluster.hosts() == {"a.default.svc.cluster.local", "b.other.svc.cluster.local"}
+
+
 async def test_status_only_change_is_not_reapplied(api: KubeApiServer, cluster: Cluster) -> None:
     api.apply(CONFIG_OBJECTS[0])
     cluster.source.start()

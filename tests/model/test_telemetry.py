@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from support.kube import workload
 from support.model import Model, build
 
@@ -292,17 +293,28 @@ def test_a_telemetry_change_pushes_listeners_of_its_namespace_or_of_everyone_fro
     assert pushed == {TypeUrl.LISTENER}
 
 
-def test_what_applies_is_answered_once_per_proxy_state_and_anew_for_another_snapshot() -> None:
+def test_what_applies_is_answered_once_per_proxy_state_and_anew_for_another_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def selecting(app: str) -> dict[str, Any]:
         spec = {"selector": {"matchLabels": {"app": app}}, "metrics": [{"reportingInterval": "5s"}]}
         return _telemetry("selected", "default", spec)
 
+    worked_out: list[str] = []
+    real = telemetry._applicable
+
+    def counting(push: Any, proxy: Any) -> Any:
+        worked_out.append(push.version)
+        return real(push, proxy)
+
+    monkeypatch.setattr(telemetry, "_applicable", counting)
     model = _model(selecting("api"))
     proxy = _api(model)
     key = ConfigKey(Kind.TELEMETRY, "selected", "default")
     found = telemetry.applicable(model.push, proxy)
     assert key in dict(found.fingerprint)
     assert telemetry.applicable(model.push, proxy) is found
+    assert worked_out == ["test/1"]
     # The object now selects another workload. A request answered with the new snapshot before the
     # proxy's refresh reads the new snapshot's answer, not the one its state kept.
     model.env.store.upsert(decode_object(selecting("web")).obj)
@@ -310,4 +322,7 @@ def test_what_applies_is_answered_once_per_proxy_state_and_anew_for_another_snap
     assert key not in dict(telemetry.applicable(push, proxy).fingerprint)
     model.env.refresh_proxy(proxy, push)
     assert key not in dict(telemetry.applicable(push, proxy).fingerprint)
+    assert key not in dict(telemetry.applicable(push, proxy).fingerprint)
     assert key in dict(telemetry.applicable(model.push, proxy).fingerprint)
+    # Once per state and snapshot: the old state with each snapshot, the refreshed one, the old snapshot.
+    assert worked_out == ["test/1", "test/2", "test/2", "test/1"]

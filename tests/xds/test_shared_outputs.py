@@ -323,3 +323,33 @@ def test_a_virtual_service_exported_to_its_own_namespace_keeps_route_parts_apart
     parts = {node: rds._cache_parts(model.push, model.proxy(node).sidecar_scope, "9080") for node in order}
     assert parts[OTHER] is not None and key in parts[OTHER].dependencies
     assert parts[CLIENT] is not None and key not in parts[CLIENT].dependencies
+
+
+def test_a_sidecar_scope_importing_the_same_keeps_its_route_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same imports as the namespace without a Sidecar, but an egress proxy of its own, which the
+    # routes' fallback reads: a shared answer would leave it out of the Sidecar scope's cache key.
+    sidecar = istio(
+        "Sidecar",
+        "everything",
+        "other",
+        {
+            "egress": [{"hosts": ["*/*"]}],
+            "outboundTrafficPolicy": {
+                "mode": "ALLOW_ANY",
+                "egressProxy": {"host": "egress.default.svc.cluster.local", "port": {"number": 80}},
+            },
+        },
+    )
+    counted = counted_parts(monkeypatch)
+    docs = [*mesh_objects(), sidecar]
+    model = build(docs)
+    parts = {
+        node: rds._cache_parts(model.push, model.proxy(node).sidecar_scope, "9080")
+        for node in (CLIENT, OTHER)
+    }
+    assert sorted(counted) == ["default", "other"]
+    assert parts[CLIENT] is not None and parts[OTHER] is not None
+    assert parts[CLIENT].fingerprint != parts[OTHER].fingerprint
+    assert {node: routes(model, node) for node in (CLIENT, OTHER)} == {
+        node: routes(build(docs), node) for node in (CLIENT, OTHER)
+    }

@@ -36,11 +36,15 @@ class NamespaceFilter:
     def allows(self, namespace: str) -> bool:
         return not namespace or not self._selectors or namespace in self._selected
 
+    def differs(self, selectors: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether ``selectors`` are not the ones in force."""
+        return [dict(s) for s in selectors] != self._selectors
+
     def set_selectors(self, selectors: Sequence[Mapping[str, Any]]) -> set[str]:
         """Replace the selectors; returns the namespaces whose membership changed."""
-        new = [dict(s) for s in selectors]
-        if new == self._selectors:
+        if not self.differs(selectors):
             return set()
+        new = [dict(s) for s in selectors]
         before = self._membership()
         self._selectors = new
         self._selected = {ns for ns, labels in self._labels.items() if self._matches(labels)}

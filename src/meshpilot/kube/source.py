@@ -167,13 +167,17 @@ class KubeSource:
         self._by_namespace.clear()
 
     def set_discovery_selectors(self, selectors: list[dict[str, Any]]) -> None:
-        self.namespaces.set_selectors(selectors)
-        # Every namespace that holds objects, not only those whose Namespace was seen: objects listed
-        # before their Namespace were applied under the selectors of their time.
-        stale = self._out_of_date(self._by_namespace)
-        if stale:
+        if not self.namespaces.differs(selectors):
+            return  # any other MeshConfig change
+        changed = self.namespaces.set_selectors(selectors)
+        # Also the namespaces whose objects the filter now judges otherwise though their membership
+        # did not change as the filter sees it: those whose Namespace was not listed yet, whose objects
+        # were applied or held back under the selectors of their time (at start the lists of Services,
+        # Namespaces and the ConfigMap come in any order).
+        changed |= self._out_of_date(self._by_namespace.keys() - changed)
+        if changed:
             with self._sink.batch():
-                self._refilter(stale)
+                self._refilter(changed)
 
     # -- applying deliveries (on the loop) ----------------------------------------
 
@@ -189,21 +193,18 @@ class KubeSource:
                     key = (kind, namespace, name)
                     if change.deleted:
                         self._delete(key)
-                        if kind is Kind.NAMESPACE:
-                            self.namespaces.set_namespace(name, None)
+                        if kind is Kind.NAMESPACE and self.namespaces.set_namespace(name, None):
                             refilter.add(name)
                     elif change.obj is None:
                         self._reject(key, change.error)
                     else:
                         self._upsert(key, change.obj)
-                        if isinstance(change.obj, KubeNamespace):
-                            self.namespaces.set_namespace(name, change.obj.meta.labels)
+                        if isinstance(change.obj, KubeNamespace) and self.namespaces.set_namespace(
+                            name, change.obj.meta.labels
+                        ):
                             refilter.add(name)
-                # Whether a Namespace event changed its membership is read off what is applied: its
-                # objects may have been applied before the selectors or the Namespace came.
-                stale = self._out_of_date(refilter)
-                if stale:
-                    self._refilter(stale)
+                if refilter:
+                    self._refilter(refilter)
                 if delivery.listed and not delivery.informer.synced:
                     delivery.informer.synced = True
                     if all(informer.synced for informer in self.informers):
@@ -253,16 +254,14 @@ class KubeSource:
         )
 
     def _out_of_date(self, namespaces: Iterable[str]) -> set[str]:
-        """Those of ``namespaces`` holding an object applied where the filter now refuses it, or
-        held back where it now allows it."""
-        return {
-            namespace
-            for namespace in namespaces
-            if any(
-                self._objects[key].applied != self.namespaces.allows(namespace)
-                for key in self._by_namespace.get(namespace, ())
-            )
-        }
+        """Those of ``namespaces`` holding an object applied that the filter now holds back, or held
+        back that it now lets through."""
+        out = set()
+        for namespace in namespaces:
+            allowed = self.namespaces.allows(namespace)
+            if any(self._objects[key].applied != allowed for key in self._by_namespace.get(namespace, ())):
+                out.add(namespace)
+        return out
 
     def _refilter(self, namespaces: set[str]) -> None:
         for namespace in sorted(namespaces):

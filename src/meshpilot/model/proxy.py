@@ -117,7 +117,8 @@ class NodeMetadata:
 @dataclass(frozen=True, slots=True)
 class ProxyState:
     """What a proxy's config depends on besides its identity, recomputed on every full push (istiod's
-    ``computeProxyState``: ``push.environment.refresh_proxy``). Replaced whole, never edited."""
+    ``computeProxyState``: ``push.environment.refresh_proxy``). Replaced whole, never edited, and one
+    proxy's only: ``derived`` keeps answers that read the proxy's identity too."""
 
     #: The workload's labels (its Pod's, else the node's metadata), with the topology labels.
     labels: Mapping[str, str] = field(default_factory=dict)
