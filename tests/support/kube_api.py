@@ -47,6 +47,8 @@ class KubeApiServer:
         self._thread: threading.Thread | None = None
         self._web: aiohttp.web.Server | None = None
         self._listener: asyncio.Server | None = None
+        #: Every connection the listener accepted (aiohttp's handlers), closed when it stops.
+        self._protocols: list[Any] = []
 
     # -- Lifecycle --
 
@@ -106,8 +108,15 @@ class KubeApiServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        self._web = aiohttp.web.Server(self.emulator)
-        self._listener = await asyncio.get_running_loop().create_server(self._web, sock=sock)
+        web = self._web = aiohttp.web.Server(self.emulator)
+        made = self._protocols = []
+
+        def protocol() -> Any:
+            handler = web()
+            made.append(handler)
+            return handler
+
+        self._listener = await asyncio.get_running_loop().create_server(protocol, sock=sock)
 
     async def _unlisten(self) -> None:
         # Order: stop accepting, end the watches (their handlers return), close the connections.
@@ -121,6 +130,14 @@ class KubeApiServer:
         self.emulator.end_watches()
         await self._web.shutdown(timeout=0.25)  # handlers in flight; watches have ended
         await self._listener.wait_closed()
+        # shutdown() closes the connections it knows of; one set up while it ran is closed here, so
+        # that no socket of this server is left for the collector to find in a later test.
+        for handler in self._protocols:
+            transport = handler.transport
+            if transport is not None and not transport.is_closing():
+                transport.close()
+        self._protocols = []
+        await asyncio.sleep(0)  # the closed transports' sockets close on the next turn
         self._listener = self._web = None
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
