@@ -130,15 +130,29 @@ class KubeApiServer:
         self.emulator.end_watches()
         await self._web.shutdown(timeout=0.25)  # handlers in flight; watches have ended
         await self._listener.wait_closed()
-        # shutdown() closes the connections it knows of; one set up while it ran is closed here, so
-        # that no socket of this server is left for the collector to find in a later test.
-        for handler in self._protocols:
-            transport = handler.transport
-            if transport is not None and not transport.is_closing():
-                transport.close()
-        self._protocols = []
-        await asyncio.sleep(0)  # the closed transports' sockets close on the next turn
+        await self._close_connections()
         self._listener = self._web = None
+
+    async def _close_connections(self) -> None:
+        """Close every connection the listener accepted that shutdown() did not: one set up while it
+        ran, or accepted just before the close and made a few loop turns later, would otherwise be left
+        for the collector to find in a later test. A handler gets its transport when its connection is
+        made, and loses it when it is lost: those never seen with one are waited for, boundedly."""
+        seen: set[int] = set()
+        for _ in range(20):
+            waiting = False
+            for handler in self._protocols:
+                transport = handler.transport
+                if transport is None:
+                    waiting = waiting or id(handler) not in seen
+                    continue
+                seen.add(id(handler))
+                if not transport.is_closing():
+                    transport.close()
+            await asyncio.sleep(0.01)  # closed transports close their sockets on the next turns
+            if not waiting:
+                break
+        self._protocols = []
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         assert self._loop is not None, "the server is not started"
