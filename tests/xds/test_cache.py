@@ -78,6 +78,36 @@ def test_replacing_an_entry_keeps_the_reverse_index_exact() -> None:
     assert cache.dependent_config_count() == 0
 
 
+def test_entries_sharing_a_dependency_set_are_evicted_each_by_its_own_cause() -> None:
+    metrics = Metrics()
+    cache = TypedCache(3, metrics)
+    shared = frozenset({SE, DR})
+    other = ConfigKey(Kind.VIRTUAL_SERVICE, "reviews", "default")
+    cache.add(1, b"one", shared, new_token())
+    # An equal set made apart (another scope's) is the same set to the index.
+    cache.add(2, b"two", frozenset({DR, SE}), new_token())
+    cache.add(3, b"three", shared, new_token())
+    # Replaced with other dependencies: 1 leaves the shared set, which 2 and 3 still hold.
+    cache.add(1, b"one again", frozenset({other}), new_token())
+    # Size eviction takes the least recently used, 2, and only it.
+    cache.add(4, b"four", shared, new_token())
+    assert cache.get(2) is None
+    assert cache.dependent_config_count() == 3
+    assert cache.clear({SE}) == 2, "3 and 4"
+    assert cache.get(3) is None and cache.get(4) is None
+    assert cache.dependent_config_count() == 1, "the set is gone from DR's index too"
+    assert cache.clear({DR}) == 0, "gone from every config the set named"
+    assert cache.get(1) == b"one again"
+    assert cache.dependent_config_count() == 1
+    # The last entry of a set replaced: the set leaves the index with it.
+    cache.add(1, b"one, third", frozenset({SE}), new_token())
+    assert cache.dependent_config_count() == 1
+    assert cache.clear({other}) == 0
+    assert cache.clear({other, SE}) == 1
+    assert cache.dependent_config_count() == 0
+    assert metrics.registry.get_sample_value("xds_cache_evictions_total", {"type": "size"}) == 1
+
+
 Payloads = dict[str, bytes]
 
 

@@ -63,7 +63,11 @@ class TypedCache:
         self.verify = verify
         self.mismatches = 0
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
-        self._by_config: dict[ConfigKey, set[int]] = {}
+        #: The reverse index, by dependency set: the proxies of scopes that import the same services
+        #: share one set (a route's is every service on its port), so an entry that joins a set
+        #: already indexed costs one insertion, not one per config it depends on.
+        self._by_dependencies: dict[frozenset[ConfigKey], set[int]] = {}
+        self._by_config: dict[ConfigKey, set[frozenset[ConfigKey]]] = {}
         #: Time of the last eviction by a config change; older writes are dropped.
         self._evicted_at = 0
         self._reads = metrics.cache_reads if metrics is not None else None
@@ -130,8 +134,13 @@ class TypedCache:
             self._unindex(key, old.dependencies)
         self._entries[key] = _Entry(value, token, dependencies)
         self._entries.move_to_end(key)
-        for config in dependencies:
-            self._by_config.setdefault(config, set()).add(key)
+        keys = self._by_dependencies.get(dependencies)
+        if keys is not None:
+            keys.add(key)
+        else:
+            self._by_dependencies[dependencies] = {key}
+            for config in dependencies:
+                self._by_config.setdefault(config, set()).add(dependencies)
         while len(self._entries) > self.capacity:
             evicted_key, evicted = self._entries.popitem(last=False)
             self._unindex(evicted_key, evicted.dependencies)
@@ -144,12 +153,11 @@ class TypedCache:
         self._evicted_at = new_token()
         evicted = 0
         for config in configs:
-            for key in self._by_config.pop(config, ()):
-                entry = self._entries.pop(key, None)
-                if entry is None:
-                    continue
-                evicted += 1
-                self._unindex(key, entry.dependencies, skip=config)
+            for dependencies in self._by_config.pop(config, ()):
+                for key in self._by_dependencies.pop(dependencies, ()):
+                    if self._entries.pop(key, None) is not None:
+                        evicted += 1
+                self._forget_set(dependencies, skip=config)
         if evicted and self._metrics is not None:
             self._metrics.cache_evictions.labels(type="clear").inc(evicted)
         return evicted
@@ -159,19 +167,31 @@ class TypedCache:
         if self._entries and self._metrics is not None:
             self._metrics.cache_evictions.labels(type="clear").inc(len(self._entries))
         self._entries.clear()
+        self._by_dependencies.clear()
         self._by_config.clear()
 
     def dependent_config_count(self) -> int:
         return len(self._by_config)
 
-    def _unindex(self, key: int, dependencies: frozenset[ConfigKey], skip: ConfigKey | None = None) -> None:
+    def _unindex(self, key: int, dependencies: frozenset[ConfigKey]) -> None:
+        keys = self._by_dependencies.get(dependencies)
+        if keys is None:
+            return
+        keys.discard(key)
+        if not keys:
+            del self._by_dependencies[dependencies]
+            self._forget_set(dependencies)
+
+    def _forget_set(self, dependencies: frozenset[ConfigKey], skip: ConfigKey | None = None) -> None:
+        """Take a dependency set no entry holds any more out of its configs' index (but ``skip``'s,
+        already popped)."""
         for config in dependencies:
             if config == skip:
                 continue
-            keys = self._by_config.get(config)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
+            sets = self._by_config.get(config)
+            if sets is not None:
+                sets.discard(dependencies)
+                if not sets:
                     del self._by_config[config]
 
 
