@@ -110,13 +110,19 @@ class Stream(abc.ABC):
         if first is None:
             return
         node, incoming = first
+        # This frame lives as long as the stream, so it lets go of the first request once it is
+        # handled: a delta proxy's, when it reconnects, names every resource it holds (a thousand
+        # clusters' names and versions, parsed: hundreds of KB per stream, for the stream's life).
+        del first
         conn = await self._connect(node)
+        del node
         self.conn = conn
         self.generators = self.host.generators_for(conn.proxy)
         self.host.add_connection(conn, self)
         reader = asyncio.create_task(self._read(requests))
         try:
             await self._handle_request(incoming)
+            del incoming
             await self._loop()
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, ConnectionError) as err:
             # The client went away while we were writing; nothing to answer.
@@ -251,16 +257,12 @@ class Stream(abc.ABC):
         return Connection(proxy=proxy, peer=self.context.peer(), identity=verified, protocol=self.protocol)
 
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
-        events = self.events
         try:
             async for raw in requests:
-                incoming = self._scan(raw)
-                # Most requests are ACKs that change nothing; recording them here spares a
-                # trip through the queue and a wake-up of the loop for every proxy of a push.
-                # Only when nothing is queued: requests are handled in the order they came.
-                if events.empty() and self._quiet_ack(incoming):
-                    continue
-                events.put_nowait((_REQUEST, next(_seq), incoming))
+                self._take(raw)
+                # Not held while the next one is awaited (nor in ``_loop``): a state-of-the-world EDS
+                # ACK names every cluster again, and a delta request may name every resource held.
+                del raw
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception as err:
@@ -269,6 +271,15 @@ class Stream(abc.ABC):
             log.debug("ADS (%s): reading %s ended: %s", self.protocol, self._who(), clip(repr(err)))
         finally:
             self.events.put_nowait((_END, next(_seq), None))
+
+    def _take(self, raw: bytes) -> None:
+        incoming = self._scan(raw)
+        # Most requests are ACKs that change nothing; recording them here spares a trip through
+        # the queue and a wake-up of the loop for every proxy of a push. Only when nothing is
+        # queued: requests are handled in the order they came.
+        if self.events.empty() and self._quiet_ack(incoming):
+            return
+        self.events.put_nowait((_REQUEST, next(_seq), incoming))
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -284,14 +295,20 @@ class Stream(abc.ABC):
             _, _, item = await self.events.get()
             if item is None:
                 return
-            if isinstance(item, tuple):
-                request, done = item
-                try:
-                    await self._push(request)
-                finally:
-                    done()
-                continue
+            await self._handle(item)
+            # Not held while the next one is awaited, which may be minutes: a request may name every
+            # resource the proxy holds, and a push holds its whole snapshot.
+            del item
+
+    async def _handle(self, item: Any) -> None:
+        if not isinstance(item, tuple):
             await self._handle_request(item)
+            return
+        request, done = item
+        try:
+            await self._push(request)
+        finally:
+            done()
 
     def _drain_pushes(self) -> None:
         while not self.events.empty():
