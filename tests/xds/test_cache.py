@@ -105,6 +105,11 @@ def test_entries_sharing_a_dependency_set_are_evicted_each_by_its_own_cause() ->
     assert cache.clear({other}) == 0
     assert cache.clear({other, SE}) == 1
     assert cache.dependent_config_count() == 0
+    # A config in two sets: clearing it takes both, and leaves nothing indexed under the others.
+    cache.add(5, b"five", shared, new_token())
+    cache.add(6, b"six", frozenset({SE}), new_token())
+    assert cache.clear({SE}) == 2
+    assert cache.dependent_config_count() == 0
     assert metrics.registry.get_sample_value("xds_cache_evictions_total", {"type": "size"}) == 1
 
 

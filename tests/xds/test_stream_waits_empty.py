@@ -1,4 +1,4 @@
-"""What a served ADS stream holds while it waits: none of the requests it read.
+"""What a served ADS stream holds while it waits: none of the requests it read, nor its last push.
 
 A stream's loop and reader wait for minutes between pushes and requests, and their frames live as
 long as the stream. A request left in one of them stays for that long: a delta proxy's first request
@@ -19,19 +19,21 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 from support.xds_server import NODE, Server, three_services
 
-from meshpilot.xds import delta_stream, sotw_stream, stream
+from meshpilot.model.push_request import PushRequest
+from meshpilot.xds import sotw_stream, stream
 
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 REVIEWS = "outbound|9080||reviews.default.svc.cluster.local"
-#: The files whose frames serve a stream.
-STREAM_FILES = {Path(m.__file__ or "").resolve() for m in (stream, delta_stream, sotw_stream)}
-REQUEST_TYPES = (
+#: The frames that live as long as a stream, and wait in it for minutes.
+WAITING = ("run", "_loop", "_read")
+HELD_TYPES = (
     bytes,
     memoryview,
     discovery_pb2.DiscoveryRequest,
     discovery_pb2.DeltaDiscoveryRequest,
     sotw_stream._Incoming,
+    PushRequest,
 )
 
 
@@ -41,23 +43,31 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
         yield served
 
 
-def _is_request(value: Any) -> bool:
+def _holds(value: Any) -> bool:
     if isinstance(value, tuple):
-        return any(_is_request(v) for v in value)
-    return isinstance(value, REQUEST_TYPES)
+        return any(_holds(v) for v in value)
+    return isinstance(value, HELD_TYPES)
 
 
-def requests_held() -> list[str]:
-    """``function: local`` for each local of a stream's waiting coroutines that holds a request.
-    Found among all objects, not by following tasks: grpc awaits a handler through a wrapper that
-    does not name what it awaits."""
-    held = []
+def held_by_waiting_frames() -> list[str]:
+    """``function: local`` for each local of a live stream's waiting frames (``WAITING``) that holds a
+    request or a push. Coroutines are found among all objects, not by following tasks: grpc awaits a
+    handler through a wrapper that does not name what it awaits. Only open streams' frames count,
+    after a collection, so another test's leftovers cannot decide; and each waiting frame must be
+    seen, so that finding none is not a pass."""
+    gc.collect()
+    held: list[str] = []
+    seen: set[str] = set()
     for found in gc.get_objects():
         if not isinstance(found, types.CoroutineType) or found.cr_frame is None or found.cr_running:
             continue
         frame = found.cr_frame
-        if Path(frame.f_code.co_filename).resolve() in STREAM_FILES:
-            held += [f"{frame.f_code.co_name}: {n}" for n, v in frame.f_locals.items() if _is_request(v)]
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name not in WAITING or not isinstance(owner, stream.Stream) or owner.closed:
+            continue
+        seen.add(frame.f_code.co_name)
+        held += [f"{frame.f_code.co_name}: {n}" for n, v in frame.f_locals.items() if _holds(v)]
+    assert seen == set(WAITING), f"only {sorted(seen)} of the stream's waiting frames were found"
     return held
 
 
@@ -71,7 +81,11 @@ async def test_a_delta_stream_waits_holding_none_of_its_requests(server: Server)
         client.send(EDS, [REVIEWS])
         client.ack(await client.recv())
         assert await client.no_response(0.3)
-        assert requests_held() == []
+        assert held_by_waiting_frames() == []
+        # A push (nothing changed, so nothing is sent): not held after it either.
+        server.app.server.push_all()
+        assert await client.no_response(0.5)
+        assert held_by_waiting_frames() == []
         # Still served: what was let go was not needed.
         client.send(EDS, ["outbound|9080||ratings.default.svc.cluster.local"])
         assert [r.name for r in (await client.recv()).resources] == [
@@ -89,6 +103,6 @@ async def test_a_state_of_the_world_stream_waits_holding_none_of_its_requests(se
         client.send(EDS, [REVIEWS])
         client.ack(await client.recv(), [REVIEWS])
         assert await client.no_response(0.3)
-        assert requests_held() == []
+        assert held_by_waiting_frames() == []
     finally:
         await client.close()
