@@ -10,7 +10,7 @@ from typing import Any
 from bench import bulk_config, pool_bench, report_delta, report_fleet, report_micro
 from bench import ca as ca_bench
 from bench.report_peer import peer_section
-from bench.tables import fleet_run, fmt, get, goal_row, table
+from bench.tables import fleet_run, fmt, get, goal_row, memory_goal_rows, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -42,8 +42,7 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
     if http is not None:
         scale = f"{http['scenario_spec']['proxies']} sidecars, {http['scenario_spec']['services']} services"
         row(f"Steady-state CPU ({scale})", 0.5, http.get("steady_vcpu"), "vCPU")
-        row(f"Steady-state RSS ({scale})", 1024, http.get("steady_rss_mib"), "MiB")
-        row(f"Peak RSS, including the initial sync ({scale})", 1024, http.get("peak_rss_mib"), "MiB")
+        rows.extend(memory_goal_rows(http, scale))
         eds_change = http.get("endpoint_added") or {}
         p99 = get(eds_change, "from_write_seconds", "p99")
         after_debounce = p99 - 0.1 if p99 is not None else None

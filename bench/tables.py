@@ -65,6 +65,20 @@ def goal_row(
     return [goal, f"{target:g} {unit}", f"{fmt(measured)} {unit}", verdict]
 
 
+#: The memory goal of the fleet at the issue's scale, for either protocol's run.
+RSS_GOAL_MIB = 1024
+
+
+def memory_goal_rows(run: dict[str, Any], scale: str) -> list[list[Any]]:
+    """Steady and peak RSS against the goal, for one fleet run (``scale`` names its protocol and size)."""
+    return [
+        goal_row(f"Steady-state RSS ({scale})", RSS_GOAL_MIB, run.get("steady_rss_mib"), "MiB"),
+        goal_row(
+            f"Peak RSS, including the initial sync ({scale})", RSS_GOAL_MIB, run.get("peak_rss_mib"), "MiB"
+        ),
+    ]
+
+
 # -- goals -----------------------------------------------------------------------------
 
 

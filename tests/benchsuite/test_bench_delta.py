@@ -333,6 +333,11 @@ def test_the_report_puts_both_protocols_and_the_floor_side_by_side() -> None:
     goals = report_delta.goals(results)
     assert goals[0][0].startswith("Endpoint added: p99 after the debounce (delta")
     assert goals[-1][3].startswith("missed")
+    # Delta's memory is judged on its own run, not state-of-the-world's.
+    fleet[1]["peak_rss_mib"], fleet[0]["peak_rss_mib"] = 1300.0, 600.0
+    peak = next(g for g in report_delta.goals(results) if g[0].startswith("Peak RSS"))
+    assert "(delta, 400 sidecars" in peak[0]
+    assert (peak[2], peak[3]) == ("1,300 MiB", "missed (1.27x the target)")
 
 
 def test_a_change_made_in_rounds_is_reported_by_its_median_round_with_every_round_beside_it() -> None:
