@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from support.kube import istio, pod, service
 from support.model import Model, build
 
 from meshpilot._proto.istio.networking.v1alpha3 import destination_rule_pb2
+from meshpilot.model import sidecar_scope
 from meshpilot.model.config import ConfigKey
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import ALLOW_ANY, REGISTRY_ONLY
 from meshpilot.model.proxy import Proxy
-from meshpilot.model.sidecar_scope import DEFAULT_SCOPE_NAME, SidecarScope, parse_egress_hosts
+from meshpilot.model.push_context import PushContext
+from meshpilot.model.service import Registry
+from meshpilot.model.sidecar_scope import DEFAULT_SCOPE_NAME, SidecarScope, build_scope, parse_egress_hosts
 
 SUFFIX = "svc.cluster.local"
 
@@ -466,3 +471,116 @@ def test_scope_dependencies_decide_pushes() -> None:
     assert not scope.depends_on(ConfigKey(Kind.VIRTUAL_SERVICE, "x", "pay"), "istio-system")
     assert scope.depends_on(ConfigKey(Kind.AUTHORIZATION_POLICY, "x", "istio-system"), "istio-system")
     assert not scope.depends_on(ConfigKey(Kind.AUTHORIZATION_POLICY, "x", "pay"), "istio-system")
+
+
+# -- default scopes shared across namespaces ----------------------------------------------
+
+NAMESPACES = ("shop", "pay", "tools", "lab", "empty", "spare", "istio-system")
+
+
+def rule(name: str, namespace: str, host: str, **extra: Any) -> Any:
+    return istio("DestinationRule", name, namespace, {"host": host, **extra})
+
+
+def view(scope: SidecarScope) -> dict[str, Any]:
+    """Everything of a scope the generators read: services by identity (both scopes come from one
+    registry), rules and VirtualServices (made per snapshot) by what they hold."""
+
+    def rule_of(found: Any) -> Any:
+        return None if found is None else (found.host, [c.key for c in found.configs], found.export_to)
+
+    return {
+        "services": [id(s) for s in scope.services],
+        "by_host": {h: id(s) for h, s in scope._by_host.items()},
+        "rules": {h: rule_of(r) for h, r in scope.destination_rules.items()},
+        "dependencies": scope.dependencies,
+        "egress": [
+            ([id(s) for s in e.services], [v.config.key for v in e.virtual_services], e.imports)
+            for e in scope.egress
+        ],
+        "namespace": scope.namespace,
+    }
+
+
+def scopes(docs: list[Any], *, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every namespace's default scope, (shared, each built alone), from one registry."""
+    env = build(docs).env
+    shared = env.build_push_context("v1")
+    together = {"push": shared, **{ns: build_scope(shared, ns, None) for ns in NAMESPACES}}
+    with monkeypatch.context() as patch:
+        patch.setattr(sidecar_scope, "_default_imports", lambda *args: None)
+        push = env.build_push_context("v2")
+        alone = {ns: build_scope(push, ns, None) for ns in NAMESPACES}
+    return together, alone
+
+
+MIXED: list[Any] = [
+    *base(),
+    svc("lab-only", "lab", "10.0.3.1", annotations={"networking.istio.io/exportTo": "lab"}),
+    # One hostname in two namespaces: each of them prefers its own copy.
+    service_entry("api", "shop", ["api.example.com"]),
+    service_entry("api", "tools", ["api.example.com"]),
+    rule("cart", "pay", "cart.shop.svc.cluster.local"),
+    rule("all", "istio-system", "*.svc.cluster.local"),
+    vs("to-billing", "shop", "billing.pay.svc.cluster.local", "billing.pay.svc.cluster.local"),
+]
+
+
+@pytest.mark.parametrize(
+    "docs",
+    [
+        pytest.param(base(), id="plain"),
+        pytest.param(MIXED, id="mixed"),
+        pytest.param(
+            # The service's own namespace exports a rule for it to one namespace only.
+            [*MIXED, rule("billing", "pay", "billing.pay.svc.cluster.local", exportTo=["spare"])],
+            id="a rule exported to some namespaces",
+        ),
+    ],
+)
+def test_each_namespace_gets_the_scope_it_would_build_alone(
+    docs: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    together, alone = scopes(docs, monkeypatch=monkeypatch)
+    for ns in NAMESPACES:
+        assert view(together[ns]) == view(alone[ns]), ns
+
+
+def test_namespaces_that_decide_nothing_share_one_import_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    built, _ = scopes(MIXED, monkeypatch=monkeypatch)
+    push: PushContext = built["push"]
+
+    def listener_services(ns: str) -> tuple[Any, ...]:
+        return built[ns].egress[0].services  # type: ignore[no-any-return]
+
+    # "empty" and "spare" see only public services, own no shared hostname, read rules as others do.
+    assert listener_services("empty") is listener_services("spare")
+    # Not shared: namespaces with their own copy of a hostname, one with a rule of its own, one that
+    # sees a service others do not, and the root namespace (its own private rules come first).
+    for own in ("shop", "tools", "pay", "lab", "istio-system"):
+        assert listener_services(own) is not listener_services("empty"), own
+    assert not push.destination_rules.same_for("pay")  # its DestinationRule for cart
+    assert push.destination_rules.same_for("empty")
+
+
+def test_a_rule_exported_to_named_namespaces_stops_the_sharing(monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = [*base(), rule("billing", "tools", "billing.pay.svc.cluster.local", exportTo=["shop"])]
+    push = build(docs).env.build_push_context("v1")
+    assert not push.destination_rules.same_for("lab")
+    scopes_ = [build_scope(push, ns, None) for ns in ("lab", "empty")]
+    assert scopes_[0].egress[0].services is not scopes_[1].egress[0].services
+
+
+def test_a_displaced_shared_service_gives_the_namespace_its_own_union() -> None:
+    union = sidecar_scope._ServiceUnion()
+    kube = build(base()).push.services[0]
+    union.add(kube)
+    shared = sidecar_scope._Imported(list(union.services), dict(union.index))
+    entry = replace(kube, registry=Registry.EXTERNAL)
+    union = sidecar_scope._ServiceUnion(shared)
+    union.add(entry)
+    assert not union.displaced, "a ServiceEntry never displaces a Kubernetes service"
+    shared = sidecar_scope._Imported([entry], {entry.hostname: 0})
+    union = sidecar_scope._ServiceUnion(shared)
+    union.add(kube)
+    assert union.displaced and union.services == [kube]

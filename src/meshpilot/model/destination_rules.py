@@ -169,6 +169,8 @@ class DestinationRuleIndex:
         self._local: dict[str, _HostRules] = defaultdict(_HostRules)
         self._exported: dict[str, _HostRules] = defaultdict(_HostRules)
         self._root_local = _HostRules()
+        #: Whether an exported rule is visible to some namespaces only (``same_for``); worked out once.
+        self._targeted: bool | None = None
         defaults = frozenset(default_export_to) or frozenset({visibility.PUBLIC})
         for config in sorted(configs, key=_sort_key):
             spec = config.spec
@@ -194,6 +196,21 @@ class DestinationRuleIndex:
                 self._exported[namespace].merge(host, config, export_to)
             elif namespace == root_namespace:
                 self._root_local.merge(host, config, export_to)
+
+    def same_for(self, proxy_namespace: str) -> bool:
+        """Whether ``lookup`` answers proxies of ``proxy_namespace`` as those of every other namespace
+        this is true of: it is not the root namespace, has no rules of its own, and no exported rule
+        names the namespaces it is exported to (``*`` or the mesh default, as most rules are)."""
+        if proxy_namespace == self.root_namespace or proxy_namespace in self._local:
+            return False
+        if self._targeted is None:
+            self._targeted = any(
+                entry.export_to and visibility.PUBLIC not in entry.export_to
+                for rules in self._exported.values()
+                for entries in rules.by_host.values()
+                for entry in entries
+            )
+        return not self._targeted
 
     def lookup(self, proxy_namespace: str, host: str, service_namespace: str) -> list[MergedDestinationRule]:
         """The rule entries for ``host`` as seen by proxies in ``proxy_namespace``.

@@ -6,6 +6,7 @@ current one, since endpoints live in the EndpointIndex.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -175,14 +176,27 @@ class PushContext:
         """
         found = self._services_visible.get(namespace)
         if found is None:
+            public, restricted = self._services_by_export
             ranked = []
-            for s in self.services:
+            for s in restricted:
                 export_to = self.service_export_to(s)
                 if visibility.visible_to(export_to, s.namespace, namespace):
                     ranked.append((visibility.scope_rank(export_to, s.namespace, namespace), s))
-            found = [s for _, s in sorted(ranked, key=lambda pair: pair[0])]
+            # Public services rank last, in their own order. A namespace that sees no other service
+            # shares their list: every such namespace's default scope then imports the same
+            # (``sidecar_scope.build_scope`` builds that part once).
+            found = [s for _, s in sorted(ranked, key=lambda pair: pair[0])] + public if ranked else public
             self._services_visible[namespace] = found
         return found
+
+    @functools.cached_property
+    def _services_by_export(self) -> tuple[list[Service], list[Service]]:
+        """(public services, the others), each oldest first: most meshes export every service."""
+        public: list[Service] = []
+        restricted: list[Service] = []
+        for s in self.services:
+            (public if visibility.PUBLIC in self.service_export_to(s) else restricted).append(s)
+        return public, restricted
 
     def service_accounts(self, svc: Service) -> tuple[str, ...]:
         """Identities allowed to serve ``svc``: its endpoints' and its own, sorted."""

@@ -353,9 +353,12 @@ def _matching_destination_ports(svc: Service, ports: set[int]) -> Service | None
 class _ServiceUnion:
     """The scope's services across listeners, merged per hostname as istiod's appendSidecarServices."""
 
-    def __init__(self) -> None:
-        self.services: list[Service] = []
-        self.index: dict[str, int] = {}
+    def __init__(self, base: _Imported | None = None) -> None:
+        self.services: list[Service] = list(base.services) if base is not None else []
+        self.index: dict[str, int] = dict(base.index) if base is not None else {}
+        #: Positions taken from ``base``; ``displaced`` tells whether one of them was replaced.
+        self.base_count = len(self.services)
+        self.displaced = False
 
     def add(self, svc: Service | None) -> None:
         if svc is None:
@@ -373,7 +376,7 @@ class _ServiceUnion:
         if existing_kube and not new_kube:
             return
         if new_kube and not existing_kube:
-            self.services[position] = svc
+            self._replace(position, svc)
             return
         if existing.ports == svc.ports or not _can_merge(existing, svc):
             return
@@ -382,7 +385,91 @@ class _ServiceUnion:
         if extra:
             # Only a copy that adds ports replaces the service: the same object kept lets scopes
             # of other namespaces share what is built from it (``import_signature``).
-            self.services[position] = dataclasses.replace(existing, ports=existing.ports + extra)
+            self._replace(position, dataclasses.replace(existing, ports=existing.ports + extra))
+
+    def _replace(self, position: int, svc: Service) -> None:
+        self.services[position] = svc
+        self.displaced = self.displaced or position < self.base_count
+
+
+@dataclass(slots=True)
+class _Imported:
+    """The scope's services with what each brings: its DestinationRule and the keys it depends on."""
+
+    services: list[Service] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+    by_host: dict[str, Service] = field(default_factory=dict)
+    rules: dict[str, MergedDestinationRule | None] = field(default_factory=dict)
+    dependencies: set[ConfigKey] = field(default_factory=set)
+
+    def take(
+        self, push: PushContext, namespace: str, selector_rules: frozenset[ConfigKey], svc: Service
+    ) -> None:
+        self.index.setdefault(svc.hostname, len(self.services))
+        self.by_host[svc.hostname] = svc
+        self.services.append(svc)
+        entries = push.destination_rules.lookup(namespace, svc.hostname, svc.namespace)
+        self.rules[svc.hostname] = _pick_rule(entries, namespace, selector_rules)
+        for entry in entries:
+            self.dependencies.update(c.key for c in entry.configs)
+        self.dependencies.add(ConfigKey(Kind.SERVICE_ENTRY, svc.hostname, svc.namespace))
+
+    def copy(self) -> _Imported:
+        return _Imported(
+            list(self.services),
+            dict(self.index),
+            dict(self.by_host),
+            dict(self.rules),
+            set(self.dependencies),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _DefaultImports:
+    """What the default scope's catch-all listener imports from ``visible``, where that reads nothing
+    of the namespace: built once per snapshot for every namespace that shares ``visible``."""
+
+    #: Held so that no other list takes its id (the memo's key) while this lives.
+    visible: list[Service]
+    #: The listener's services: one tuple for every scope that shares them.
+    services: tuple[Service, ...]
+    imported: _Imported
+    #: Namespaces with their own copy of a hostname another namespace also has: theirs wins there.
+    owners_of_shared_hostnames: frozenset[str]
+
+
+def _default_imports(push: PushContext, namespace: str, visible: list[Service]) -> _DefaultImports | None:
+    """The services part of ``namespace``'s default scope as every namespace that shares ``visible``
+    (``PushContext.services_visible_to``: usually all of them) and reads the DestinationRules as others
+    do (``DestinationRuleIndex.same_for``) has it; None where the namespace decides something.
+    A full push built it per namespace: with a hundred namespaces, most of the push's time."""
+    if not push.destination_rules.same_for(namespace):
+        return None
+    found: _DefaultImports = push.memoized(
+        ("default-scope-imports", id(visible)), lambda: _build_default_imports(push, namespace, visible)
+    )
+    if found.visible is not visible or namespace in found.owners_of_shared_hostnames:
+        return None
+    return found
+
+
+def _build_default_imports(push: PushContext, namespace: str, visible: list[Service]) -> _DefaultImports:
+    # No service lives in namespace "": the choice between copies of a hostname is then the one
+    # every namespace without a copy makes.
+    port, bind, capture, hosts = _egress_specs(None)[0]
+    listener = EgressListener(port, bind, capture, parse_egress_hosts(hosts, ""))
+    services = _select_services(visible, listener, "")
+    imported = _Imported()
+    for svc in services:
+        # ``namespace``'s lookups are every sharing namespace's (``same_for``); no selector rules.
+        imported.take(push, namespace, frozenset(), svc)
+    seen: dict[str, str] = {}
+    owners: set[str] = set()
+    for svc in visible:
+        first = seen.setdefault(svc.hostname, svc.namespace)
+        if first != svc.namespace:
+            owners.update((first, svc.namespace))
+    return _DefaultImports(visible, services, imported, frozenset(owners))
 
 
 def _can_merge(a: Service, b: Service) -> bool:
@@ -432,26 +519,48 @@ def build_scope(
                 egress_proxy = spec.outbound_traffic_policy.egress_proxy
 
     visible_services = push.services_visible_to(namespace)
+    default = sidecar is None and not selector_rules
+    shared = _default_imports(push, namespace, visible_services) if default else None
+    scope = SidecarScope(name, namespace, sidecar, (), ingress, policy, egress_proxy)
+    if not _assemble(push, scope, selector_rules, visible_services, shared):
+        # A VirtualService destination replaced a shared service: this namespace's own scope.
+        scope = SidecarScope(name, namespace, sidecar, (), ingress, policy, egress_proxy)
+        _assemble(push, scope, selector_rules, visible_services, None)
+    return scope
+
+
+def _assemble(
+    push: PushContext,
+    scope: SidecarScope,
+    selector_rules: frozenset[ConfigKey],
+    visible_services: list[Service],
+    shared: _DefaultImports | None,
+) -> bool:
+    """Fill ``scope`` in; False, leaving it unfinished, if a service of ``shared`` was displaced."""
+    namespace, sidecar = scope.namespace, scope.config
     visible_vs = push.virtual_services_visible_to(namespace)
     egress = []
     for port, bind, capture, hosts_text in _egress_specs(sidecar):
         listener = EgressListener(port, bind, capture, parse_egress_hosts(hosts_text, namespace))
         listener = dataclasses.replace(
             listener,
-            services=_select_services(visible_services, listener, namespace),
+            services=shared.services
+            if shared is not None
+            else _select_services(visible_services, listener, namespace),
             virtual_services=_select_virtual_services(visible_vs, listener),
         )
         egress.append(listener)
+    scope.egress = tuple(egress)
 
-    scope = SidecarScope(name, namespace, sidecar, tuple(egress), ingress, policy, egress_proxy)
     deps: set[ConfigKey] = set()
     if sidecar is not None:
         deps.add(sidecar.key)
-    union = _ServiceUnion()
+    union = _ServiceUnion(shared.imported if shared is not None else None)
     for listener in scope.egress:
-        # Services the hosts name explicitly first, so a VirtualService destination cannot displace them.
-        for svc in listener.services:
-            union.add(svc)
+        if shared is None:
+            # Services the hosts name explicitly first, so a VirtualService destination cannot displace them.
+            for svc in listener.services:
+                union.add(svc)
         for vs in listener.virtual_services:
             deps.add(vs.config.key)
             # The scope depends on the delegates merged into its VirtualServices too.
@@ -459,16 +568,16 @@ def build_scope(
             destinations = virtual_service_destinations(vs.config, namespace, push.domain_suffix)
             for host, ports in destinations.items():
                 union.add(_destination_service(push, host, namespace, listener, ports))
-    for svc in union.services:
-        scope._by_host[svc.hostname] = svc
-        scope.services.append(svc)
-        entries = push.destination_rules.lookup(namespace, svc.hostname, svc.namespace)
-        scope.destination_rules[svc.hostname] = _pick_rule(entries, namespace, selector_rules)
-        for entry in entries:
-            deps.update(c.key for c in entry.configs)
-        deps.add(ConfigKey(Kind.SERVICE_ENTRY, svc.hostname, svc.namespace))
-    scope.dependencies = frozenset(deps)
-    return scope
+    if union.displaced:
+        return False
+    imported = shared.imported.copy() if shared is not None else _Imported()
+    for svc in union.services[len(imported.services) :]:
+        imported.take(push, namespace, selector_rules, svc)
+    scope.services = imported.services
+    scope._by_host = imported.by_host
+    scope.destination_rules = imported.rules
+    scope.dependencies = frozenset(deps | imported.dependencies)
+    return True
 
 
 def _destination_service(
