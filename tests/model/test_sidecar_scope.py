@@ -526,6 +526,16 @@ MIXED: list[Any] = [
 ]
 
 
+HIDDEN_HOST = "hidden.spare.svc.cluster.local"
+#: A service of "spare" that only "shop" sees, and a public VirtualService routing to it: "spare" still
+#: shares the public services, and its scope takes the service as a VirtualService destination.
+HIDDEN: list[Any] = [
+    *MIXED,
+    svc("hidden", "spare", "10.0.4.1", annotations={"networking.istio.io/exportTo": "shop"}),
+    vs("to-hidden", "tools", HIDDEN_HOST, HIDDEN_HOST),
+]
+
+
 @pytest.mark.parametrize(
     "docs",
     [
@@ -535,6 +545,11 @@ MIXED: list[Any] = [
             # The service's own namespace exports a rule for it to one namespace only.
             [*MIXED, rule("billing", "pay", "billing.pay.svc.cluster.local", exportTo=["spare"])],
             id="a rule exported to some namespaces",
+        ),
+        pytest.param(HIDDEN, id="a VirtualService adds a service its namespace does not see"),
+        pytest.param(
+            [*HIDDEN, service_entry("hidden-copy", "tools", [HIDDEN_HOST])],
+            id="... in place of a shared copy",
         ),
     ],
 )
@@ -584,3 +599,30 @@ def test_a_displaced_shared_service_gives_the_namespace_its_own_union() -> None:
     union = sidecar_scope._ServiceUnion(shared)
     union.add(kube)
     assert union.displaced and union.services == [kube]
+
+
+def test_a_virtual_service_destination_that_displaces_a_shared_service_gets_its_own_scope(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    docs = [*HIDDEN, service_entry("hidden-copy", "tools", [HIDDEN_HOST])]
+    built, _ = scopes(docs, monkeypatch=monkeypatch)
+    spare, empty = built["spare"], built["empty"]
+    # "empty" keeps the public ServiceEntry; "spare" routes to its own Kubernetes service instead.
+    assert empty.service(HIDDEN_HOST).registry is Registry.EXTERNAL
+    assert spare.service(HIDDEN_HOST).registry is Registry.KUBERNETES
+    assert spare.egress[0].services is not empty.egress[0].services
+
+
+def test_visible_services_come_private_then_exported_then_public_each_oldest_first() -> None:
+    docs = [
+        svc("a-public", "pay", "10.0.5.1"),
+        svc("b-to-shop", "pay", "10.0.5.2", annotations={"networking.istio.io/exportTo": "shop"}),
+        svc("c-private", "shop", "10.0.5.3", annotations={"networking.istio.io/exportTo": "."}),
+        svc("d-public", "tools", "10.0.5.4"),
+    ]
+    push = build(docs).push
+    names = [s.name for s in push.services_visible_to("shop")]
+    assert names == ["c-private", "b-to-shop", "a-public", "d-public"]
+    # Namespaces that see only public services share one list.
+    assert push.services_visible_to("tools") is push.services_visible_to("lab")
+    assert [s.name for s in push.services_visible_to("lab")] == ["a-public", "d-public"]
