@@ -70,7 +70,12 @@ def meshes(draw: Any) -> list[dict[str, Any]]:
                 draw(st.sampled_from(["ns", "other"])),
                 {
                     "hosts": [
-                        draw(st.sampled_from(["api.example.com", "*.wild.com", "s0.ns.svc.cluster.local"]))
+                        # "s0" and "s1.other" are short names some namespace's hosts take too.
+                        draw(
+                            st.sampled_from(
+                                ["api.example.com", "*.wild.com", "s0.ns.svc.cluster.local", "s0", "s1.other"]
+                            )
+                        )
                     ],
                     "addresses": addresses,
                     "location": "MESH_EXTERNAL",
@@ -111,6 +116,26 @@ def test_encoded_route_configurations_equal_the_builders(docs: list[dict[str, An
         expected = build_route_configuration(proxy, model.push, name)
         encoded = encode_route_configuration(proxy, model.push, name)
         assert route_pb2.RouteConfiguration.FromString(encoded) == expected, name
+
+
+@given(meshes())
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_namespaces_sharing_default_hosts_get_the_route_configurations_they_would_build_alone(
+    docs: list[dict[str, Any]],
+) -> None:
+    model = build(docs)
+    shared = model.env.build_push_context("shared")
+    alone = model.env.build_push_context("alone")
+    alone.share_outputs = False
+    for namespace in ("ns", "other", "third"):
+        node = f"sidecar~10.1.0.12~client-1.{namespace}~{namespace}.svc.cluster.local"
+        proxy = model.proxy(node, {"NAMESPACE": namespace})
+        model.env.refresh_proxy(proxy, alone)
+        for name in ["80", "8080", "9080"]:
+            expected = encode_route_configuration(proxy, alone, name)
+            model.env.refresh_proxy(proxy, shared)
+            assert encode_route_configuration(proxy, shared, name) == expected, (namespace, name)
+            model.env.refresh_proxy(proxy, alone)
 
 
 def test_compiled_default_hosts_equal_the_twins() -> None:

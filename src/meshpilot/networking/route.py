@@ -38,6 +38,7 @@ from meshpilot.networking.route_hashing import (
     service_consistent_hash,
 )
 from meshpilot.networking.route_retries import retry_policy
+from meshpilot.networking.route_shared_hosts import default_hosts
 
 MAX_DIRECT_RESPONSE_BODY = 1048576
 
@@ -268,7 +269,7 @@ def route_header(name: str) -> Any:
 
 def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener: Any) -> _RouteTable:
     """The table with the virtual hosts of the VirtualServices on ``port``, in istiod's order."""
-    services, ports, known = vhosts.services_on_port(listener.services, port)
+    services, ports, known = services_on_port(push, listener, port)
     table = _RouteTable(port, services, ports, known)
     virtual_services = list(listener.virtual_services)
     if port != 80:
@@ -305,6 +306,20 @@ def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener:
         domains, expanded = virtual_host_domains(hashed, proxy)
         table.add(f"{hashed.hostname}:{port}", domains, expanded, [route])
     return table
+
+
+def services_on_port(
+    push: PushContext, listener: Any, port: int
+) -> tuple[dict[str, Service], dict[str, Port], set[str]]:
+    """``vhosts.services_on_port`` for an egress listener, once per snapshot for the scopes that share
+    its services (``sidecar_scope``): the same objects then let them share default hosts too."""
+    imported = listener.services
+    entry: tuple[Any, tuple[dict[str, Service], dict[str, Port], set[str]]] = push.memoized(
+        ("services-on-port", id(imported), port), lambda: (imported, vhosts.services_on_port(imported, port))
+    )
+    if entry[0] is not imported:
+        return vhosts.services_on_port(imported, port)
+    return entry[1]
 
 
 def _hashing_rules(scope: SidecarScope) -> dict[str, MergedDestinationRule]:
@@ -398,8 +413,9 @@ def encode_route_configuration(proxy: Proxy, push: PushContext, name: str) -> by
     port, _, listener = found
     table = _virtual_service_hosts(proxy, push, port, listener)
     template = push.memoized(("route-template",), lambda: serialize(default_route("", "", push.mesh)))
-    encoded = vhosts.default_virtual_hosts(
-        table.services.values(),
+    encoded = default_hosts(
+        push,
+        table.services,
         port,
         proxy.dns_domain,
         _HTTP_PROTOCOLS,

@@ -56,6 +56,22 @@ _UPSTREAM_TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls
 _RAW_BUFFER_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
 
 
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it; ValueError if truncated or over 64 bits."""
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        byte = data[pos]
+        pos += 1
+        if shift == 63 and byte & 0x7F > 1:
+            raise ValueError("varint overflows 64 bits")
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
 def varint(value: int) -> bytes:
     out = bytearray()
     while value > 0x7F:

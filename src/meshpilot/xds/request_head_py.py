@@ -20,6 +20,8 @@ reports it.
 
 from __future__ import annotations
 
+from meshpilot.networking.wire_py import read_varint
+
 #: The request carries a node (the first request of a stream).
 FLAG_NODE = 1
 #: The request carries error_detail (a NACK).
@@ -28,21 +30,6 @@ FLAG_ERROR = 2
 FLAG_FULL_PARSE = 4
 
 _VERSION, _NODE, _NAMES, _TYPE_URL, _NONCE, _ERROR = 1, 2, 3, 4, 5, 6
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint")
-        byte = data[pos]
-        pos += 1
-        if shift == 63 and byte & 0x7F > 1:
-            raise ValueError("varint overflows 64 bits")
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
 
 
 def scan(data: bytes) -> tuple[str, str, str, int, int, int, int]:
@@ -54,10 +41,10 @@ def scan(data: bytes) -> tuple[str, str, str, int, int, int, int]:
     pos, end = 0, len(data)
     while pos < end:
         field_start = pos
-        key, pos = _varint(data, pos)
+        key, pos = read_varint(data, pos)
         field, wire_type = key >> 3, key & 7
         if wire_type == 0:
-            _, pos = _varint(data, pos)
+            _, pos = read_varint(data, pos)
             flags |= FLAG_FULL_PARSE
             continue
         if wire_type == 1 or wire_type == 5:
@@ -68,7 +55,7 @@ def scan(data: bytes) -> tuple[str, str, str, int, int, int, int]:
             continue
         if wire_type != 2:
             raise ValueError(f"unsupported wire type {wire_type}")
-        length, pos = _varint(data, pos)
+        length, pos = read_varint(data, pos)
         if pos + length > end:
             raise ValueError("length beyond the end of the message")
         value = data[pos : pos + length]

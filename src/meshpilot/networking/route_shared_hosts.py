@@ -1,0 +1,226 @@
+"""Default virtual hosts shared by the namespaces whose route configurations differ only in their own.
+
+A sidecar's route configuration for a port holds a default virtual host per service, and its
+domains depend on the proxy's namespace only for that namespace's own services (their short names:
+``reviews`` besides ``reviews.shop``). Encoded once per snapshot as seen from no namespace, the hosts
+serve every namespace: each re-encodes its own services' hosts and keeps the rest. That is exact only
+where the short names it adds meet no other domain (an earlier host would have taken it, or it
+would have taken a later host's); where one does, the namespace encodes every host itself.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from meshpilot.model.push_context import PushContext
+from meshpilot.model.service import Service
+from meshpilot.networking import vhosts
+from meshpilot.networking.wire_py import read_varint
+
+_SVC = ".svc."
+#: A namespace no hostname names: every service's host gets the domains other namespaces see.
+_NOWHERE = "\x00"
+#: VirtualHost.domains (field 2, length-delimited).
+_DOMAINS_TAG = 2 << 3 | 2
+
+
+def _kube_domain(proxy_domain: str) -> tuple[str, str] | None:
+    """(namespace, ".svc.<suffix>") of a Kubernetes proxy domain; None for any other domain."""
+    at = proxy_domain.find(_SVC)
+    if at <= 0:
+        return None
+    return proxy_domain[:at], proxy_domain[at:]
+
+
+def _named_namespace(hostname: str, suffix: str) -> str | None:
+    """The namespace a ``<name>.<namespace>.svc.<suffix>`` hostname names, as short names read it."""
+    if not hostname.endswith(suffix):
+        return None
+    svc_at = hostname.find(_SVC)
+    dot = hostname.find(".")
+    if svc_at <= 0 or dot + 1 > svc_at:
+        return None
+    return hostname[dot + 1 : svc_at]
+
+
+def _domains(vhost: bytes) -> list[str]:
+    """The domains (field 2) of a serialized VirtualHost. Once per default host and snapshot: tags
+    and lengths are read inline while they fit in a byte, as they nearly always do."""
+    out: list[str] = []
+    pos, end = 0, len(vhost)
+    while pos < end:
+        tag = vhost[pos]
+        if tag & 0x80:
+            tag, pos = read_varint(vhost, pos)
+        else:
+            pos += 1
+        if tag & 7 != 2:
+            _, pos = read_varint(vhost, pos)
+            continue
+        length = vhost[pos]
+        if length & 0x80:
+            length, pos = read_varint(vhost, pos)
+        else:
+            pos += 1
+        if tag == _DOMAINS_TAG:
+            out.append(vhost[pos : pos + length].decode())
+        pos += length
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Neutral:
+    """The default hosts as seen from no namespace, and what a namespace needs to make them its own."""
+
+    #: Held so that no other object takes its id (the memo's key) while this lives.
+    services: dict[str, Service]
+    hosts: list[tuple[str, bytes]]
+    position: dict[str, int]
+    #: Every domain some host took (lowercased, as the encoder records them).
+    taken: frozenset[str]
+    #: Services by the namespace their hostname names, in the order they are encoded.
+    by_namespace: dict[str, list[Service]]
+    #: Per such namespace, the domains its services' hosts took, and how many hosts they have.
+    kept_by_namespace: dict[str, frozenset[str]]
+    hosts_by_namespace: dict[str, int]
+
+
+def default_hosts(
+    push: PushContext,
+    services: dict[str, Service],
+    port: int,
+    proxy_domain: str,
+    http_protocols: Any,
+    covered: set[str],
+    known: set[str],
+    seen_names: set[str],
+    seen_domains: set[str],
+    template: bytes,
+) -> list[tuple[str, bytes]]:
+    """``vhosts.default_virtual_hosts``'s answer for ``services`` (by lowercased hostname, as
+    ``services_on_port`` makes them) in any order, shared with the other namespaces of the snapshot
+    where it can be (module docstring). Namespaces share only when they pass the same ``services``
+    object (``route.services_on_port``, per scope import list and snapshot)."""
+
+    def alone() -> list[tuple[str, bytes]]:
+        return vhosts.default_virtual_hosts(
+            services.values(),
+            port,
+            proxy_domain,
+            http_protocols,
+            covered,
+            known,
+            seen_names,
+            seen_domains,
+            template,
+        )
+
+    split = _kube_domain(proxy_domain) if push.share_outputs else None
+    if split is None:
+        return alone()
+    namespace, suffix = split
+    names_before = frozenset(seen_names)
+    key = (
+        "route-default-hosts",
+        id(services),
+        port,
+        suffix,
+        frozenset(covered),
+        names_before,
+        frozenset(seen_domains),
+        template,
+    )
+    neutral: _Neutral = push.memoized(
+        key,
+        lambda: _neutral(
+            services, port, suffix, http_protocols, covered, known, seen_names, seen_domains, template
+        ),
+    )
+    if neutral.services is not services:
+        return alone()
+    own = neutral.by_namespace.get(namespace, ())
+    for svc in own:
+        hostname = svc.hostname
+        if hostname in covered:
+            continue  # a VirtualService's host: no default host, whatever its short name meets
+        # The encoder records domains lowercased and compares them with ``known`` as written.
+        if not hostname.isascii() or hostname != hostname.lower():
+            return alone()
+        short = hostname[: hostname.find(".")]
+        if any(added in neutral.taken or added in known for added in (short, "*." + short)):
+            return alone()
+    # The own services' hosts again, in their order, with every domain other hosts took already taken:
+    # what they keep is what they kept seen from nowhere, and their short names.
+    mine = vhosts.default_virtual_hosts(
+        own,
+        port,
+        proxy_domain,
+        http_protocols,
+        covered,
+        known,
+        set(names_before),
+        set(neutral.taken - neutral.kept_by_namespace.get(namespace, frozenset())),
+        template,
+    )
+    out = list(neutral.hosts)
+    replaced = 0
+    for name, vhost in mine:
+        at = neutral.position.get(name)
+        if at is None:
+            out.append((name, vhost))
+        else:
+            out[at] = (name, vhost)
+            replaced += 1
+    if replaced != neutral.hosts_by_namespace.get(namespace, 0):
+        return alone()
+    return out
+
+
+def _neutral(
+    services: dict[str, Service],
+    port: int,
+    suffix: str,
+    http_protocols: Any,
+    covered: set[str],
+    known: set[str],
+    seen_names: set[str],
+    seen_domains: set[str],
+    template: bytes,
+) -> _Neutral:
+    taken = set(seen_domains)
+    hosts = vhosts.default_virtual_hosts(
+        services.values(),
+        port,
+        _NOWHERE + suffix,
+        http_protocols,
+        covered,
+        known,
+        set(seen_names),
+        taken,
+        template,
+    )
+    by_namespace: dict[str, list[Service]] = defaultdict(list)
+    for svc in services.values():
+        named = _named_namespace(svc.hostname, suffix)
+        if named is not None:
+            by_namespace[named].append(svc)
+    position = {name: i for i, (name, _) in enumerate(hosts)}
+    kept: dict[str, set[str]] = defaultdict(set)
+    counts: dict[str, int] = defaultdict(int)
+    for svc_namespace, members in by_namespace.items():
+        for svc in members:
+            at = position.get(f"{svc.hostname}:{port}")
+            if at is not None:
+                kept[svc_namespace].update(_domains(hosts[at][1]))
+                counts[svc_namespace] += 1
+    return _Neutral(
+        services,
+        hosts,
+        position,
+        frozenset(taken),
+        dict(by_namespace),
+        {ns: frozenset(found) for ns, found in kept.items()},
+        dict(counts),
+    )
