@@ -61,7 +61,8 @@ def meshes(draw: Any) -> list[dict[str, Any]]:
         else:
             docs.append(service(name, ns, f"10.96.1.{i}", svc_ports, {"app": name}))
     for i in range(draw(st.integers(0, 2))):
-        addresses = draw(st.sampled_from([[], ["192.0.2.10"], ["2001:db8::5"]]))
+        # Addresses are kept as written: an upper-case one is lowercased only where domains are compared.
+        addresses = draw(st.sampled_from([[], ["192.0.2.10"], ["2001:db8::5"], ["2001:DB8::6"]]))
         resolution = draw(st.sampled_from(["STATIC", "NONE"]))
         docs.append(
             istio(
@@ -123,6 +124,29 @@ def test_encoded_route_configurations_equal_the_builders(docs: list[dict[str, An
 def test_namespaces_sharing_default_hosts_get_the_route_configurations_they_would_build_alone(
     docs: list[dict[str, Any]],
 ) -> None:
+    _same_shared_or_alone(docs)
+
+
+def test_an_upper_case_address_of_a_namespace_s_own_service_is_kept_when_hosts_are_shared() -> None:
+    entry = istio(
+        "ServiceEntry",
+        "api",
+        "ns",
+        {
+            "hosts": ["api.ns.svc.cluster.local"],
+            "addresses": ["2001:DB8::1"],
+            "location": "MESH_INTERNAL",
+            "resolution": "STATIC",
+            "endpoints": [{"address": "198.51.100.1"}],
+            "ports": [{"number": 8080, "name": "http", "protocol": "HTTP"}],
+        },
+    )
+    _same_shared_or_alone([*workload("client", "ns", "10.96.0.1", 8080, {"client-0": "10.1.0.11"}), entry])
+
+
+def _same_shared_or_alone(docs: list[dict[str, Any]]) -> None:
+    """Each namespace's route configurations, from one snapshot shared with the others and from one
+    where nothing is shared, are the same bytes."""
     model = build(docs)
     shared = model.env.build_push_context("shared")
     alone = model.env.build_push_context("alone")

@@ -138,7 +138,8 @@ def default_hosts(
             services, port, suffix, http_protocols, covered, known, seen_names, seen_domains, template
         ),
     )
-    if neutral.services is not services:
+    # A hostname naming the neutral namespace itself got its short names in the neutral pass.
+    if neutral.services is not services or _NOWHERE in neutral.by_namespace:
         return alone()
     own = neutral.by_namespace.get(namespace, ())
     for svc in own:
@@ -213,7 +214,8 @@ def _neutral(
         for svc in members:
             at = position.get(f"{svc.hostname}:{port}")
             if at is not None:
-                kept[svc_namespace].update(_domains(hosts[at][1]))
+                # Lowercased, as ``taken`` holds them: an address is kept as it was written.
+                kept[svc_namespace].update(domain.lower() for domain in _domains(hosts[at][1]))
                 counts[svc_namespace] += 1
     return _Neutral(
         services,
