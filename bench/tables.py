@@ -70,7 +70,7 @@ RSS_GOAL_MIB = 1024
 
 
 def memory_goal_rows(run: dict[str, Any], scale: str) -> list[list[Any]]:
-    """Steady and peak RSS against the goal, for one fleet run (``scale`` names its protocol and size)."""
+    """Steady and peak RSS against the goal, for one fleet run (``scale``: how the rows name the run)."""
     return [
         goal_row(f"Steady-state RSS ({scale})", RSS_GOAL_MIB, run.get("steady_rss_mib"), "MiB"),
         goal_row(

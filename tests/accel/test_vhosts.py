@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from support.kube import istio, service, workload
 from support.model import build
 
-from meshpilot.networking import vhosts_py
+from meshpilot.networking import route_shared_hosts, vhosts_py
 from meshpilot.networking.route import build_route_configuration, encode_route_configuration
 
 
@@ -141,25 +141,61 @@ def test_an_upper_case_address_of_a_namespace_s_own_service_is_kept_when_hosts_a
             "ports": [{"number": 8080, "name": "http", "protocol": "HTTP"}],
         },
     )
-    _same_shared_or_alone([*workload("client", "ns", "10.96.0.1", 8080, {"client-0": "10.1.0.11"}), entry])
+    docs = [*workload("client", "ns", "10.96.0.1", 8080, {"client-0": "10.1.0.11"}), entry]
+    # One pass from nowhere per port, shared by the three namespaces.
+    assert _same_shared_or_alone(docs) == 3
 
 
-def _same_shared_or_alone(docs: list[dict[str, Any]]) -> None:
+def _same_shared_or_alone(
+    docs: list[dict[str, Any]], namespaces: tuple[str, ...] = ("ns", "other", "third")
+) -> int:
     """Each namespace's route configurations, from one snapshot shared with the others and from one
-    where nothing is shared, are the same bytes."""
+    where nothing is shared, are the same bytes. Returns how many passes from nowhere the shared
+    snapshot made (one per port and set of shared inputs when the namespaces share)."""
     model = build(docs)
     shared = model.env.build_push_context("shared")
     alone = model.env.build_push_context("alone")
     alone.share_outputs = False
-    for namespace in ("ns", "other", "third"):
-        node = f"sidecar~10.1.0.12~client-1.{namespace}~{namespace}.svc.cluster.local"
-        proxy = model.proxy(node, {"NAMESPACE": namespace})
-        model.env.refresh_proxy(proxy, alone)
-        for name in ["80", "8080", "9080"]:
-            expected = encode_route_configuration(proxy, alone, name)
-            model.env.refresh_proxy(proxy, shared)
-            assert encode_route_configuration(proxy, shared, name) == expected, (namespace, name)
-            model.env.refresh_proxy(proxy, alone)
+    made = 0
+    original = route_shared_hosts._neutral
+
+    def counted(*args: Any) -> Any:
+        nonlocal made
+        made += 1
+        return original(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(route_shared_hosts, "_neutral", counted)
+        for namespace in namespaces:
+            node = f"sidecar~10.1.0.12~client-1.{namespace}~{namespace}.svc.cluster.local"
+            proxy = model.proxy(node, {"NAMESPACE": namespace})
+            for name in ["80", "8080", "9080"]:
+                model.env.refresh_proxy(proxy, alone)
+                expected = encode_route_configuration(proxy, alone, name)
+                model.env.refresh_proxy(proxy, shared)
+                assert encode_route_configuration(proxy, shared, name) == expected, (namespace, name)
+    return made
+
+
+def test_namespaces_each_routing_their_own_service_share_one_pass() -> None:
+    """Every namespace has a service on 8080 and a VirtualService for it: its route configuration
+    holds its own VirtualService's host by short name, and still shares the other hosts."""
+    docs: list[dict[str, Any]] = []
+    namespaces = ("a", "b", "c", "d")
+    for i, namespace in enumerate(namespaces):
+        docs.append(service(f"web{i}", namespace, f"10.96.2.{i}", [("http", 8080)], {"app": f"web{i}"}))
+        docs.append(service("api", namespace, f"10.96.3.{i}", [("http", 8080)], {"app": "api"}))
+        host = f"web{i}.{namespace}.svc.cluster.local"
+        docs.append(
+            istio(
+                "VirtualService",
+                f"web{i}",
+                namespace,
+                {"hosts": [host], "http": [{"route": [{"destination": {"host": host}}]}]},
+            )
+        )
+    # One pass from nowhere per route name (80, 8080, 9080) serves all four namespaces.
+    assert _same_shared_or_alone(docs, namespaces) == 3
 
 
 def test_compiled_default_hosts_equal_the_twins() -> None:

@@ -443,8 +443,8 @@ def _default_imports(push: PushContext, namespace: str, visible: list[Service]) 
     (``PushContext.services_visible_to``: usually all of them) and reads the DestinationRules as others
     do (``DestinationRuleIndex.same_for``) has it; None where the namespace decides something.
     A full push built it per namespace: with a hundred namespaces, most of the push's time."""
-    if not push.destination_rules.same_for(namespace):
-        return None
+    if not push.share_outputs or not push.destination_rules.same_for(namespace):
+        return None  # nothing shared: built per namespace, as before, without copying
     found: _DefaultImports = push.memoized(
         ("default-scope-imports", id(visible)), lambda: _build_default_imports(push, namespace, visible)
     )

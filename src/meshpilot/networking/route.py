@@ -269,7 +269,7 @@ def route_header(name: str) -> Any:
 
 def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener: Any) -> _RouteTable:
     """The table with the virtual hosts of the VirtualServices on ``port``, in istiod's order."""
-    services, ports, known = services_on_port(push, listener, port)
+    services, ports, known = _services_on_port(push, listener, port)
     table = _RouteTable(port, services, ports, known)
     virtual_services = list(listener.virtual_services)
     if port != 80:
@@ -308,7 +308,7 @@ def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener:
     return table
 
 
-def services_on_port(
+def _services_on_port(
     push: PushContext, listener: Any, port: int
 ) -> tuple[dict[str, Service], dict[str, Port], set[str]]:
     """``vhosts.services_on_port`` for an egress listener, once per snapshot for the scopes that share

@@ -4,8 +4,11 @@ A sidecar's route configuration for a port holds a default virtual host per serv
 domains depend on the proxy's namespace only for that namespace's own services (their short names:
 ``reviews`` besides ``reviews.shop``). Encoded once per snapshot as seen from no namespace, the hosts
 serve every namespace: each re-encodes its own services' hosts and keeps the rest. That is exact only
-where the short names it adds meet no other domain (an earlier host would have taken it, or it
-would have taken a later host's); where one does, the namespace encodes every host itself.
+where the names it adds meet no other domain (an earlier host would have taken one, or one would
+have taken a later host's); where one might, the namespace encodes every host itself. The same holds
+for the namespace's VirtualService hosts, whose domains the default hosts may not take: seen from
+another namespace they differ only by such bare names, so the pass from nowhere leaves those out and
+each namespace adds its own back.
 """
 
 from __future__ import annotations
@@ -17,37 +20,19 @@ from typing import Any
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.service import Service
 from meshpilot.networking import vhosts
+from meshpilot.networking.vhosts_py import alt_hosts, kube_domain, named_namespace
 from meshpilot.networking.wire_py import read_varint
 
-_SVC = ".svc."
 #: A namespace no hostname names: every service's host gets the domains other namespaces see.
 _NOWHERE = "\x00"
 #: VirtualHost.domains (field 2, length-delimited).
 _DOMAINS_TAG = 2 << 3 | 2
 
 
-def _kube_domain(proxy_domain: str) -> tuple[str, str] | None:
-    """(namespace, ".svc.<suffix>") of a Kubernetes proxy domain; None for any other domain."""
-    at = proxy_domain.find(_SVC)
-    if at <= 0:
-        return None
-    return proxy_domain[:at], proxy_domain[at:]
-
-
-def _named_namespace(hostname: str, suffix: str) -> str | None:
-    """The namespace a ``<name>.<namespace>.svc.<suffix>`` hostname names, as short names read it."""
-    if not hostname.endswith(suffix):
-        return None
-    svc_at = hostname.find(_SVC)
-    dot = hostname.find(".")
-    if svc_at <= 0 or dot + 1 > svc_at:
-        return None
-    return hostname[dot + 1 : svc_at]
-
-
 def _domains(vhost: bytes) -> list[str]:
-    """The domains (field 2) of a serialized VirtualHost. Once per default host and snapshot: tags
-    and lengths are read inline while they fit in a byte, as they nearly always do."""
+    """The domains (field 2) of a VirtualHost as the encoder writes it (length-delimited fields and
+    varints only: a fixed-width field would be misread). Tags and lengths are read inline while they
+    fit in a byte, as they nearly always do."""
     out: list[str] = []
     pos, end = 0, len(vhost)
     while pos < end:
@@ -76,6 +61,7 @@ class _Neutral:
 
     #: Held so that no other object takes its id (the memo's key) while this lives.
     services: dict[str, Service]
+    template: bytes
     hosts: list[tuple[str, bytes]]
     position: dict[str, int]
     #: Every domain some host took (lowercased, as the encoder records them).
@@ -102,7 +88,8 @@ def default_hosts(
     """``vhosts.default_virtual_hosts``'s answer for ``services`` (by lowercased hostname, as
     ``services_on_port`` makes them) in any order, shared with the other namespaces of the snapshot
     where it can be (module docstring). Namespaces share only when they pass the same ``services``
-    object (``route.services_on_port``, per scope import list and snapshot)."""
+    object (``route._services_on_port``, per scope import list and snapshot). Unlike the encoder, it
+    leaves ``seen_names`` and ``seen_domains`` as they were when it shares."""
 
     def alone() -> list[tuple[str, bytes]]:
         return vhosts.default_virtual_hosts(
@@ -117,53 +104,45 @@ def default_hosts(
             template,
         )
 
-    split = _kube_domain(proxy_domain) if push.share_outputs else None
+    split = kube_domain(proxy_domain) if push.share_outputs else None
     if split is None:
         return alone()
     namespace, suffix = split
     names_before = frozenset(seen_names)
-    key = (
-        "route-default-hosts",
-        id(services),
-        port,
-        suffix,
-        frozenset(covered),
-        names_before,
-        frozenset(seen_domains),
-        template,
-    )
+    # Bare names are the proxy's own (its VirtualServices' hosts by short name, or a host with no dot,
+    # the same everywhere): left out of the pass from nowhere, so namespaces share it.
+    shared_seeds = frozenset(d for d in seen_domains if "." in d)
+    own_seeds = seen_domains - shared_seeds
+    key = ("route-default-hosts", id(services), port, suffix, frozenset(covered), names_before, shared_seeds)
     neutral: _Neutral = push.memoized(
         key,
         lambda: _neutral(
-            services, port, suffix, http_protocols, covered, known, seen_names, seen_domains, template
+            services, port, suffix, http_protocols, covered, known, names_before, shared_seeds, template
         ),
     )
     # A hostname naming the neutral namespace itself got its short names in the neutral pass.
-    if neutral.services is not services or _NOWHERE in neutral.by_namespace:
+    if neutral.services is not services or neutral.template != template or _NOWHERE in neutral.by_namespace:
         return alone()
+    if any(seed in neutral.taken for seed in own_seeds):
+        return alone()  # a default host took a name this namespace's VirtualServices hold
     own = neutral.by_namespace.get(namespace, ())
     for svc in own:
         hostname = svc.hostname
         if hostname in covered:
-            continue  # a VirtualService's host: no default host, whatever its short name meets
+            continue  # a VirtualService's host: no default host, whatever its names meet
         # The encoder records domains lowercased and compares them with ``known`` as written.
         if not hostname.isascii() or hostname != hostname.lower():
             return alone()
-        short = hostname[: hostname.find(".")]
-        if any(added in neutral.taken or added in known for added in (short, "*." + short)):
+        added = set(alt_hosts(hostname, proxy_domain)) - set(alt_hosts(hostname, _NOWHERE + suffix))
+        if any(name in neutral.taken or name in known for name in added | {"*." + a for a in added}):
             return alone()
-    # The own services' hosts again, in their order, with every domain other hosts took already taken:
-    # what they keep is what they kept seen from nowhere, and their short names.
+    # The own services' hosts again, in their order, with every domain other hosts took (and the
+    # VirtualServices hold) already taken: they keep what they kept seen from nowhere, and the names
+    # only this namespace gives them.
+    taken = set(neutral.taken - neutral.kept_by_namespace.get(namespace, frozenset()))
+    taken |= own_seeds
     mine = vhosts.default_virtual_hosts(
-        own,
-        port,
-        proxy_domain,
-        http_protocols,
-        covered,
-        known,
-        set(names_before),
-        set(neutral.taken - neutral.kept_by_namespace.get(namespace, frozenset())),
-        template,
+        own, port, proxy_domain, http_protocols, covered, known, set(names_before), taken, template
     )
     out = list(neutral.hosts)
     replaced = 0
@@ -174,6 +153,8 @@ def default_hosts(
         else:
             out[at] = (name, vhost)
             replaced += 1
+    # Each host the pass from nowhere made comes back (its names only grow); if one did not, the
+    # reasoning above missed a case, and the namespace's own encoding is the answer.
     if replaced != neutral.hosts_by_namespace.get(namespace, 0):
         return alone()
     return out
@@ -186,8 +167,8 @@ def _neutral(
     http_protocols: Any,
     covered: set[str],
     known: set[str],
-    seen_names: set[str],
-    seen_domains: set[str],
+    seen_names: frozenset[str],
+    seen_domains: frozenset[str],
     template: bytes,
 ) -> _Neutral:
     taken = set(seen_domains)
@@ -204,7 +185,7 @@ def _neutral(
     )
     by_namespace: dict[str, list[Service]] = defaultdict(list)
     for svc in services.values():
-        named = _named_namespace(svc.hostname, suffix)
+        named = named_namespace(svc.hostname, suffix)
         if named is not None:
             by_namespace[named].append(svc)
     position = {name: i for i, (name, _) in enumerate(hosts)}
@@ -219,6 +200,7 @@ def _neutral(
                 counts[svc_namespace] += 1
     return _Neutral(
         services,
+        template,
         hosts,
         position,
         frozenset(taken),

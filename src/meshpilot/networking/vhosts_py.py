@@ -36,21 +36,40 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+def kube_domain(proxy_domain: str) -> tuple[str, str] | None:
+    """(namespace, ``.svc.<suffix>``) of a Kubernetes proxy domain; None for any other domain."""
+    if _SVC not in proxy_domain:
+        return None
+    at = proxy_domain.index(_SVC)
+    return proxy_domain[:at], proxy_domain[at:]
+
+
+def named_namespace(hostname: str, svc_suffix: str) -> str | None:
+    """The namespace a ``<name>.<namespace>.svc.<suffix>`` hostname names, where short forms apply;
+    the proxies of that namespace also call it by its bare name."""
+    if not hostname.endswith(svc_suffix):
+        return None
+    svc_at = hostname.find(_SVC)
+    if svc_at <= 0:
+        return None
+    dot = hostname.index(".")
+    if dot + 1 > svc_at:
+        return None
+    return hostname[dot + 1 : svc_at]
+
+
 def alt_hosts(hostname: str, proxy_domain: str) -> list[str]:
     """Other names a client may use for ``hostname``: ``host.``, and short forms in Kubernetes."""
     out = [] if _is_ip(hostname) else [hostname + "."]
-    if _SVC in proxy_domain:
-        svc_domain = proxy_domain.index(_SVC)
-        if not hostname.endswith(proxy_domain[svc_domain:]):
+    kube = kube_domain(proxy_domain)
+    if kube is not None:
+        namespace, svc_suffix = kube
+        named = named_namespace(hostname, svc_suffix)
+        if named is None:
             return out
         svc_at = hostname.find(_SVC)
-        if svc_at <= 0:
-            return out
-        dot = hostname.index(".")
-        if dot + 1 > svc_at:
-            return out
-        if hostname[dot + 1 : svc_at] == proxy_domain[:svc_domain]:
-            return [*out, hostname[:dot], hostname[:svc_at] + ".svc", hostname[:svc_at]]
+        if named == namespace:
+            return [*out, hostname[: hostname.index(".")], hostname[:svc_at] + ".svc", hostname[:svc_at]]
         return [*out, hostname[:svc_at], hostname[:svc_at] + ".svc"]
     host_parts, domain_parts = hostname.split("."), proxy_domain.split(".")
     shared = 0
