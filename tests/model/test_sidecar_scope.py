@@ -12,12 +12,13 @@ from support.model import Model, build
 from meshpilot._proto.istio.networking.v1alpha3 import destination_rule_pb2
 from meshpilot.model import sidecar_scope
 from meshpilot.model.config import ConfigKey
+from meshpilot.model.egress_imports import parse_egress_hosts
 from meshpilot.model.kind import Kind
 from meshpilot.model.mesh import ALLOW_ANY, REGISTRY_ONLY
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.service import Registry
-from meshpilot.model.sidecar_scope import DEFAULT_SCOPE_NAME, SidecarScope, build_scope, parse_egress_hosts
+from meshpilot.model.sidecar_scope import DEFAULT_SCOPE_NAME, SidecarScope, build_scope
 
 SUFFIX = "svc.cluster.local"
 

@@ -18,6 +18,7 @@ from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.extensions.filters.listener.http_inspector.v3 import http_inspector_pb2
 from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 
+from meshpilot.model.egress_imports import CAPTURE_NONE, EgressListener
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.mesh import REGISTRY_ONLY
@@ -25,7 +26,6 @@ from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
 from meshpilot.model.service import Port, Registry, Resolution, Service
-from meshpilot.model.sidecar_scope import CAPTURE_NONE, EgressListener
 from meshpilot.model.telemetry import TelemetryClass
 from meshpilot.networking import access_log, names, stats_filters
 from meshpilot.networking import endpoint as eds

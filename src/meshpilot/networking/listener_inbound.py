@@ -20,11 +20,11 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.listener.original_dst.v3 import original_dst_pb2
 from envoy.type.v3 import range_pb2
 
+from meshpilot.model.egress_imports import CAPTURE_IPTABLES, CAPTURE_NONE
 from meshpilot.model.peer_authentication import MtlsMode, WorkloadMtls
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import InterceptionMode, Proxy
 from meshpilot.model.push_context import PushContext
-from meshpilot.model.sidecar_scope import CAPTURE_IPTABLES, CAPTURE_NONE
 from meshpilot.model.telemetry import TelemetryClass
 from meshpilot.networking import (
     access_log,

@@ -26,12 +26,12 @@ from meshpilot.model.credentials import (
     related_keys,
     to_resource_name,
 )
+from meshpilot.model.egress_imports import virtual_service_destinations
 from meshpilot.model.gateways import GatewayServer, binds_gateway, served_hosts
 from meshpilot.model.kind import Kind
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext, VirtualServiceEntry
-from meshpilot.model.sidecar_scope import virtual_service_destinations
 from meshpilot.networking import auto_passthrough, names
 from meshpilot.networking.gateway import route_name
 from meshpilot.networking.gateway_tls import TERMINATING, https_route_name
