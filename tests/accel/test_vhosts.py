@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any
 
@@ -12,8 +13,10 @@ from hypothesis import strategies as st
 from support.kube import istio, service, workload
 from support.model import build
 
-from meshpilot.networking import route_shared_hosts, vhosts_py
-from meshpilot.networking.route import build_route_configuration, encode_route_configuration
+from meshpilot.model.protocol import Protocol
+from meshpilot.networking import route_shared_hosts, vhosts, vhosts_py
+from meshpilot.networking.protobuf import serialize
+from meshpilot.networking.route import build_route_configuration, default_route, encode_route_configuration
 
 
 def _compiled() -> Any:
@@ -290,3 +293,69 @@ def test_default_hosts_twins_agree_on_odd_services(
         )
         results.append((out, seen_names, seen_domains))
     assert results[0] == results[1]
+
+
+def _direct(
+    docs: list[dict[str, Any]],
+    namespace: str,
+    known: set[str] | None = None,
+    rename: dict[str, str] | None = None,
+    reverse: bool = False,
+) -> None:
+    """``default_hosts`` called directly, for inputs the route builder does not make (``known``
+    without the hostnames, hostnames validation refuses), is the encoder's answer: its guards fall
+    back to the namespace's own encoding."""
+    model = build(docs)
+    push = model.env.build_push_context("direct")
+    assert push.share_outputs
+    listed = [
+        dataclasses.replace(s, hostname=(rename or {}).get(s.hostname, s.hostname)) for s in push.services
+    ]
+    services, _, found_known = vhosts_py.services_on_port(listed[::-1] if reverse else listed, 8080)
+    names = found_known if known is None else known
+    template = serialize(default_route("", "", push.mesh))
+    protocols = tuple(Protocol)
+    domain = f"{namespace}.svc.cluster.local"
+    for _ in range(2):  # the second call finds the pass from nowhere memoized
+        shared = route_shared_hosts.default_hosts(
+            push, services, 8080, domain, protocols, set(), names, set(), set(), template
+        )
+        alone = vhosts.default_virtual_hosts(
+            services.values(), 8080, domain, protocols, set(), names, set(), set(), template
+        )
+        assert shared == alone
+
+
+def _entry(name: str, namespace: str, host: str) -> dict[str, Any]:
+    return istio(
+        "ServiceEntry",
+        name,
+        namespace,
+        {
+            "hosts": [host],
+            "location": "MESH_INTERNAL",
+            "resolution": "NONE",
+            "ports": [{"number": 8080, "name": "http", "protocol": "HTTP"}],
+        },
+    )
+
+
+def test_a_short_name_a_later_host_took_from_nowhere_is_left_to_the_namespace_s_own_encoding() -> None:
+    # Without ``known`` naming the hostname "s0", the entry's host takes "s0" in the pass from nowhere,
+    # while in namespace "ns" the service s0.ns, encoded first, takes it: the two differ beyond the
+    # namespace's own hosts.
+    docs = [service("s0", "ns", "10.96.0.1", [("http", 8080)], {"app": "s0"}), _entry("x", "other", "s0")]
+    _direct(docs, "ns", known=set(), reverse=True)
+    _direct(docs, "ns", known=set())
+    _direct(docs, "ns", reverse=True)
+
+
+def test_a_hostname_naming_the_namespace_of_nowhere_is_encoded_alone() -> None:
+    # No real namespace is named "\x00"; such a hostname got its short names in the pass from nowhere.
+    docs = [
+        service("s0", "ns", "10.96.0.1", [("http", 8080)], {"app": "s0"}),
+        _entry("x", "other", "web.zz.svc.cluster.local"),
+    ]
+    rename = {"web.zz.svc.cluster.local": "web.\x00.svc.cluster.local"}
+    _direct(docs, "\x00", rename=rename)
+    _direct(docs, "ns", rename=rename)

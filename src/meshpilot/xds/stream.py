@@ -260,9 +260,7 @@ class Stream(abc.ABC):
         try:
             async for raw in requests:
                 self._take(raw)
-                # Not held while the next one is awaited (nor in ``_loop``): a state-of-the-world EDS
-                # ACK names every cluster again, and a delta request may name every resource held.
-                del raw
+                del raw  # not held while the next is awaited: why in ``_loop``
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         except Exception as err:
@@ -297,7 +295,8 @@ class Stream(abc.ABC):
                 return
             await self._handle(item)
             # Not held while the next one is awaited, which may be minutes: a request may name every
-            # resource the proxy holds, and a push holds its whole snapshot.
+            # resource the proxy holds (a state-of-the-world EDS ACK names every cluster again, a delta
+            # request after a reconnect every resource with its version), and a push holds its snapshot.
             del item
 
     async def _handle(self, item: Any) -> None:
