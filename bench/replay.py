@@ -9,11 +9,18 @@ per change: the process's CPU seconds and wall time for each round, and of that 
 took (handling responses, building ACKs; timed in their handlers).
 
 What it is for: a busy host moves the fleet's figures by more than most changes to the push path
-(``bench/notes.md``), while this leaves out the kernel, gRPC and the simulator's processes, which are
-most of that noise. Two trees compare well run in turn here (``PYTHONPATH`` names the other tree's
-``src``), and ``--profile`` writes a cProfile of the measured rounds. It is not a goal measure: the
-goals are the fleet's, with real streams. Delta only; the first round of each change is left out of
-the medians (it builds what later rounds find cached).
+(``bench/notes.md``); this leaves out the kernel, gRPC and the simulator's processes. Its CPU seconds
+still move with the host (by a fifth between rounds on a busy one), so for comparing two trees it
+also counts instructions, which do not: run under valgrind,
+
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=OUT \
+        python -m bench.replay --scale 0.1 --callgrind OUT
+
+and each measured round's instructions (server and proxies, everything in the process) are read from
+a callgrind dump (about fifty times slower: scale it down). ``PYTHONPATH`` naming another tree's
+``src`` runs that tree's server; ``--profile`` writes a cProfile of the measured rounds. It is not a
+goal measure: the goals are the fleet's, with real streams. Delta only; the first round of each
+change is left out of the medians (it builds what later rounds find cached).
 """
 
 from __future__ import annotations
@@ -21,10 +28,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import gc
 import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +48,7 @@ from bench.scenario import Scenario
 from bench.sidecar import EDS, RDS
 from bench.wirescan import scan_delta_response
 from meshpilot.config.decode import decode_object
+from meshpilot.server import gc_tuning
 from meshpilot.server.app import DiscoveryApp
 from meshpilot.server.object_router import ObjectRouter
 from meshpilot.server.settings import DiscoverySettings
@@ -114,12 +123,48 @@ class RoundResult:
     cpu_seconds: float
     wall_seconds: float
     proxies_cpu_seconds: float
+    #: Under callgrind (``Callgrind``): the instructions the process ran in the round.
+    instructions: int | None = None
+
+
+class Callgrind:
+    """This process's instruction counts from valgrind's callgrind, which it runs under with
+    ``--instr-atstart=no --callgrind-out-file=<out>``: instrumented from ``start``, zeroed before a
+    round and dumped after it (dumps are numbered ``<out>.1``, ``<out>.2``, ...)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.dumps = 0
+
+    def _control(self, option: str) -> None:
+        subprocess.run(["callgrind_control", option, str(os.getpid())], check=True, capture_output=True)
+
+    def start(self) -> None:
+        self._control("--instr=on")
+
+    def zero(self) -> None:
+        self._control("--zero")
+
+    def count(self) -> int:
+        self._control("--dump")
+        self.dumps += 1
+        dump = Path(f"{self.out}.{self.dumps}")
+        for line in dump.read_text().splitlines():
+            if line.startswith("totals:"):
+                return int(line.split()[1])
+        raise ValueError(f"{dump}: no totals line")
 
 
 async def replay(
-    scenario: Scenario, rounds: int, *, timeout: float = 120.0, profile: cProfile.Profile | None = None
+    scenario: Scenario,
+    rounds: int,
+    *,
+    timeout: float = 120.0,
+    profile: cProfile.Profile | None = None,
+    callgrind: Callgrind | None = None,
 ) -> dict[str, list[RoundResult]]:
     """Serve ``scenario``'s proxies in this event loop and make each change ``rounds`` times."""
+    gc_tuning.configure()  # the collector as the server runs it (``server.run``)
     app = DiscoveryApp(
         DiscoverySettings(max_requests_per_second=1e9, secure_grpc_addr=None, webhook_addr=None)
     )
@@ -128,6 +173,7 @@ async def replay(
         for docs in scenario.objects().values():
             for doc in docs:
                 router.upsert(decode_object(doc).obj)
+    gc_tuning.freeze_loaded()
     server = app.server
     server.start_serving()
     tasks = [asyncio.create_task(server.run())]
@@ -141,14 +187,17 @@ async def replay(
         await _until(lambda: all(c.proxy.synced for c in clients), timeout, "the proxies to sync")
         for client in clients:
             client.synced = True
-        gc.collect()
         results: dict[str, list[RoundResult]] = {change: [] for change in CHANGES}
+        if callgrind is not None:
+            callgrind.start()
         for number in range(rounds):
             for change, type_url in CHANGES.items():
                 await asyncio.sleep(0.3)  # past the debounce of anything before
                 if profile is not None and number > 0:
                     profile.enable()
-                outcome = await _round(app, router, scenario, clients, change, type_url, number, timeout)
+                outcome = await _round(
+                    app, router, scenario, clients, change, type_url, number, timeout, callgrind
+                )
                 if profile is not None:
                     profile.disable()
                 results[change].append(outcome)
@@ -170,12 +219,15 @@ async def _round(
     type_url: str,
     number: int,
     timeout: float,
+    callgrind: Callgrind | None,
 ) -> RoundResult:
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     current = _Round(type_url, len(clients), done)
     for client in clients:
         client.round = current
         client.seconds = 0.0
+    if callgrind is not None:
+        callgrind.zero()
     cpu, wall = time.process_time(), time.perf_counter()
     if change == "endpoint_added":
         # The new endpoint's Pod, then the EndpointSlice naming it (as the API server sends them).
@@ -188,9 +240,9 @@ async def _round(
     for doc in changed:
         router.upsert(decode_object(doc).obj)
     await asyncio.wait_for(done, timeout)
-    result = RoundResult(
-        time.process_time() - cpu, time.perf_counter() - wall, sum(c.seconds for c in clients)
-    )
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    instructions = callgrind.count() if callgrind is not None else None
+    result = RoundResult(cpu, wall, sum(c.seconds for c in clients), instructions)
     for client in clients:
         client.round = None
     return result
@@ -215,6 +267,7 @@ def summary(results: dict[str, list[RoundResult]]) -> dict[str, Any]:
                     "cpu_seconds": round(r.cpu_seconds, 4),
                     "wall_seconds": round(r.wall_seconds, 4),
                     "proxies_cpu_seconds": round(r.proxies_cpu_seconds, 4),
+                    "instructions": r.instructions,
                 }
                 for r in rounds
             ],
@@ -223,6 +276,9 @@ def summary(results: dict[str, list[RoundResult]]) -> dict[str, Any]:
                 statistics.median(r.cpu_seconds - r.proxies_cpu_seconds for r in later), 4
             ),
         }
+        counted = [r.instructions for r in later if r.instructions is not None]
+        if counted:
+            out[change]["median_instructions"] = int(statistics.median(counted))
     return out
 
 
@@ -232,12 +288,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="services and proxies scaled by this")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", type=Path, help="write a cProfile of the rounds after the first here")
+    parser.add_argument(
+        "--callgrind",
+        type=Path,
+        metavar="OUT",
+        help="count instructions per round; run under callgrind with --callgrind-out-file=OUT",
+    )
     args = parser.parse_args(argv)
     scenario = Scenario.load(ROOT / "bench" / "scenarios" / f"{args.scenario}.yaml")
     if args.scale != 1.0:
         scenario = scenario.scaled(args.scale)
     profile = cProfile.Profile() if args.profile else None
-    results = asyncio.run(replay(scenario, args.rounds, profile=profile))
+    callgrind = Callgrind(args.callgrind) if args.callgrind else None
+    results = asyncio.run(replay(scenario, args.rounds, profile=profile, callgrind=callgrind))
     if profile is not None:
         profile.dump_stats(args.profile)
     report = {

@@ -500,6 +500,7 @@ def view(scope: SidecarScope) -> dict[str, Any]:
             for e in scope.egress
         ],
         "namespace": scope.namespace,
+        "signature": scope.import_signature(),
     }
 
 
@@ -571,6 +572,8 @@ def test_namespaces_that_decide_nothing_share_one_import_list(monkeypatch: pytes
 
     # "empty" and "spare" see only public services, own no shared hostname, read rules as others do.
     assert listener_services("empty") is listener_services("spare")
+    # With it, the signature the outputs built from a scope are shared by: worked out once.
+    assert built["empty"].import_signature() is built["spare"].import_signature()
     # Not shared: namespaces with their own copy of a hostname, one with a rule of its own, one that
     # sees a service others do not, and the root namespace (its own private rules come first).
     for own in ("shop", "tools", "pay", "lab", "istio-system"):

@@ -10,6 +10,7 @@ a change outside the scope does not push to the proxy. It follows istiod's
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -98,11 +99,7 @@ class SidecarScope:
         its own copy of a rule; the fingerprint is all cluster cache keys take of it). Once per scope."""
         found = self.memo.get("import_signature")
         if found is None:
-            rule = self.destination_rule
-            found = self.memo["import_signature"] = tuple(
-                (id(svc), r.fingerprint if (r := rule(svc.hostname)) is not None else None)
-                for svc in self.services
-            )
+            found = self.memo["import_signature"] = _import_signature(self.services, self.destination_rules)
         assert isinstance(found, tuple)
         return found
 
@@ -243,6 +240,8 @@ class _DefaultImports:
     imported: _Imported
     #: Namespaces with their own copy of a hostname another namespace also has: theirs wins there.
     owners_of_shared_hostnames: frozenset[str]
+    #: ``SidecarScope.import_signature`` of a scope that imports these and nothing else.
+    signature: tuple[tuple[int, int | None], ...]
 
 
 def _default_imports(push: PushContext, namespace: str, visible: list[Service]) -> _DefaultImports | None:
@@ -276,7 +275,16 @@ def _build_default_imports(push: PushContext, namespace: str, visible: list[Serv
         first = seen.setdefault(svc.hostname, svc.namespace)
         if first != svc.namespace:
             owners.update((first, svc.namespace))
-    return _DefaultImports(visible, services, imported, frozenset(owners))
+    signature = _import_signature(imported.services, imported.rules)
+    return _DefaultImports(visible, services, imported, frozenset(owners), signature)
+
+
+def _import_signature(
+    services: list[Service], rules: Mapping[str, MergedDestinationRule | None]
+) -> tuple[tuple[int, int | None], ...]:
+    return tuple(
+        (id(svc), r.fingerprint if (r := rules.get(svc.hostname)) is not None else None) for svc in services
+    )
 
 
 def _can_merge(a: Service, b: Service) -> bool:
@@ -370,6 +378,9 @@ def _assemble(
     imported = shared.imported.copy() if shared is not None else _Imported()
     for svc in union.services[len(imported.services) :]:
         imported.take(push, namespace, selector_rules, svc)
+    if shared is not None and len(imported.services) == len(shared.imported.services):
+        # Nothing of its own: the shared signature, not one more walk of every service per namespace.
+        scope.memo["import_signature"] = shared.signature
     scope.services = imported.services
     scope._by_host = imported.by_host
     scope.destination_rules = imported.rules

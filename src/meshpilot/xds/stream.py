@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import itertools
 import logging
 import time
 from collections import Counter
@@ -33,13 +32,13 @@ from meshpilot.xds.dependencies import proxy_needs_push
 from meshpilot.xds.generators.base import GenerationContext, Generator, Resource
 from meshpilot.xds.generators.debug import answer_debug
 from meshpilot.xds.host import StreamHost
+from meshpilot.xds.stream_events import StreamEvents
 from meshpilot.xds.types import PUSH_ORDER, TypeUrl, parse_type_url
 
 log = logging.getLogger(__name__)
 
-# Requests are answered before pushes; the end of the stream queues like a request.
-_REQUEST, _PUSH, _END = 0, 1, 0
-_seq = itertools.count()
+#: Queued like a request when the proxy's side of the stream ends: the loop stops there.
+_ENDED = object()
 #: Distinct unserved type URLs logged per stream; more are only counted.
 _LOGGED_UNKNOWN_TYPES = 8
 
@@ -60,7 +59,8 @@ class Stream(abc.ABC):
         self.context = context
         #: What the secure port's credential proved; None on the plaintext port (not checked).
         self.identities = identities
-        self.events: asyncio.PriorityQueue[tuple[int, int, Any]] = asyncio.PriorityQueue()
+        #: Requests are answered before pushes (``StreamEvents``).
+        self.events: StreamEvents[Any, tuple[PushRequest, Callable[[], None]]] = StreamEvents()
         self.conn: Connection | None = None
         #: Chosen once the node is known (its metadata may select other generators).
         self.generators: Mapping[TypeUrl, Generator] = {}
@@ -268,7 +268,7 @@ class Stream(abc.ABC):
             # answer, and the cause is the client's, not a fault here worth a traceback.
             log.debug("ADS (%s): reading %s ended: %s", self.protocol, self._who(), clip(repr(err)))
         finally:
-            self.events.put_nowait((_END, next(_seq), None))
+            self.events.put_request(_ENDED)
 
     def _take(self, raw: bytes) -> None:
         incoming = self._scan(raw)
@@ -277,7 +277,7 @@ class Stream(abc.ABC):
         # queued: requests are handled in the order they came.
         if self.events.empty() and self._quiet_ack(incoming):
             return
-        self.events.put_nowait((_REQUEST, next(_seq), incoming))
+        self.events.put_request(incoming)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -286,34 +286,31 @@ class Stream(abc.ABC):
         if self.closed:
             done()
             return
-        self.events.put_nowait((_PUSH, next(_seq), (request, done)))
+        self.events.put_push((request, done))
 
     async def _loop(self) -> None:
         while True:
-            _, _, item = await self.events.get()
-            if item is None:
+            incoming, push = await self.events.get()
+            if incoming is _ENDED:
                 return
-            await self._handle(item)
+            if push is None:
+                await self._handle_request(incoming)
+            else:
+                await self._handle_push(*push)
             # Not held while the next one is awaited, which may be minutes: a request may name every
             # resource the proxy holds (a state-of-the-world EDS ACK names every cluster again, a delta
             # request after a reconnect every resource with its version), and a push holds its snapshot.
-            del item
+            del incoming, push
 
-    async def _handle(self, item: Any) -> None:
-        if not isinstance(item, tuple):
-            await self._handle_request(item)
-            return
-        request, done = item
+    async def _handle_push(self, request: PushRequest, done: Callable[[], None]) -> None:
         try:
             await self._push(request)
         finally:
             done()
 
     def _drain_pushes(self) -> None:
-        while not self.events.empty():
-            _, _, item = self.events.get_nowait()
-            if isinstance(item, tuple):
-                item[1]()
+        for _, done in self.events.take_pushes():
+            done()
 
     # -- pushes ------------------------------------------------------------------------
 
