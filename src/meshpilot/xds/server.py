@@ -35,6 +35,7 @@ from meshpilot.push.environment import push_version
 from meshpilot.push.history import PushHistory
 from meshpilot.push.push_log import go_duration, log_debounced
 from meshpilot.push.queue import PushQueue
+from meshpilot.push.throttle import PushSlots
 from meshpilot.server.aborts import clear_abort_frames
 from meshpilot.server.metrics import Metrics
 from meshpilot.xds.cache import DEFAULT_SIZE, XdsCache, assertions_enabled, new_token
@@ -295,31 +296,30 @@ class DiscoveryServer:
             return False
         return True
 
-    async def _push_worker(self, limit: asyncio.Semaphore) -> None:
+    async def _push_worker(self, slots: PushSlots) -> None:
         while True:
-            await limit.acquire()
+            if slots.full:
+                await slots.wait()
             item = await self._queue.dequeue()
             if item is None:
-                limit.release()
                 return
             conn_id, request = item
             stream = self._streams.get(conn_id)
             if stream is None:
                 self._queue.mark_done(conn_id)
-                limit.release()
                 continue
             self.metrics.queue_time.observe(max(0.0, time.monotonic() - request.start))
+            slots.take()
 
             def done(conn_id: str = conn_id) -> None:
                 self._queue.mark_done(conn_id)
-                limit.release()
+                slots.give_back()
 
             stream.deliver(request, done)
 
     async def run(self) -> None:
         """Debounce and push until cancelled."""
-        throttle = self.options.push_throttle or default_push_throttle()
-        limit = asyncio.Semaphore(throttle)
+        slots = PushSlots(self.options.push_throttle or default_push_throttle())
 
         def observe(request: PushRequest, how: Debounced) -> None:
             self.metrics.debounce_time.observe(how.since_first)
@@ -331,7 +331,7 @@ class DiscoveryServer:
                 debounce(self._events, self.push, self.options.debounce, on_debounced=observe)
             )
         ]
-        tasks.append(asyncio.create_task(self._push_worker(limit)))
+        tasks.append(asyncio.create_task(self._push_worker(slots)))
         self._tasks = tasks
         try:
             await asyncio.gather(*tasks)

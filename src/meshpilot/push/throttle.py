@@ -1,0 +1,42 @@
+"""How many pushes may be in flight at once (istiod's PILOT_PUSH_THROTTLE), for one taker: the
+server's push worker.
+
+Not an ``asyncio.Semaphore``: its ``acquire`` asks ``locked()``, which walks the waiters with a
+generator, and is a coroutine even when a slot is free; this is taken once per proxy of every push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class PushSlots:
+    __slots__ = ("_freed", "busy", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.busy = 0
+        self._freed: asyncio.Future[None] | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.busy >= self.limit
+
+    async def wait(self) -> None:
+        """Until a slot is free (``full`` is False)."""
+        while self.busy >= self.limit:
+            freed = self._freed = asyncio.get_running_loop().create_future()
+            try:
+                await freed
+            finally:
+                self._freed = None
+
+    def take(self) -> None:
+        assert self.busy < self.limit, "wait() first"
+        self.busy += 1
+
+    def give_back(self) -> None:
+        self.busy -= 1
+        freed = self._freed
+        if freed is not None and not freed.done():
+            freed.set_result(None)
