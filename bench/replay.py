@@ -4,9 +4,9 @@ meshpilot's own discovery server (``DiscoveryApp``'s) serves a scenario's proxie
 stream an object in the same event loop standing for the proxy: it subscribes as the fleet
 simulator does (``fleet_delta``: clusters, their endpoints, listeners, their routes) and ACKs every
 response. Then an endpoint is added to a service and that service's VirtualService is rewritten, in
-turn, ``--rounds`` times; a change ends when every proxy has ACKed the type it changes. Reported
-per change: the process's CPU seconds and wall time for each round, and of that CPU what the proxies
-took (handling responses, building ACKs; timed in their handlers).
+turn, ``--rounds`` times; a change ends when the server has read every proxy's ACK of the type it
+changes. Reported per change: the process's CPU seconds and wall time for each round, and of that CPU
+what the proxies took (handling responses, building ACKs; timed in their handlers).
 
 What it is for: a busy host moves the fleet's figures by more than most changes to the push path
 (``bench/notes.md``); this leaves out the kernel, gRPC and the simulator's processes. Its CPU seconds
@@ -61,16 +61,17 @@ CHANGES = {"endpoint_added": EDS, "virtual_service_changed": RDS}
 
 @dataclass
 class _Round:
-    """The type a change sends, and the proxies still to ACK it."""
+    """The type a change sends, and the proxies whose ACK of it the server has read."""
 
     type_url: str
-    waiting: int
+    proxies: int
     done: asyncio.Future[None]
+    acked: set[int] = field(default_factory=set)
 
-    def acked(self, type_url: str) -> None:
+    def ack_read(self, client: _Client, type_url: str) -> None:
         if type_url == self.type_url:
-            self.waiting -= 1
-            if self.waiting == 0 and not self.done.done():
+            self.acked.add(id(client))
+            if len(self.acked) == self.proxies and not self.done.done():
                 self.done.set_result(None)
 
 
@@ -81,15 +82,23 @@ class _Client:
     stands out)."""
 
     proxy: DeltaProxy
-    requests: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    #: Requests, each with the type it ACKs ("" for none); None ends the stream.
+    requests: asyncio.Queue[tuple[bytes, str] | None] = field(default_factory=asyncio.Queue)
     synced: bool = False
     round: _Round | None = None
-    #: Seconds spent in this proxy's handling of responses.
+    #: CPU seconds spent in this proxy's handling of responses.
     seconds: float = 0.0
 
     async def read(self) -> AsyncIterator[bytes]:
-        while (request := await self.requests.get()) is not None:
+        while (item := await self.requests.get()) is not None:
+            request, acks = item
             yield request
+            # The server asks for the next request once it has handled this one.
+            if acks and self.round is not None:
+                self.round.ack_read(self, acks)
+
+    def send(self, request: bytes, acks: str = "") -> None:
+        self.requests.put_nowait((request, acks))
 
     # -- what the server calls (grpc.aio.ServicerContext) -----------------------------
 
@@ -103,19 +112,18 @@ class _Client:
         raise RuntimeError(f"the server ended a stream: {code.name}: {details}")
 
     async def write(self, payload: bytes) -> None:
-        started = time.perf_counter()
+        # Everything runs on the event loop's thread: its CPU time is this handler's.
+        started = time.thread_time()
         if self.synced:
             type_url, nonce, _, _ = scan_delta_response(payload)
-            self.requests.put_nowait(delta_request(type_url, nonce=nonce))
+            self.send(delta_request(type_url, nonce=nonce), type_url)
         else:
             type_url, nonce = apply_response(self.proxy, payload)
-            self.requests.put_nowait(delta_request(type_url, nonce=nonce))
+            self.send(delta_request(type_url, nonce=nonce), type_url)
             self.proxy.acked.add(type_url)
             for request in follow_up(self.proxy, type_url):
-                self.requests.put_nowait(request)
-        if self.round is not None:
-            self.round.acked(type_url)
-        self.seconds += time.perf_counter() - started
+                self.send(request)
+        self.seconds += time.thread_time() - started
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +145,9 @@ class Callgrind:
         self.dumps = 0
 
     def _control(self, option: str) -> None:
-        subprocess.run(["callgrind_control", option, str(os.getpid())], check=True, capture_output=True)
+        subprocess.run(
+            ["callgrind_control", option, str(os.getpid())], check=True, capture_output=True, timeout=60
+        )
 
     def start(self) -> None:
         self._control("--instr=on")
@@ -162,9 +172,10 @@ async def replay(
     timeout: float = 120.0,
     profile: cProfile.Profile | None = None,
     callgrind: Callgrind | None = None,
+    after_load: Callable[[], None] | None = None,
 ) -> dict[str, list[RoundResult]]:
-    """Serve ``scenario``'s proxies in this event loop and make each change ``rounds`` times."""
-    gc_tuning.configure()  # the collector as the server runs it (``server.run``)
+    """Serve ``scenario``'s proxies in this event loop and make each change ``rounds`` times;
+    ``after_load`` runs once the scenario is loaded, before the first snapshot."""
     app = DiscoveryApp(
         DiscoverySettings(max_requests_per_second=1e9, secure_grpc_addr=None, webhook_addr=None)
     )
@@ -173,7 +184,8 @@ async def replay(
         for docs in scenario.objects().values():
             for doc in docs:
                 router.upsert(decode_object(doc).obj)
-    gc_tuning.freeze_loaded()
+    if after_load is not None:
+        after_load()
     server = app.server
     server.start_serving()
     tasks = [asyncio.create_task(server.run())]
@@ -181,7 +193,7 @@ async def replay(
     try:
         for client in clients:
             for request in opening_requests(client.proxy, client.proxy.spec.node().SerializeToString()):
-                client.requests.put_nowait(request)
+                client.send(request)
             context = cast(grpc.aio.ServicerContext, client)
             tasks.append(asyncio.create_task(server.serve_stream(DeltaStream, client.read(), context)))
         await _until(lambda: all(c.proxy.synced for c in clients), timeout, "the proxies to sync")
@@ -300,7 +312,14 @@ def main(argv: list[str] | None = None) -> int:
         scenario = scenario.scaled(args.scale)
     profile = cProfile.Profile() if args.profile else None
     callgrind = Callgrind(args.callgrind) if args.callgrind else None
-    results = asyncio.run(replay(scenario, args.rounds, profile=profile, callgrind=callgrind))
+    # The collector as the server runs it (``server.run``): without this, full collections of the
+    # loaded model land in whichever push allocates at the time.
+    gc_tuning.configure()
+    results = asyncio.run(
+        replay(
+            scenario, args.rounds, profile=profile, callgrind=callgrind, after_load=gc_tuning.freeze_loaded
+        )
+    )
     if profile is not None:
         profile.dump_stats(args.profile)
     report = {

@@ -50,6 +50,17 @@ def _push_workers(text: str) -> int:
     return count
 
 
+def _push_throttle(text: str) -> int:
+    """Concurrent pushes; 0 is istiod's automatic value (``xds.server.default_push_throttle``)."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid push throttle {text!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"invalid push throttle {text!r}: 0 (automatic) or more")
+    return count
+
+
 def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "discovery",
@@ -187,8 +198,8 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     p.add_argument(
         "--push-throttle",
-        type=int,
-        default=int(env_default("PILOT_PUSH_THROTTLE", "0")),
+        type=_push_throttle,
+        default=env_default("PILOT_PUSH_THROTTLE", "0"),
         help="concurrent pushes; 0 means min(15+5*CPUs, 100) (default $PILOT_PUSH_THROTTLE or 0)",
     )
     p.add_argument(

@@ -14,6 +14,9 @@ class PushSlots:
     __slots__ = ("_freed", "busy", "limit")
 
     def __init__(self, limit: int) -> None:
+        if limit < 1:
+            # Never a worker waiting for ever on a throttle no push can pass.
+            raise ValueError(f"the push throttle must be at least 1, not {limit}")
         self.limit = limit
         self.busy = 0
         self._freed: asyncio.Future[None] | None = None
@@ -36,6 +39,7 @@ class PushSlots:
         self.busy += 1
 
     def give_back(self) -> None:
+        assert self.busy > 0, "a slot given back twice"
         self.busy -= 1
         freed = self._freed
         if freed is not None and not freed.done():

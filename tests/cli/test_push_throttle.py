@@ -1,0 +1,33 @@
+"""--push-throttle (PILOT_PUSH_THROTTLE): 0 is automatic; a negative value is refused at start, not
+left to stall every push."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshpilot.cli.main import build_parser
+from meshpilot.push.throttle import PushSlots
+
+
+def test_zero_is_the_default_and_a_count_is_taken() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["discovery"]).push_throttle == 0
+    assert parser.parse_args(["discovery", "--push-throttle", "7"]).push_throttle == 7
+
+
+@pytest.mark.parametrize("value", ["-1", "many"])
+def test_a_negative_or_unreadable_throttle_is_refused(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["discovery", "--push-throttle", value])
+    assert "invalid push throttle" in capsys.readouterr().err
+
+
+def test_the_variable_is_checked_as_the_flag_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PILOT_PUSH_THROTTLE", "-2")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["discovery"])
+
+
+def test_slots_below_one_are_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        PushSlots(0)
