@@ -110,7 +110,13 @@ def test_an_envoy_filter_changes_traffic_and_its_removal_restores_it(mesh: MeshH
         "envoyfilter.yaml",
         [envoy_filter("client-patches", "default", _patches(), selector={"app": "client"})],
     )
-    eventually(lambda: "x-envoyfilter-lua" in _call()[2], timeout=30, what="the Lua filter pushed")
+    # The listener (Lua) and the route (its patch) are two resources pushed one after the other, and
+    # Envoy may serve a request between applying them: wait for both.
+    eventually(
+        lambda: {"x-envoyfilter-lua", "x-route-patched"} <= set(_call()[2]),
+        timeout=30,
+        what="the Lua filter and the route patch pushed",
+    )
     status, name, headers = _call()
     assert (status, name) == (200, "reviews-1")
     assert headers["x-envoyfilter-lua"] == "added"
@@ -118,7 +124,11 @@ def test_an_envoy_filter_changes_traffic_and_its_removal_restores_it(mesh: MeshH
     assert _call("/patched-health")[:2] == (203, "from the envoyfilter")
 
     mesh.remove("envoyfilter.yaml")
-    eventually(lambda: "x-envoyfilter-lua" not in _call()[2], timeout=30, what="the patches withdrawn")
+    eventually(
+        lambda: not {"x-envoyfilter-lua", "x-route-patched"} & set(_call()[2]),
+        timeout=30,
+        what="both patches withdrawn",
+    )
     status, name, headers = _call()
     assert (status, name) == (200, "reviews-1")
     assert "x-route-patched" not in headers
