@@ -3,6 +3,7 @@ server's push worker.
 
 Not an ``asyncio.Semaphore``: its ``acquire`` asks ``locked()``, which walks the waiters with a
 generator, and is a coroutine even when a slot is free; this is taken once per proxy of every push.
+A count and an ``asyncio.Event`` for the one taker to wait on when it is full.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ class PushSlots:
             raise ValueError(f"the push throttle must be at least 1, not {limit}")
         self.limit = limit
         self.busy = 0
-        self._freed: asyncio.Future[None] | None = None
+        self._freed = asyncio.Event()
 
     @property
     def full(self) -> bool:
@@ -28,11 +29,8 @@ class PushSlots:
     async def wait(self) -> None:
         """Until a slot is free (``full`` is False)."""
         while self.busy >= self.limit:
-            freed = self._freed = asyncio.get_running_loop().create_future()
-            try:
-                await freed
-            finally:
-                self._freed = None
+            self._freed.clear()
+            await self._freed.wait()
 
     def take(self) -> None:
         assert self.busy < self.limit, "wait() first"
@@ -41,6 +39,4 @@ class PushSlots:
     def give_back(self) -> None:
         assert self.busy > 0, "a slot given back twice"
         self.busy -= 1
-        freed = self._freed
-        if freed is not None and not freed.done():
-            freed.set_result(None)
+        self._freed.set()

@@ -1,8 +1,8 @@
 """What a stream's loop handles next: requests (and the stream's end) before pushes, each in order.
 
-Every push to every proxy goes through here, so it is two deques and one waiter rather than an
-``asyncio.PriorityQueue``, whose heap, sequence numbers, task accounting and waiter lists cost
-several times as much per item for an order this simple.
+Every push to every proxy goes through here, so it is two deques and an ``asyncio.Event`` (as the
+push queue waits) rather than an ``asyncio.PriorityQueue``, whose heap, sequence numbers, task
+accounting and waiter lists cost more per item for an order this simple.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ P = TypeVar("P")
 class StreamEvents(Generic[R, P]):
     """Requests of type ``R`` and pushes of type ``P`` for one reader, the stream's loop."""
 
-    __slots__ = ("_pushes", "_requests", "_waiter")
+    __slots__ = ("_pushes", "_ready", "_requests")
 
     def __init__(self) -> None:
         self._requests: deque[R] = deque()
         self._pushes: deque[P] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._ready = asyncio.Event()
 
     def empty(self) -> bool:
         return not self._requests and not self._pushes
@@ -31,11 +31,11 @@ class StreamEvents(Generic[R, P]):
     def put_request(self, item: R) -> None:
         """Handled before any push not yet taken; requests in the order they came."""
         self._requests.append(item)
-        self._wake()
+        self._ready.set()
 
     def put_push(self, item: P) -> None:
         self._pushes.append(item)
-        self._wake()
+        self._ready.set()
 
     async def get(self) -> tuple[R | None, P | None]:
         """The next request, else the next push (the other None); waits while there is neither.
@@ -45,11 +45,8 @@ class StreamEvents(Generic[R, P]):
                 return self._requests.popleft(), None
             if self._pushes:
                 return None, self._pushes.popleft()
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
+            self._ready.clear()
+            await self._ready.wait()
 
     def take_pushes(self) -> list[P]:
         """Every push not yet taken, and nothing else is left: a stream that ends drops its requests."""
@@ -57,8 +54,3 @@ class StreamEvents(Generic[R, P]):
         self._requests.clear()
         self._pushes.clear()
         return pushes
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
