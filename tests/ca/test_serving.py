@@ -49,10 +49,12 @@ async def test_a_renewal_reaches_the_next_handshake_and_run_renews_at_half_life(
     authority = _authority(tmp_path)
     serving = ServingCertificate(authority, [ISTIOD], ttl=datetime.timedelta(seconds=4))
     renewed: list[int] = []
+    renewed_at: list[datetime.datetime] = []
     renewal = asyncio.Event()
 
     def on_renewal(pair: ServingPair) -> None:
         renewed.append(x509.load_pem_x509_certificate(pair.chain_pem).serial_number)
+        renewed_at.append(datetime.datetime.now(datetime.UTC))
         renewal.set()
 
     serving.subscribe(on_renewal)
@@ -69,12 +71,16 @@ async def test_a_renewal_reaches_the_next_handshake_and_run_renews_at_half_life(
         )
         await asyncio.wait_for(channel.channel_ready(), 5)
         first = await asyncio.to_thread(_served_serial, port, root)
+        # Half of four seconds from when it was made, not at once (its notBefore is backdated two
+        # minutes for skew). notAfter keeps whole seconds, so the half is between 1.5 and 2 seconds;
+        # it counts from issuance, not from here (the set-up above may take a while on a busy host).
+        issued = serving.current.issued_at
+        due = serving.renew_at()
+        assert datetime.timedelta(seconds=1.5) <= due - issued <= datetime.timedelta(seconds=2)
         stop = asyncio.Event()
         runner = asyncio.create_task(serving.run(stop))
-        started = asyncio.get_running_loop().time()
         await asyncio.wait_for(renewal.wait(), 10)
-        # Half of four seconds, not at once (its notBefore is backdated two minutes for skew).
-        assert asyncio.get_running_loop().time() - started >= 1.5
+        assert renewed_at[0] >= due - datetime.timedelta(milliseconds=50)
         assert await asyncio.to_thread(_served_serial, port, root) == renewed[-1] != first
         assert channel.get_state() is grpc.ChannelConnectivity.READY
         stop.set()
