@@ -359,15 +359,16 @@ def test_per_try_timeout_fires_and_route_timeout_returns_504(traffic):
     start = time.monotonic()
     status, _, _, _ = call("slow", "/pertry")
     elapsed = time.monotonic() - start
-    # Three tries of 0.3 s each, well before the backend's 1 s answer.
+    # Three tries of 0.3 s each, each cut before the backend's 1 s answer (a 504, not its 200); the
+    # upper bound leaves a busy host room for the retries' back-off and new connections.
     assert status == 504
-    assert 0.8 <= elapsed < 1.5, elapsed
+    assert 0.8 <= elapsed < 3, elapsed
     eventually(lambda: len(slow.requests) - before == 3, what="three attempts")
     start = time.monotonic()
     status, _, _, _ = call("slow", "/whole")
     elapsed = time.monotonic() - start
     assert status == 504
-    assert 0.4 <= elapsed < 0.95, elapsed
+    assert 0.4 <= elapsed < 1.5, elapsed
 
 
 def test_consistent_hash_keeps_a_key_on_one_backend(traffic):

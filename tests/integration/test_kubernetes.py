@@ -438,7 +438,9 @@ def test_two_replicas_one_leader_and_a_takeover(mesh: MeshHarness, api: KubeApi)
         ),
         timeout=10,
     )
-    assert time.monotonic() - killed < 2 + 1.5, "taken over within the lease duration plus a retry"
+    # The lease counts from b's sight of a's last renewal (up to a retry after the kill), then b
+    # tries every retry: the duration, two retries and a busy host's API calls.
+    assert time.monotonic() - killed < 2 + 2 * 0.5 + 2, "taken over soon after the lease duration"
     # The new leader writes status: a new generation of the object gets its observedGeneration.
     api.apply(
         istio(

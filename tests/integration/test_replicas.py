@@ -389,12 +389,6 @@ async def test_replicas_share_the_proxies_and_one_leader_writes(
         orphan_envoys = [i for i in range(2) if where[f"envoy-{i}.{APPS}"] == victim]
         victim_process = replicas[victim].proc
         assert victim_process is not None
-        victim_process.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
-        victim_process.wait(5)
-        # A change only status follows (no proxy sees that VirtualService): the survivor writes it once it
-        # leads, never before.
-        api.apply(other_virtual_service("b"))
 
         def since_kill(check: Any, timeout: float, what: str) -> float:
             eventually(check, timeout=timeout, interval=0.05, what=what)
@@ -408,6 +402,14 @@ async def test_replicas_share_the_proxies_and_one_leader_writes(
             await proxy.connect()
             return broke, time.monotonic() - killed
 
+        victim_process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        # The orphans read their streams from now: their end is timed as it comes, not after what follows.
+        reconnecting = asyncio.gather(*(reconnect(p) for p in orphans))
+        await asyncio.to_thread(victim_process.wait, 5)
+        # A change only status follows (no proxy sees that VirtualService): the survivor writes it once it
+        # leads, never before.
+        await asyncio.to_thread(api.apply, other_virtual_service("b"))
         watched = asyncio.gather(
             asyncio.to_thread(since_kill, lambda: holder(api, STATUS_LEASE) == survivor, 15, STATUS_LEASE),
             asyncio.to_thread(
@@ -424,12 +426,13 @@ async def test_replicas_share_the_proxies_and_one_leader_writes(
                 for i in orphan_envoys
             ),
         )
-        reconnects = await asyncio.gather(*(reconnect(p) for p in orphans))
+        reconnects = await reconnecting
         status_lease, ns_lease, status_written, *envoy_acked = await watched
         timings["streams to the killed replica ended (s)"] = max(broke for broke, _ in reconnects)
         # Its push workers stop with it and end their streams at once, rather than drain them for
-        # the grace period (2 s) from a model nothing keeps current.
-        assert timings["streams to the killed replica ended (s)"] < 1.0, timings
+        # the grace period (2 s) from a model nothing keeps current. (Under the grace, with room for a
+        # busy host: the workers see their supervisor's pipe close, and the balancer relays the end.)
+        assert timings["streams to the killed replica ended (s)"] < 1.5, timings
         # Each simulated proxy reads until 0.5 s pass without a response: that wait is included.
         timings["simulated proxies reconnected and converged (s)"] = max(done for _, done in reconnects)
         timings["Envoy reconnected and acked (s)"] = max(envoy_acked)

@@ -70,12 +70,14 @@ async def test_ready_answers_while_the_main_loop_is_blocked() -> None:
             probe = pool.submit(lambda: (time.sleep(0.3), _get(port, "/ready"))[1])
             page = pool.submit(lambda: (time.sleep(0.3), _get(port, "/state"))[1])
             time.sleep(1.5)  # noqa: ASYNC251 - blocking the loop is the point
-            ready_status, _, ready_took = probe.result(timeout=10)
+            # Judged by what finished while the loop was blocked, not by durations: a busy host may
+            # start the pool's threads late.
+            assert probe.done(), "/ready answered while the main loop was blocked"
+            assert not page.done(), "the debug page waited for the main loop"
+            ready_status, _, _ = probe.result(timeout=10)
             assert ready_status == 200
-            assert ready_took < 0.5, f"/ready took {ready_took:.3f} s while the main loop was blocked"
-            assert not page.done()
-            page_status, _, page_took = await asyncio.wrap_future(page)
-            assert page_status == 200 and page_took > 1.0
+            page_status, _, _ = await asyncio.wrap_future(page)
+            assert page_status == 200
     finally:
         await site.stop()
     # Stopped: the port is free again.

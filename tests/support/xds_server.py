@@ -47,16 +47,29 @@ def settings_for(config: Path | None, **overrides: object) -> DiscoverySettings:
     )
 
 
+#: Starting loads the config in a child process, which a busy host may take seconds to start.
+READY_WITHIN = 30.0
+
+
+async def until_ready(app: DiscoveryApp, task: asyncio.Task[None]) -> None:
+    """Wait until ``app`` serves (its gRPC server up and ready); fail if it ended or took too long."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + READY_WITHIN
+    while not (app.grpc_server is not None and app.server.ready):
+        if task.done():
+            await task  # its failure, if it failed
+            raise AssertionError("the server stopped before it was ready")
+        assert loop.time() < deadline, f"the server was not ready within {READY_WITHIN:.0f} s"
+        await asyncio.sleep(0.02)
+
+
 @contextlib.asynccontextmanager
 async def running(settings: DiscoverySettings) -> AsyncIterator[DiscoveryApp]:
     """A DiscoveryApp serving in this event loop until the block ends."""
     app = DiscoveryApp(settings)
     task = asyncio.create_task(run(app))
-    for _ in range(200):
-        if app.grpc_server is not None and app.server.ready:
-            break
-        await asyncio.sleep(0.02)
     try:
+        await until_ready(app, task)
         yield app
     finally:
         app.stop()

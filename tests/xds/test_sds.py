@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -151,20 +152,29 @@ def test_reviews_are_cached_and_run_off_the_loop() -> None:
         calls.append((sa, ns))
         return "" if sa == "gateway" else "denied"
 
+    async def until(done: Callable[[], bool]) -> None:
+        # A review runs on a worker thread (the first one starts it): polled, not a fixed sleep.
+        for _ in range(500):
+            if done():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the review was not answered within 5 s")
+
     async def scenario() -> None:
         access = KubeSecretAccess(review, changed.append, clock=lambda: now[0])
         assert access.check("gateway", "gw") is None
         assert access.check("gateway", "gw") is None  # one review in flight
-        await asyncio.sleep(0.05)
+        await until(lambda: access.check("gateway", "gw") is not None)
         assert access.check("gateway", "gw") == ""
         assert access.check("other", "gw") is None
-        await asyncio.sleep(0.05)
+        await until(lambda: access.check("other", "gw") is not None)
         assert access.check("other", "gw") == "denied"
         assert calls == [("gateway", "gw"), ("other", "gw")]
         now[0] = 61.0  # the deny expired, the allow not
         assert access.check("other", "gw") == "denied"
         assert access.check("gateway", "gw") == ""
-        await asyncio.sleep(0.05)
+        await until(lambda: len(calls) == 3)
+        await asyncio.sleep(0.05)  # no fourth review follows
         assert calls[-1] == ("other", "gw") and len(calls) == 3
         await access.shutdown()
 
