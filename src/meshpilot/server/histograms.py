@@ -18,6 +18,8 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import INF, floatToGoString
 
+from meshpilot.server.label_values import label_key
+
 
 class HistogramChild:
     """One series: a count per bucket (the last is +Inf) and the sum."""
@@ -64,13 +66,7 @@ class PlainHistogram(Collector):
             registry.register(self)
 
     def labels(self, *values: str, **named: str) -> HistogramChild:
-        if values and named:
-            raise ValueError("label values by position or by name, not both")
-        if not self.labelnames or (
-            set(named) != set(self.labelnames) if named else len(values) != len(self.labelnames)
-        ):
-            raise ValueError(f"{self.name} takes the labels {list(self.labelnames)}")
-        key = tuple(str(named[n]) for n in self.labelnames) if named else tuple(str(v) for v in values)
+        key = label_key(self.name, self.labelnames, values, named)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = HistogramChild(self._bounds)

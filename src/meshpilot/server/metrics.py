@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from meshpilot import __version__
+from meshpilot.server.counters import PlainCounter
 from meshpilot.server.histograms import PlainHistogram
 
 # istiod exports no "<name>_created" series for counters and histograms; prometheus-client's switch
@@ -65,16 +66,17 @@ class Metrics:
         self.xds_clients = Gauge(
             "pilot_xds", "Number of endpoints connected to this pilot using XDS.", ["version"], registry=r
         )
-        self.xds_pushes = Counter(
+        # Counted for every proxy of every push: in plain integers (``server.counters``).
+        self.xds_pushes = PlainCounter(
             "pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds.", ["type"], registry=r
         )
-        self.unchanged_skipped = Counter(
+        self.unchanged_skipped = PlainCounter(
             "meshpilot_xds_unchanged_skipped",
             "Pushes not sent because the proxy already holds exactly that configuration.",
             ["type"],
             registry=r,
         )
-        self.delta_kept = Counter(
+        self.delta_kept = PlainCounter(
             "meshpilot_xds_delta_resources_kept",
             "Resources a delta response left out because the proxy holds them as they are "
             "(a push or a reconnect with initial_resource_versions) (meshpilot only).",
