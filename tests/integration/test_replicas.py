@@ -406,10 +406,14 @@ async def test_replicas_share_the_proxies_and_one_leader_writes(
         killed = time.monotonic()
         # The orphans read their streams from now: their end is timed as it comes, not after what follows.
         reconnecting = asyncio.gather(*(reconnect(p) for p in orphans))
-        await asyncio.to_thread(victim_process.wait, 5)
-        # A change only status follows (no proxy sees that VirtualService): the survivor writes it once it
-        # leads, never before.
-        await asyncio.to_thread(api.apply, other_virtual_service("b"))
+        try:
+            await asyncio.to_thread(victim_process.wait, 5)
+            # A change only status follows (no proxy sees that VirtualService): the survivor writes it
+            # once it leads, never before.
+            await asyncio.to_thread(api.apply, other_virtual_service("b"))
+        except BaseException:
+            reconnecting.cancel()  # not left reading streams the teardown closes
+            raise
         watched = asyncio.gather(
             asyncio.to_thread(since_kill, lambda: holder(api, STATUS_LEASE) == survivor, 15, STATUS_LEASE),
             asyncio.to_thread(

@@ -173,7 +173,7 @@ def test_reviews_are_cached_and_run_off_the_loop() -> None:
         now[0] = 61.0  # the deny expired, the allow not
         assert access.check("other", "gw") == "denied"
         assert access.check("gateway", "gw") == ""
-        await until(lambda: len(calls) == 3)
+        await until(lambda: len(calls) >= 3)
         await asyncio.sleep(0.05)  # no fourth review follows
         assert calls[-1] == ("other", "gw") and len(calls) == 3
         await access.shutdown()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,8 +25,8 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from meshpilot import __version__
-from meshpilot.server.counters import PlainCounter
-from meshpilot.server.histograms import PlainHistogram
+from meshpilot.server.counters import CounterChild, PlainCounter
+from meshpilot.server.histograms import HistogramChild, PlainHistogram
 
 # istiod exports no "<name>_created" series for counters and histograms; prometheus-client's switch
 # for that is process-wide, and every metric of this process is meshpilot's.
@@ -42,11 +41,11 @@ _SIZE_BUCKETS = (1, 10000, 1000000, 4000000, 10000000, 40000000)
 class TypeMetrics:
     """The labelled push metrics of one xDS type."""
 
-    pushes: Any
-    unchanged_skipped: Any
-    delta_kept: Any
-    push_time: Any
-    config_size: Any
+    pushes: CounterChild
+    unchanged_skipped: CounterChild
+    delta_kept: CounterChild
+    push_time: HistogramChild
+    config_size: HistogramChild
 
 
 class Metrics:
