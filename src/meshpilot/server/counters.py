@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import CollectorRegistry
 
-from meshpilot.server.label_values import label_key
+from meshpilot.server.plain_family import PlainFamily
 
 
 class CounterChild:
@@ -33,7 +33,7 @@ class CounterChild:
         self.value += amount
 
 
-class PlainCounter(Collector):
+class PlainCounter(PlainFamily[CounterChild]):
     """A counter family, labelled or not, exposed as prometheus-client exposes its ``Counter``."""
 
     def __init__(
@@ -45,27 +45,15 @@ class PlainCounter(Collector):
         registry: CollectorRegistry | None = None,
     ) -> None:
         # prometheus-client takes the name with or without the suffix and exposes it with one.
-        self.name = name.removesuffix("_total")
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], CounterChild] = {}
-        if not self.labelnames:
-            self._children[()] = CounterChild()
-        if registry is not None:
-            registry.register(self)
+        super().__init__(name.removesuffix("_total"), documentation, labelnames)
+        self._register(registry)
 
-    def labels(self, *values: str, **named: str) -> CounterChild:
-        key = label_key(self.name, self.labelnames, values, named)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = CounterChild()
-        return child
+    def _new_child(self) -> CounterChild:
+        return CounterChild()
 
     def inc(self, amount: float = 1) -> None:
         """Count on an unlabelled counter."""
-        if self.labelnames:
-            raise ValueError(f"{self.name} is labelled: count through labels()")
-        self._children[()].inc(amount)
+        self._unlabelled("count").inc(amount)
 
     def describe(self) -> Iterator[CounterMetricFamily]:
         yield CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)

@@ -15,10 +15,10 @@ import bisect
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import HistogramMetricFamily
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import INF, floatToGoString
 
-from meshpilot.server.label_values import label_key
+from meshpilot.server.plain_family import PlainFamily
 
 
 class HistogramChild:
@@ -39,7 +39,7 @@ class HistogramChild:
         self.counts[bisect.bisect_left(self._bounds, amount)] += 1
 
 
-class PlainHistogram(Collector):
+class PlainHistogram(PlainFamily[HistogramChild]):
     """A histogram family, labelled or not, exposed as prometheus-client exposes its ``Histogram``."""
 
     def __init__(
@@ -54,29 +54,17 @@ class PlainHistogram(Collector):
         bounds = tuple(float(b) for b in buckets)
         if list(bounds) != sorted(set(bounds)) or INF in bounds:
             raise ValueError(f"{name}: buckets must be finite, distinct and in increasing order")
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
+        super().__init__(name, documentation, labelnames)
         self._bounds = bounds
         self._le = [floatToGoString(b) for b in (*bounds, INF)]  # type: ignore[no-untyped-call]
-        self._children: dict[tuple[str, ...], HistogramChild] = {}
-        if not self.labelnames:
-            self._children[()] = HistogramChild(bounds)
-        if registry is not None:
-            registry.register(self)
+        self._register(registry)
 
-    def labels(self, *values: str, **named: str) -> HistogramChild:
-        key = label_key(self.name, self.labelnames, values, named)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = HistogramChild(self._bounds)
-        return child
+    def _new_child(self) -> HistogramChild:
+        return HistogramChild(self._bounds)
 
     def observe(self, amount: float) -> None:
         """Observe an unlabelled histogram."""
-        if self.labelnames:
-            raise ValueError(f"{self.name} is labelled: observe through labels()")
-        self._children[()].observe(amount)
+        self._unlabelled("observe").observe(amount)
 
     def describe(self) -> Iterator[HistogramMetricFamily]:
         yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
