@@ -7,9 +7,11 @@ current one, since endpoints live in the EndpointIndex.
 from __future__ import annotations
 
 import functools
+import operator
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from meshpilot.model import visibility
@@ -32,6 +34,8 @@ _MEMO_LIMIT = 20000
 T = TypeVar("T")
 
 KindView = Mapping[tuple[str, str], Config]
+#: ``kept_token``'s stand-in for a kind the store has never held: the same in every snapshot.
+_NO_VIEW: KindView = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +76,13 @@ class PushContext:
         lasting: dict[Hashable, Any] | None = None,
         share_outputs: bool = True,
         jwks: JwksLookup | None = None,
+        services_token: object | None = None,
     ) -> None:
         self.version = version
+        #: Stands for the services in ``kept_token``: the environment hands the same object from
+        #: snapshot to snapshot while its registries' services are the same objects (None: this
+        #: snapshot's own, so nothing kept from another matches it).
+        self.services_token = services_token if services_token is not None else object()
         #: JWKS fetched for RequestAuthentication ``jwksUri``s (none known: every one fails closed).
         self.jwks: JwksLookup = jwks if jwks is not None else NoJwks()
         #: False: every proxy's config is built for it alone (the XdsCache is off too).
@@ -286,6 +295,23 @@ class PushContext:
             return make()
         return _remembered(self._lasting, (key, self.mesh_fingerprint, self.domain_suffix), make)
 
+    def kept_token(self, kinds: tuple[Kind, ...]) -> tuple[object, ...]:
+        """What an answer kept from one snapshot to the next compares, element by element and by
+        identity (``same_token``), to know that it read nothing that changed since: the views of
+        ``kinds`` (ConfigStore.snapshot hands a kind's view on while the kind is unchanged), the
+        services' token, the MeshConfig and the domain suffix. Once per snapshot for ``kinds``."""
+        found: tuple[object, ...] = _remembered(
+            self._memo,
+            ("kept-token", kinds),
+            lambda: (
+                *(self._configs.get(kind, _NO_VIEW) for kind in kinds),
+                self.services_token,
+                self.mesh,
+                self.domain_suffix,
+            ),
+        )
+        return found
+
     # -- sidecar scopes -------------------------------------------------------------
 
     def sidecar_for(self, namespace: str, labels: Mapping[str, str]) -> Config | None:
@@ -325,6 +351,12 @@ class PushContext:
             scope = build_scope(self, namespace, sidecar, selected_rules)
             self._scopes[key] = scope
         return scope
+
+
+def same_token(kept: tuple[object, ...], now: tuple[object, ...]) -> bool:
+    """Whether two ``kept_token``s name the same inputs: the same objects, not equal ones (a view
+    compares its configs by value, which costs what keeping the answer saves)."""
+    return len(kept) == len(now) and all(map(operator.is_, kept, now))
 
 
 def _remembered(store: dict[Hashable, Any], key: Hashable, make: Callable[[], T]) -> T:

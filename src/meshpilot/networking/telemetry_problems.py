@@ -5,7 +5,9 @@ changes what a proxy reports without anything failing, so each is logged once by
 counted in ``meshpilot_telemetry_problems_total{kind,name}`` (``kind`` is the provider's type as
 MeshConfig spells it, such as ``zipkin``; ``name`` the provider's name). A provider a Telemetry
 object (or ``defaultProviders``) names and MeshConfig does not define is counted with ``kind``
-``undefined``, once per snapshot for each set of Telemetry objects that names it.
+``undefined``, once per snapshot for each set of Telemetry objects that names it, among the proxies
+whose listener keys the snapshot works out (a sidecar keeps them while nothing they read changes:
+``xds.generators.lds_keys``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ def _camel(field: str) -> str:
 
 
 def report_undefined(push: PushContext, proxy: Proxy) -> None:
-    """Count the providers named in ``proxy``'s scope that MeshConfig lacks, once per snapshot and scope."""
+    """Count the providers named in ``proxy``'s scope that MeshConfig lacks, once per snapshot and scope
+    (asked where a proxy's listener keys are worked out)."""
     scope = telemetry.applicable(push, proxy)
 
     def record() -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Hashable
 from typing import Any
@@ -13,6 +14,7 @@ from meshpilot.model.endpoint_index import EndpointIndex
 from meshpilot.model.jwks import JwksLookup
 from meshpilot.model.proxy import Proxy, ProxyState, locality_label
 from meshpilot.model.push_context import PushContext
+from meshpilot.model.service import Service
 from meshpilot.registry.aggregate import AggregateRegistry
 
 
@@ -40,10 +42,16 @@ class MeshEnvironment:
         self._lasting: dict[Hashable, Any] = {}
         #: Where snapshots find fetched JWKS (set by the composition root; None: none fetched).
         self.jwks: JwksLookup | None = None
+        #: The services of the last snapshot and the token that stands for them (PushContext.kept_token).
+        self._services: list[Service] = []
+        self._services_token = object()
 
     def build_push_context(self, version: str, *, keep_lasting: bool = True) -> PushContext:
         """A snapshot; ``keep_lasting=False`` starts it without outputs kept from earlier ones."""
         services = self.registry.services()
+        if len(services) != len(self._services) or not all(map(operator.is_, services, self._services)):
+            # Services are immutable: the same objects in the same order are the same services.
+            self._services, self._services_token = services, object()
         accounts = {}
         for svc in services:
             shards = self.index.shards(svc.hostname, svc.namespace)
@@ -59,6 +67,8 @@ class MeshEnvironment:
             lasting=self._lasting if keep_lasting else {},
             share_outputs=self.share_outputs,
             jwks=self.jwks,
+            # A snapshot that keeps nothing from earlier ones matches none of their tokens either.
+            services_token=self._services_token if keep_lasting else None,
         )
 
     def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:

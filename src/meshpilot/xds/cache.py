@@ -202,12 +202,21 @@ class XdsCache:
         self, size: int = DEFAULT_SIZE, metrics: Metrics | None = None, *, verify: bool = False
     ) -> None:
         self._metrics = metrics
+        #: Build again what a hit returns and compare (see the module's docstring); generators that
+        #: keep answers elsewhere check them too and report a difference with ``mismatch``.
+        self.verify = verify
         self.types = {
             type_url: TypedCache(size, metrics, type_url=type_url, verify=verify) for type_url in CACHED_TYPES
         }
 
     def for_type(self, type_url: TypeUrl) -> TypedCache | None:
         return self.types.get(type_url)
+
+    def mismatch(self, type_url: TypeUrl, what: str) -> None:
+        """A kept answer of a generator of ``type_url`` differed from a fresh one (``verify``)."""
+        if self._metrics is not None:
+            self._metrics.cache_mismatches.labels(type=type_url.short).inc()
+        log.error("xDS cache: a kept %s of %s differs from a fresh one: it misses an input", what, type_url)
 
     def clear(self, configs: Iterable[ConfigKey]) -> None:
         keys = frozenset(configs)

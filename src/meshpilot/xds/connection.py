@@ -55,6 +55,9 @@ class WatchedResource:
     #: (``delta_protocol.resource_version``): what was sent, or what the proxy said it
     #: kept when it reconnected. A push sends only names whose version differs.
     versions: dict[str, int] = field(default_factory=dict)
+    #: What the type's generator kept of its last generation for this stream, for the next one
+    #: (LDS: the parts of the listeners' keys that are the proxy's own, ``generators.lds_keys``).
+    kept: object = None
 
 
 @dataclass(slots=True)

@@ -15,20 +15,17 @@ from collections.abc import Callable, Hashable
 from functools import partial
 from typing import Any
 
-from meshpilot.model import telemetry
 from meshpilot.model.kind import Kind
-from meshpilot.model.proxy import NodeType, Proxy
-from meshpilot.model.push_context import PushContext
+from meshpilot.model.proxy import NodeType
 from meshpilot.model.push_request import PushRequest
 from meshpilot.model.sidecar_scope import SidecarScope
-from meshpilot.networking import access_log, inbound_security, tracing
+from meshpilot.networking import tracing
 from meshpilot.networking.envoyfilter.patches import Context, patch_set
 from meshpilot.networking.filters import holds_hcm, retraced
 from meshpilot.networking.gateway import gateway_listeners, service_port_map
 from meshpilot.networking.listener import build_outbound_listeners
-from meshpilot.networking.listener_inbound import build_inbound_listeners, workload_mtls
+from meshpilot.networking.listener_inbound import build_inbound_listeners
 from meshpilot.networking.tcp_routes import source_label_key, uses_source_namespace
-from meshpilot.networking.telemetry_problems import report_undefined
 from meshpilot.networking.tracing import HcmTracing
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import (
@@ -41,18 +38,10 @@ from meshpilot.xds.generators.base import (
     shared_token,
 )
 from meshpilot.xds.generators.envoy_filters import has_listener_patches, patch_listeners
+from meshpilot.xds.generators.lds_keys import listener_keys, telemetry_key
 from meshpilot.xds.types import TypeUrl
 
 log = logging.getLogger(__name__)
-
-
-def telemetry_key(proxy: Proxy, push: PushContext) -> tuple[object, object]:
-    """What of telemetry decides the proxy's listeners but tracing: the Telemetry objects in its
-    scope (with their specs, as inbound keys outlive the snapshot) and its loggers (with their
-    collectors' clusters). Asked once per generation; the providers the scope names but MeshConfig
-    lacks are reported here."""
-    report_undefined(push, proxy)
-    return (telemetry.fingerprint(push, proxy), access_log.key(push, proxy))
 
 
 class _Traced:
@@ -136,8 +125,8 @@ class ListenerGenerator:
         # Headless services get a listener per endpoint, except the proxy's own address.
         headless = (proxy.ip_addresses, ctx.index.generation) if scope.has_headless else None
         # Keys name everything the listeners read but their HCMs' tracing (see _shared).
-        fingerprint, loggers = telemetry_key(proxy, push)
-        client_tracing, server_tracing = tracing.sides(push, proxy)
+        keys = listener_keys(proxy, push, watch, ctx.cache)
+        fingerprint, loggers = keys.telemetry
         outbound = _shared(
             push.memoized,
             (
@@ -149,7 +138,7 @@ class ListenerGenerator:
                 fingerprint,
                 loggers,
             ),
-            client_tracing,
+            keys.client_tracing,
             lambda: build_outbound_listeners(proxy, push, ctx.index),
         )
         inbound_key = (
@@ -157,9 +146,9 @@ class ListenerGenerator:
             proxy.capabilities,
             proxy.inbound_signature,
             # The AuthorizationPolicies and RequestAuthentications selecting it, and fetched JWKS.
-            inbound_security.inputs(proxy, push).key,
+            keys.security,
             # The workload's PeerAuthentication: each port's chains (it follows the labels too).
-            workload_mtls(proxy, push),
+            keys.mtls,
             # The Telemetry objects in its scope (with their specs: this key outlives the snapshot).
             fingerprint,
             loggers,
@@ -169,7 +158,7 @@ class ListenerGenerator:
             inbound = _shared(
                 push.memoized,
                 (inbound_key, id(scope), proxy.ip_addresses),
-                server_tracing,
+                keys.server_tracing,
                 lambda: build_inbound_listeners(proxy, push),
             )
         else:
@@ -177,7 +166,7 @@ class ListenerGenerator:
             inbound = _shared(
                 push.memoized_lasting,
                 inbound_key,
-                server_tracing,
+                keys.server_tracing,
                 lambda: build_inbound_listeners(proxy, push),
             )
         patches = patch_set(proxy, push)
