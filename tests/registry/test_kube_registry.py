@@ -296,3 +296,18 @@ def test_proxies_are_looked_up_in_their_own_cluster() -> None:
     assert aggregate.workload_labels(proxy("west")) == {"app": "reviews"}
     # A cluster no registry has: looked up everywhere (the first registry that knows it).
     assert aggregate.workload_labels(proxy("elsewhere")) == {"app": "ratings"}
+
+
+def test_a_resync_keeps_the_unchanged_service_object() -> None:
+    # Snapshots tell unchanged services by identity (shared outputs, kept listener keys).
+    updater = Updater()
+    registry = KubeRegistry(updater)
+    apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9080)], {"app": "reviews"}))
+    before = registry.get_service(HOST)
+    updates = len(updater.services)
+    apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9080)], {"app": "reviews"}))
+    assert registry.get_service(HOST) is before
+    assert len(updater.services) == updates, "nothing changed: no service update"
+    apply(registry, service("reviews", "default", "10.0.0.1", [("http", 9081)], {"app": "reviews"}))
+    after = registry.get_service(HOST)
+    assert after is not before and after is not None and after.ports[0].port == 9081

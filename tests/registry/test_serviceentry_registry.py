@@ -260,3 +260,20 @@ def test_selected_pods_of_a_batch_are_refreshed_at_its_end() -> None:
         assert updater.eds_calls == calls
     assert updater.eds_calls == calls + 1
     assert [e.address for e in updater.endpoints["vm.example.com"]] == [f"10.4.0.{i}" for i in range(20)]
+
+
+def test_a_workload_event_keeps_the_unchanged_service_object() -> None:
+    # Snapshots tell unchanged services by identity (shared outputs, kept listener keys).
+    store, updater = ConfigStore(), Updater()
+    kube = KubeRegistry(updater)
+    registry = ServiceEntryRegistry(store, updater, pods=kube)
+    add(store, _selecting_entry())
+    before = registry.services()
+    kube.upsert(decode_object(kube_pod("vm-0", "default", "10.4.0.1", {"app": "vm"})).obj)
+    assert [e.address for e in updater.endpoints["vm.example.com"]] == ["10.4.0.1"]
+    assert [id(s) for s in registry.services()] == [id(s) for s in before]
+    changed = _selecting_entry()
+    changed["spec"]["ports"][0]["targetPort"] = 9090
+    add(store, changed)
+    (after,) = registry.services()
+    assert after is not before[0] and after.ports[0].target_port == 9090

@@ -137,6 +137,14 @@ def _access_logs(model: Model) -> None:
     )
 
 
+def _jwt_rule(model: Model) -> None:
+    upsert(model, _REQUEST_AUTHENTICATION)
+
+
+def _trust_domain_alias(model: Model) -> None:
+    model.env.mesh = apply_mesh_config("trustDomainAliases: [old.example]\n")
+
+
 def _mesh_tracing(model: Model) -> None:
     model.env.mesh = apply_mesh_config("enableTracing: true\ndefaultConfig:\n  tracing:\n    sampling: 42\n")
 
@@ -170,8 +178,8 @@ extensionProviders:
 
 @pytest.mark.parametrize(
     "change",
-    [_deny_all, _strict, _access_logs, _mesh_tracing],
-    ids=["authorization-policy", "peer-authentication", "telemetry", "mesh-config"],
+    [_deny_all, _strict, _jwt_rule, _access_logs, _mesh_tracing],
+    ids=["authorization-policy", "peer-authentication", "request-authentication", "telemetry", "mesh-config"],
 )
 def test_a_change_to_what_they_read_works_them_out_again(
     worked_out: list[Proxy], change: Callable[[Model], None]
@@ -222,26 +230,58 @@ def test_a_new_service_works_them_out_again(worked_out: list[Proxy]) -> None:
     assert after != before, "the provider's collector now exists: its logger is configured"
 
 
+_REQUEST_AUTHENTICATION = istio(
+    "RequestAuthentication",
+    "jwt",
+    "default",
+    {
+        "selector": {"matchLabels": {"app": "productpage"}},
+        "jwtRules": [{"issuer": "https://issuer.example", "jwksUri": "https://issuer.example/jwks"}],
+    },
+    group="security",
+)
+
+
 def test_a_proxy_a_request_authentication_selects_keeps_nothing(worked_out: list[Proxy]) -> None:
-    docs = [
-        *mesh_objects(),
-        istio(
-            "RequestAuthentication",
-            "jwt",
-            "default",
-            {
-                "selector": {"matchLabels": {"app": "productpage"}},
-                "jwtRules": [{"issuer": "https://issuer.example", "jwksUri": "https://issuer.example/jwks"}],
-            },
-            group="security",
-        ),
-    ]
-    stream = Stream(build(docs))
+    stream = Stream(build([*mesh_objects(), _REQUEST_AUTHENTICATION]))
     stream.listeners()
     assert stream.watch.kept is None, "its key names fetched JWKS, which change with no config change"
     stream.next_snapshot()
     stream.listeners()
     assert len(worked_out) == 2
+
+
+def test_without_shared_outputs_nothing_is_kept(worked_out: list[Proxy]) -> None:
+    model = build(mesh_objects())
+    model.env.share_outputs = False
+    model.push = model.env.build_push_context("test/unshared")
+    stream = Stream(model)
+    stream.listeners()
+    assert stream.watch.kept is None
+    stream.next_snapshot()
+    stream.listeners()
+    assert len(worked_out) == 2
+
+
+def test_a_trust_domain_alias_reaches_a_policys_principals(worked_out: list[Proxy]) -> None:
+    allow = istio(
+        "AuthorizationPolicy",
+        "allow-reviews",
+        "default",
+        {
+            "selector": {"matchLabels": {"app": "productpage"}},
+            "rules": [{"from": [{"source": {"principals": ["cluster.local/ns/default/sa/reviews"]}}]}],
+        },
+        group="security",
+    )
+    stream = Stream(build([*mesh_objects(), allow]))
+    before = stream.listeners()
+    _trust_domain_alias(stream.model)
+    stream.next_snapshot()
+    after = stream.listeners()
+    assert len(worked_out) == 2
+    assert after == stream.fresh()
+    assert after != before, "the alias's principals are allowed too"
 
 
 def test_a_subscription_handed_to_another_proxy_does_not_give_it_the_first_ones_keys(
@@ -273,6 +313,10 @@ def test_with_runtime_assertions_a_kept_key_that_misses_an_input_is_caught() -> 
     stream = Stream(model)
     stream.cache = XdsCache(10, metrics, verify=True)
     stream.listeners()
+    stream.next_snapshot()
+    stream.listeners()
+    mismatches = metrics.registry.get_sample_value("meshpilot_xds_cache_mismatches_total", {"type": "lds"})
+    assert not mismatches, "kept keys that read nothing changed agree with fresh ones"
     kept = stream.watch.kept
     assert isinstance(kept, lds_keys._Kept)
     # As if what they read had changed unseen: the kept keys name another PeerAuthentication.

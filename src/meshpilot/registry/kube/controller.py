@@ -216,8 +216,10 @@ class KubeRegistry:
             ks, domain_suffix=self.domain_suffix, cluster_id=self.cluster_id, trust_domain=self.trust_domain
         )
         old = self._services.get(svc.hostname)
-        self._services[svc.hostname] = svc
         if old != svc:
+            # An equal one keeps the old object: snapshots compare services by identity (shared
+            # outputs, kept listener keys), and a resync converts every Service anew.
+            self._services[svc.hostname] = svc
             self._updater.service_update(self.shard, svc.hostname, svc.namespace, deleted=False)
         if old is None:
             # Endpoints may have arrived first; report them now that the service exists.

@@ -178,8 +178,12 @@ class ServiceEntryRegistry:
                     self._updater.service_update(self.shard, hostname, namespace, deleted=True)
                 continue
             service = next(s for s in convert_services(entries[0]) if s.hostname == hostname)
-            self._services[(hostname, namespace)] = service
-            if old != service:
+            if old == service:
+                # The same object while nothing changed: snapshots compare services by identity
+                # (shared outputs, kept listener keys), and a workload event converts them anew.
+                service = old
+            else:
+                self._services[(hostname, namespace)] = service
                 self._updater.service_update(self.shard, hostname, namespace, deleted=False)
             endpoints: list[Endpoint] = []
             for se in entries:

@@ -94,13 +94,15 @@ def listener_keys(
 ) -> ListenerKeys:
     """The proxy's own parts of its listeners' keys: kept ones while what they read is unchanged."""
     token = push.kept_token(_READS)
+    # Read before the keys are worked out: the labels kept are those they were worked out with.
+    labels = proxy.labels
     kept = watch.kept
     if (
         isinstance(kept, _Kept)
         and kept.proxy is proxy
         and push.share_outputs
         and same_token(kept.token, token)
-        and kept.labels == proxy.labels
+        and kept.labels == labels
     ):
         if cache is None or not cache.verify:
             return kept.keys
@@ -110,7 +112,7 @@ def listener_keys(
         cache.mismatch(TypeUrl.LISTENER, f"listener key of {proxy.id}")
     else:
         keys, keepable = _work_out(proxy, push)
-    watch.kept = _Kept(proxy, token, proxy.labels, keys) if keepable and push.share_outputs else None
+    watch.kept = _Kept(proxy, token, labels, keys) if keepable and push.share_outputs else None
     return keys
 
 
