@@ -11,7 +11,7 @@ RUN_FLAGS ?= --config-dir examples/config --mesh-config examples/mesh.yaml \
 	--grpc-addr 127.0.0.1:15010 --http-addr 127.0.0.1:8080 --monitoring-addr 127.0.0.1:15014 \
 	--webhook-addr 127.0.0.1:15017 --secure-grpc-addr 127.0.0.1:15012 --self-signed-ca-dir build/example-ca
 
-.PHONY: run test test-processes test-checks install install-test lint typecheck bench bench-quick clean reference
+.PHONY: run test test-processes test-processes-beside test-checks install install-test lint typecheck bench bench-quick clean reference
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -101,24 +101,36 @@ TEST_ENV := $(if $(HAVE_GO),MESHPILOT_REQUIRE_REFERENCE=1)
 # load), and the twins' own run of the unit tests. It runs as two lines side by side, each printed
 # when it ends: the tests that drive real processes (Envoy, servers, the reference binaries) mostly
 # wait on them, using 81% of one core in a run alone, so the checks and both unit runs fill the
-# other core. The process tests stay one at a time: many bind fixed loopback addresses. Between them
-# the two markers' selections are every test. Each line picks its servers' ports from its own range
-# (bench/server.py, free_port) and the process tests keep their own pytest cache, so the two never
+# other core. The process tests stay one at a time within a line: many bind fixed loopback
+# addresses. The checks' line ends about seven minutes before the process line, so it then runs the
+# process tests that compare outputs and objects without timing anything and use only ports of
+# their own (PROCESS_TESTS_BESIDE: istiod's answers, istioctl's injection, manifests and the CA's
+# objects on a real API server), about three minutes of them. Between the markers' selections and
+# the two process runs every test runs once. Each line picks its servers' ports from its own range
+# (bench/server.py, free_port) and each process run keeps its own pytest cache, so the two never
 # pick the same port or overwrite each other's record of failures.
 PROCESS_TESTS := envoy or integration or reference
+PROCESS_TESTS_BESIDE := tests/reference/test_istiod_fidelity.py tests/deploy/test_manifests.py \
+	tests/ca/test_kube_store.py tests/kube/test_root_cert.py tests/kube/test_webhook_ca.py \
+	tests/webhooks/inject/test_istioctl_referee.py tests/webhooks/inject/test_custom_sidecar.py
+CHECKS_ENV := $(TEST_ENV) MESHPILOT_TEST_PORT_RANGE=26384-32767
 test: $(VENV)/.system-deps $(TEST_REFERENCE)
-	@echo "make test: the process tests and (lint, types, unit tests compiled, then as twins) run side by side"
+	@echo "make test: the process tests and (lint, types, unit tests compiled, then as twins, then the process tests beside) run side by side"
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-processes test-checks
 
 test-processes: $(VENV)/.installed-test
 	$(TEST_ENV) MESHPILOT_TEST_PORT_RANGE=20000-26383 MESHPILOT_EXPECT_EXTENSIONS=1 \
-		$(BIN)/pytest -q -o cache_dir=.pytest_cache/processes -m "$(PROCESS_TESTS)" tests
+		$(BIN)/pytest -q -o cache_dir=.pytest_cache/processes -m "$(PROCESS_TESTS)" \
+		$(addprefix --ignore=,$(PROCESS_TESTS_BESIDE)) tests
+
+test-processes-beside: $(VENV)/.installed-test
+	$(CHECKS_ENV) MESHPILOT_EXPECT_EXTENSIONS=1 \
+		$(BIN)/pytest -q -o cache_dir=.pytest_cache/processes-beside -m "$(PROCESS_TESTS)" $(PROCESS_TESTS_BESIDE)
 
 test-checks: lint typecheck
-	$(TEST_ENV) MESHPILOT_TEST_PORT_RANGE=26384-32767 MESHPILOT_EXPECT_EXTENSIONS=1 \
-		$(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
-	$(TEST_ENV) MESHPILOT_TEST_PORT_RANGE=26384-32767 MESHPILOT_NO_EXTENSIONS=1 \
-		$(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
+	$(CHECKS_ENV) MESHPILOT_EXPECT_EXTENSIONS=1 $(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
+	$(CHECKS_ENV) MESHPILOT_NO_EXTENSIONS=1 $(BIN)/pytest -q -m "not ($(PROCESS_TESTS))" tests
+	$(MAKE) --no-print-directory test-processes-beside
 
 $(VENV)/.installed-bench: $(VENV)/.installed-test
 	$(BIN)/pip install --quiet -e '.[test,bench]'
