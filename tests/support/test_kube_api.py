@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -416,3 +418,32 @@ def test_stop_listening_refuses_connections_while_objects_still_change(kube: Kub
     kube.start_listening()
     with kube.api_client() as client:
         assert [p.metadata.name for p in CoreV1Api(client).list_namespaced_pod("ns").items] == ["late"]
+
+
+def test_a_client_that_stopped_reading_loses_its_connection_when_the_server_stops() -> None:
+    # A watch whose client reads nothing fills the server's write buffer; closing such a connection
+    # waits for the buffer to drain, which it never does, and its socket would outlive the server.
+    kube = KubeApiServer().start()
+    try:
+        with socket.create_connection((kube.host, kube.port)) as client:
+            client.sendall(b"GET /api/v1/namespaces/ns/configmaps?watch=true HTTP/1.1\r\nHost: kube\r\n\r\n")
+            data = {"v": "x" * 65536}
+            for i in range(200):  # 13 MB of events, far more than loopback's socket buffers hold
+                kube.apply(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "ConfigMap",
+                        "metadata": {"name": f"c{i}", "namespace": "ns"},
+                        "data": data,
+                    }
+                )
+            kube.stop()
+            client.settimeout(5)
+            try:
+                with contextlib.suppress(ConnectionResetError):
+                    while client.recv(1 << 20):
+                        pass  # what the kernel already holds, then the end
+            except TimeoutError:
+                pytest.fail("the server stopped with the connection still open")
+    finally:
+        kube.stop()
