@@ -35,15 +35,20 @@ T = TypeVar("T")
 
 
 class _Server(aiohttp.web.Server):
-    """aiohttp's low-level server, remembering every transport it was handed (see _close_connections)."""
+    """aiohttp's low-level server, remembering each connection's transport until the connection is
+    lost, as aiohttp does not once it has closed one (see _close_connections)."""
 
     def __init__(self, handler: Any) -> None:
         super().__init__(handler)
-        self.transports: list[asyncio.Transport] = []
+        self.transports: dict[Any, asyncio.Transport] = {}
 
     def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
-        self.transports.append(transport)
+        self.transports[handler] = transport
+
+    def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        self.transports.pop(handler, None)
 
 
 class KubeApiServer:
@@ -167,11 +172,10 @@ class KubeApiServer:
         # close() keeps a socket open until its write buffer drains, which it never does when the
         # client stopped reading (a watch's events to a process being stopped), and aiohttp forgets a
         # transport it closed: the loop would stop with the socket open, and the collector would find
-        # it in a later test. Every transport is aborted (a no-op for one already gone).
-        if self._web is not None:
-            for transport in self._web.transports:
+        # it in a later test. Those still open are aborted.
+        if self._web is not None and self._web.transports:
+            for transport in list(self._web.transports.values()):
                 transport.abort()
-            self._web.transports.clear()
             await asyncio.sleep(0.01)
         self._protocols = []
 
