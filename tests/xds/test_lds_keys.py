@@ -104,17 +104,13 @@ def test_a_virtual_service_change_keeps_them_and_the_listeners_are_a_new_subscri
     assert kept == stream.fresh()
 
 
+def _deny(model: Model, name: str, labels: dict[str, str]) -> None:
+    spec = {"selector": {"matchLabels": labels}, "action": "DENY", "rules": [{}]}
+    upsert(model, istio("AuthorizationPolicy", name, "default", spec, group="security"))
+
+
 def _deny_all(model: Model) -> None:
-    upsert(
-        model,
-        istio(
-            "AuthorizationPolicy",
-            "deny-productpage",
-            "default",
-            {"selector": {"matchLabels": {"app": "productpage"}}, "action": "DENY", "rules": [{}]},
-            group="security",
-        ),
-    )
+    _deny(model, "deny-productpage", {"app": "productpage"})
 
 
 def _strict(model: Model) -> None:
@@ -147,19 +143,6 @@ def _trust_domain_alias(model: Model) -> None:
 
 def _mesh_tracing(model: Model) -> None:
     model.env.mesh = apply_mesh_config("enableTracing: true\ndefaultConfig:\n  tracing:\n    sampling: 42\n")
-
-
-def _relabelled_in_own_namespace(model: Model) -> None:
-    upsert(
-        model,
-        istio(
-            "AuthorizationPolicy",
-            "deny-front",
-            "default",
-            {"selector": {"matchLabels": {"tier": "front"}}, "action": "DENY", "rules": [{}]},
-            group="security",
-        ),
-    )
 
 
 def _collector_service(model: Model) -> None:
@@ -196,7 +179,7 @@ def test_a_change_to_what_they_read_works_them_out_again(
 
 def test_a_policy_that_comes_to_select_the_proxy_by_new_labels_applies(worked_out: list[Proxy]) -> None:
     model = build(mesh_objects())
-    _relabelled_in_own_namespace(model)
+    _deny(model, "deny-front", {"tier": "front"})
     model.push = model.env.build_push_context("test/policy")
     stream = Stream(model)
     before = stream.listeners()
