@@ -168,6 +168,7 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
             f"Commit {commit}, {date}; {cpus} CPUs, Python {machine.get('python', '?')}; "
             f"{results.get('wall_seconds', '?')} s in all. The simulator runs on the same CPUs as the server."
         )
+        out += host_speed_line(machine)
         out.append("")
         out += ["### Goals", ""]
         out += storms_apart(results)
@@ -243,3 +244,16 @@ def write_report(results_dir: Path = ROOT / "bench" / "results") -> Path:
 
 if __name__ == "__main__":
     print(write_report())
+
+
+def host_speed_line(machine: dict[str, Any]) -> list[str]:
+    """How fast one core was around the run (`bench.measure.host_speed`), when it was recorded."""
+    speed = machine.get("host_speed_seconds")
+    if not speed:
+        return []
+    return [
+        "",
+        f"Host speed: ten million additions in a bare Python loop took {speed['before']} s before the "
+        f"run and {speed['after']} s after it (1.15 s on this machine when quiet; a busy host slows "
+        "every figure below by about as much).",
+    ]

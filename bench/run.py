@@ -39,7 +39,7 @@ from bench.fleet import ack_bytes
 from bench.fleet_delta import delta_ack_bytes
 from bench.fleet_run import COMPILED, ISTIOD, NO_CACHE, PURE, FleetJob, Variant, run_fleet
 from bench.kube_stub import KubeStub
-from bench.measure import DEBOUNCE, log
+from bench.measure import DEBOUNCE, host_speed, log
 from bench.scenario import Scenario
 from bench.sidecar import EDS, PROTOCOLS, RDS
 from bench.storm import StormJob, run_storm
@@ -288,6 +288,7 @@ def run_suite(
     protocols: tuple[str, ...] = ("sotw", "delta"),
 ) -> dict[str, Any]:
     results: dict[str, Any] = {"suite": suite.name, "machine": machine(), "fleet": [], "storm": []}
+    speed_before = host_speed()
     started = time.time()
     if not only or "micro" in only:
         log("micro benchmarks, compiled")
@@ -336,6 +337,7 @@ def run_suite(
             continue
         results.setdefault("pool", []).append(pool_bench.run(pool))
     results["wall_seconds"] = round(time.time() - started, 1)
+    results["machine"]["host_speed_seconds"] = {"before": speed_before, "after": host_speed()}
     return results
 
 

@@ -207,3 +207,9 @@ def test_a_storm_run_merged_from_another_commit_names_it() -> None:
     same = {"machine": {"commit": "aaaaaaa"}, "storm": [{**storm, "commit": "aaaaaaa", "date": "today"}]}
     assert "apart" not in "\n".join(report_fleet.storm_section(same))
     assert report.storms_apart(same) == []
+
+
+def test_the_host_speed_around_a_run_is_reported_when_recorded() -> None:
+    timed = {"suite": "full", "machine": {"host_speed_seconds": {"before": 1.7, "after": 1.2}}}
+    assert "took 1.7 s before the run and 1.2 s after it" in report.render({"full": timed})
+    assert "Host speed" not in report.render({"full": {"suite": "full", "machine": {}}})
