@@ -41,9 +41,8 @@ def latency_figures(seen: list[float]) -> dict[str, dict[str, float]]:
 def host_speed() -> float:
     """Seconds one core takes for ten million additions in a bare loop, the fastest of three.
 
-    Recorded before and after a suite so that a reader can tell a busy host from a quiet one: the
-    same loop took 1.15 s on this machine quiet and up to 1.8 s while other tenants were busy, and
-    every figure of a busy run is slower by about as much."""
+    Recorded before and after a suite so that runs can be compared: a host whose other tenants are
+    busy slows this loop and every figure of the run by about as much."""
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()

@@ -232,6 +232,19 @@ def kube_section(kube: dict[str, Any]) -> list[str]:
     return out
 
 
+def host_speed_line(machine: dict[str, Any]) -> list[str]:
+    """How fast one core was around the run (`bench.measure.host_speed`), when it was recorded."""
+    speed = machine.get("host_speed_seconds")
+    if not speed:
+        return []
+    return [
+        "",
+        f"Host speed: ten million additions in a bare Python loop took {speed['before']} s before the "
+        f"run and {speed['after']} s after it (`bench.measure.host_speed`: compare runs by it, a busy "
+        "host slows every figure by about as much).",
+    ]
+
+
 def write_report(results_dir: Path = ROOT / "bench" / "results") -> Path:
     all_results = {}
     for suite in ("full", "quick", "kube"):
@@ -244,16 +257,3 @@ def write_report(results_dir: Path = ROOT / "bench" / "results") -> Path:
 
 if __name__ == "__main__":
     print(write_report())
-
-
-def host_speed_line(machine: dict[str, Any]) -> list[str]:
-    """How fast one core was around the run (`bench.measure.host_speed`), when it was recorded."""
-    speed = machine.get("host_speed_seconds")
-    if not speed:
-        return []
-    return [
-        "",
-        f"Host speed: ten million additions in a bare Python loop took {speed['before']} s before the "
-        f"run and {speed['after']} s after it (1.15 s on this machine when quiet; a busy host slows "
-        "every figure below by about as much).",
-    ]

@@ -39,6 +39,8 @@ class MergedDestinationRule:
     #: Stable hash of the contributing configs: part of the cache keys of what reads the rule.
     fingerprint: int = field(init=False, compare=False, repr=False)
     _spec: Any = field(default=None, init=False, compare=False, repr=False)
+    #: ``subsets`` by name, worked out on first use: builders ask for a subset once per cluster.
+    _subsets: dict[str, Any] | None = field(default=None, init=False, compare=False, repr=False)
     #: What builders derive from this (immutable) rule alone, such as the policy of each subset and
     #: port (``traffic_policy.cluster_policy``): computed once per rule, not once per cluster.
     derived: dict[Hashable, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -54,22 +56,22 @@ class MergedDestinationRule:
                 return config.spec.traffic_policy
         return None
 
+    def _subsets_by_name(self) -> dict[str, Any]:
+        found = self._subsets
+        if found is None:
+            found = {}
+            for config in self.configs:
+                for subset in config.spec.subsets:
+                    found.setdefault(subset.name, subset)  # the first definition of a name wins
+            object.__setattr__(self, "_subsets", found)  # a cache on a frozen object
+        return found
+
     @property
     def subsets(self) -> list[Any]:
-        seen: set[str] = set()
-        out = []
-        for config in self.configs:
-            for subset in config.spec.subsets:
-                if subset.name not in seen:
-                    seen.add(subset.name)
-                    out.append(subset)
-        return out
+        return list(self._subsets_by_name().values())
 
     def subset(self, name: str) -> Any | None:
-        for subset in self.subsets:
-            if subset.name == name:
-                return subset
-        return None
+        return self._subsets_by_name().get(name)
 
     @property
     def first(self) -> Config:
