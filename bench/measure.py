@@ -41,8 +41,9 @@ def latency_figures(seen: list[float]) -> dict[str, dict[str, float]]:
 def host_speed() -> float:
     """Seconds one core takes for ten million additions in a bare loop, the fastest of three.
 
-    Recorded before and after a suite so that runs can be compared: a host whose other tenants are
-    busy slows this loop and every figure of the run by about as much."""
+    Recorded before and after a suite as a rough guide to how busy the host was: a slow loop says
+    that other tenants shared the cores. It is not a factor to scale figures by; a push that waits on
+    the kernel or on the simulator slows by its own amount."""
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()

@@ -240,8 +240,9 @@ def host_speed_line(machine: dict[str, Any]) -> list[str]:
     return [
         "",
         f"Host speed: ten million additions in a bare Python loop took {speed['before']} s before the "
-        f"run and {speed['after']} s after it (`bench.measure.host_speed`: compare runs by it, a busy "
-        "host slows every figure by about as much).",
+        f"run and {speed['after']} s after it (`bench.measure.host_speed`: a rough guide to how busy the "
+        "host was, not a factor to scale figures by). It covers the sections measured in this run, not "
+        "those merged in from earlier runs.",
     ]
 
 
