@@ -145,8 +145,8 @@ def test_an_upper_case_address_of_a_namespace_s_own_service_is_kept_when_hosts_a
         },
     )
     docs = [*workload("client", "ns", "10.96.0.1", 8080, {"client-0": "10.1.0.11"}), entry]
-    # One pass from nowhere per port, shared by the three namespaces.
-    assert _same_shared_or_alone(docs) == 3
+    # One pass from nowhere for 8080, shared by the three namespaces (80 and 9080 have no services).
+    assert _same_shared_or_alone(docs) == 1
 
 
 def _same_shared_or_alone(
@@ -154,7 +154,7 @@ def _same_shared_or_alone(
 ) -> int:
     """Each namespace's route configurations, from one snapshot shared with the others and from one
     where nothing is shared, are the same bytes. Returns how many passes from nowhere the shared
-    snapshot made (one per port and set of shared inputs when the namespaces share)."""
+    snapshot made (one per port with services and set of shared inputs when the namespaces share)."""
     model = build(docs)
     shared = model.env.build_push_context("shared")
     alone = model.env.build_push_context("alone")
@@ -169,6 +169,8 @@ def _same_shared_or_alone(
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(route_shared_hosts, "_neutral", counted)
+        # Every namespace shares, however many of the services it names: the guards are what is tested.
+        patch.setattr(route_shared_hosts, "SHARE_BELOW", 2.0)
         for namespace in namespaces:
             node = f"sidecar~10.1.0.12~client-1.{namespace}~{namespace}.svc.cluster.local"
             proxy = model.proxy(node, {"NAMESPACE": namespace})
@@ -197,8 +199,41 @@ def test_namespaces_each_routing_their_own_service_share_one_pass() -> None:
                 {"hosts": [host], "http": [{"route": [{"destination": {"host": host}}]}]},
             )
         )
-    # One pass from nowhere per route name (80, 8080, 9080) serves all four namespaces.
-    assert _same_shared_or_alone(docs, namespaces) == 3
+    # One pass from nowhere for 8080 serves all four namespaces (80 and 9080 have no services).
+    assert _same_shared_or_alone(docs, namespaces) == 1
+
+
+def test_a_namespace_naming_most_services_encodes_alone_and_others_still_share() -> None:
+    """Sharing would cost a namespace naming most services more than encoding every host: it does
+    not share, and makes no pass from nowhere; a namespace naming few still shares."""
+    docs = [
+        *workload("client", "ns", "10.96.0.1", 8080, {"client-0": "10.1.0.11"}),
+        *[service(f"s{i}", "ns", f"10.96.1.{i}", [("http", 8080)], {"app": f"s{i}"}) for i in range(5)],
+        service("t", "other", "10.96.2.1", [("http", 8080)], {"app": "t"}),
+    ]
+    model = build(docs)
+    made: list[str] = []
+    original = route_shared_hosts._neutral
+
+    def counted(*args: Any) -> Any:
+        made.append("pass")
+        return original(*args)
+
+    alone = model.env.build_push_context("alone")
+    alone.share_outputs = False
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(route_shared_hosts, "_neutral", counted)
+        shared = model.env.build_push_context("shared")
+        passes = {}
+        for namespace in ("ns", "other"):
+            node = f"sidecar~10.1.0.12~client-1.{namespace}~{namespace}.svc.cluster.local"
+            proxy = model.proxy(node, {"NAMESPACE": namespace})
+            model.env.refresh_proxy(proxy, alone)
+            expected = encode_route_configuration(proxy, alone, "8080")
+            model.env.refresh_proxy(proxy, shared)
+            assert encode_route_configuration(proxy, shared, "8080") == expected, namespace
+            passes[namespace] = len(made)
+    assert passes == {"ns": 0, "other": 1}
 
 
 def test_compiled_default_hosts_equal_the_twins() -> None:
@@ -317,9 +352,11 @@ def _direct(
     protocols = tuple(Protocol)
     domain = f"{namespace}.svc.cluster.local"
     for _ in range(2):  # the second call finds the pass from nowhere memoized
-        shared = route_shared_hosts.default_hosts(
-            push, services, 8080, domain, protocols, set(), names, set(), set(), template
-        )
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(route_shared_hosts, "SHARE_BELOW", 2.0)  # shares, so that the guards decide
+            shared = route_shared_hosts.default_hosts(
+                push, services, 8080, domain, protocols, set(), names, set(), set(), template
+            )
         alone = vhosts.default_virtual_hosts(
             services.values(), 8080, domain, protocols, set(), names, set(), set(), template
         )

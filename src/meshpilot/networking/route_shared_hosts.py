@@ -9,6 +9,10 @@ have taken a later host's); where one might, the namespace encodes every host it
 for the namespace's VirtualService hosts, whose domains the default hosts may not take: seen from
 another namespace they differ only by such bare names, so the pass from nowhere leaves those out and
 each namespace adds its own back.
+
+Sharing pays only where a namespace names few of the services: it re-encodes its own hosts, checks
+their names, and copies the rest. A namespace naming half of them or more encodes every host itself,
+and a snapshot whose namespaces all do so makes no pass from nowhere.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from typing import Any
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.service import Service
 from meshpilot.networking import vhosts
-from meshpilot.networking.vhosts_py import alt_hosts, kube_domain, named_namespace
+from meshpilot.networking.vhosts_py import kube_domain, named_namespace
 from meshpilot.networking.wire_py import read_varint
 
 #: A namespace no hostname names: every service's host gets the domains other namespaces see.
 _NOWHERE = "\x00"
 #: VirtualHost.domains (field 2, length-delimited).
 _DOMAINS_TAG = 2 << 3 | 2
+#: A namespace shares the hosts from nowhere while its own services are fewer than this share of all.
+SHARE_BELOW = 0.5
 
 
 def _domains(vhost: bytes) -> list[str]:
@@ -108,6 +114,11 @@ def default_hosts(
     if split is None:
         return alone()
     namespace, suffix = split
+    # Hostnames ending in ``.<namespace>.svc.<suffix>``: a few with more labels name another namespace
+    # (``named_namespace``), but the count only chooses the cheaper of two ways to the same answer.
+    tail = f".{namespace}{suffix}"
+    if sum(1 for hostname in services if hostname.endswith(tail)) >= SHARE_BELOW * len(services):
+        return alone()
     names_before = frozenset(seen_names)
     # Bare names are the proxy's own (its VirtualServices' hosts by short name, or a host with no dot,
     # the same everywhere): left out of the pass from nowhere, so namespaces share it.
@@ -133,7 +144,9 @@ def default_hosts(
         # The encoder records domains lowercased and compares them with ``known`` as written.
         if not hostname.isascii() or hostname != hostname.lower():
             return alone()
-        added = set(alt_hosts(hostname, proxy_domain)) - set(alt_hosts(hostname, _NOWHERE + suffix))
+        added = set(vhosts.alt_hosts(hostname, proxy_domain)) - set(
+            vhosts.alt_hosts(hostname, _NOWHERE + suffix)
+        )
         if any(name in neutral.taken or name in known for name in added | {"*." + a for a in added}):
             return alone()
     # The own services' hosts again, in their order, with every domain other hosts took (and the
