@@ -18,6 +18,7 @@ import asyncio
 import copy
 import socket
 import threading
+import weakref
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -35,20 +36,20 @@ T = TypeVar("T")
 
 
 class _Server(aiohttp.web.Server):
-    """aiohttp's low-level server, remembering each connection's transport until the connection is
-    lost, as aiohttp does not once it has closed one (see _close_connections)."""
+    """aiohttp's low-level server, remembering every connection's transport while anything holds it.
+
+    aiohttp forgets a transport it closed, and a close waits for a write buffer the client may never
+    read: such a socket would outlive the server (see _close_connections). A weak set needs no
+    callback to forget a transport: one that is closed and dropped leaves it by itself, and one still
+    held, even only by a reference cycle, is still here when the server stops."""
 
     def __init__(self, handler: Any) -> None:
         super().__init__(handler)
-        self.transports: dict[Any, asyncio.Transport] = {}
+        self.transports: weakref.WeakSet[asyncio.Transport] = weakref.WeakSet()
 
     def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
+        self.transports.add(transport)
         super().connection_made(handler, transport)
-        self.transports[handler] = transport
-
-    def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
-        super().connection_lost(handler, exc)
-        self.transports.pop(handler, None)
 
 
 class KubeApiServer:
@@ -172,9 +173,9 @@ class KubeApiServer:
         # close() keeps a socket open until its write buffer drains, which it never does when the
         # client stopped reading (a watch's events to a process being stopped), and aiohttp forgets a
         # transport it closed: the loop would stop with the socket open, and the collector would find
-        # it in a later test. Those still open are aborted.
+        # it in a later test. Every transport still known is aborted (a no-op on one already lost).
         if self._web is not None and self._web.transports:
-            for transport in list(self._web.transports.values()):
+            for transport in list(self._web.transports):
                 transport.abort()
             await asyncio.sleep(0.01)
         self._protocols = []
