@@ -18,7 +18,6 @@ import asyncio
 import copy
 import socket
 import threading
-import weakref
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -35,23 +34,6 @@ __all__ = ["RESOURCES", "KubeApiEmulator", "KubeApiServer", "ResourceType", "Sta
 T = TypeVar("T")
 
 
-class _Server(aiohttp.web.Server):
-    """aiohttp's low-level server, remembering every connection's transport while anything holds it.
-
-    aiohttp forgets a transport it closed, and a close waits for a write buffer the client may never
-    read: such a socket would outlive the server (see _close_connections). A weak set needs no
-    callback to forget a transport: one that is closed and dropped leaves it by itself, and one still
-    held, even only by a reference cycle, is still here when the server stops."""
-
-    def __init__(self, handler: Any) -> None:
-        super().__init__(handler)
-        self.transports: weakref.WeakSet[asyncio.Transport] = weakref.WeakSet()
-
-    def connection_made(self, handler: Any, transport: asyncio.Transport) -> None:
-        self.transports.add(transport)
-        super().connection_made(handler, transport)
-
-
 class KubeApiServer:
     """``KubeApiEmulator`` served on ``host:port`` (port 0 picks one, kept across restarts).
 
@@ -63,7 +45,7 @@ class KubeApiServer:
         self.emulator = KubeApiEmulator(history_limit=history_limit)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._web: _Server | None = None
+        self._web: aiohttp.web.Server | None = None
         self._listener: asyncio.Server | None = None
         #: Every connection the listener accepted (aiohttp's handlers), closed when it stops.
         self._protocols: list[Any] = []
@@ -126,7 +108,7 @@ class KubeApiServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        web = self._web = _Server(self.emulator)
+        web = self._web = aiohttp.web.Server(self.emulator)
         made = self._protocols = []
 
         def protocol() -> Any:
@@ -173,10 +155,15 @@ class KubeApiServer:
         # close() keeps a socket open until its write buffer drains, which it never does when the
         # client stopped reading (a watch's events to a process being stopped), and aiohttp forgets a
         # transport it closed: the loop would stop with the socket open, and the collector would find
-        # it in a later test. Every transport still known is aborted (a no-op on one already lost).
-        if self._web is not None and self._web.transports:
-            for transport in list(self._web.transports):
-                transport.abort()
+        # it in a later test. So every transport of this loop still connected is aborted: only this
+        # server's connections live on it, and asyncio's own map of a selector loop's transports (by
+        # file descriptor, private) holds each from its creation, before aiohttp hears of it. A lost
+        # one has no protocol; abort() could fail on it.
+        registry: Mapping[int, asyncio.Transport] = asyncio.get_running_loop()._transports  # type: ignore[attr-defined]
+        connected = [t for t in list(registry.values()) if t.get_protocol() is not None]
+        for transport in connected:
+            transport.abort()
+        if connected:
             await asyncio.sleep(0.01)
         self._protocols = []
 
