@@ -204,36 +204,39 @@ def test_namespaces_each_routing_their_own_service_share_one_pass() -> None:
 
 
 def test_a_namespace_naming_most_services_encodes_alone_and_others_still_share() -> None:
-    """Sharing would cost a namespace naming most services more than encoding every host: it does
-    not share, and makes no pass from nowhere; a namespace naming few still shares."""
+    """Sharing would cost a namespace naming most services more than encoding every host: it encodes
+    them all itself, with no pass from nowhere; a namespace naming few makes that pass once and then
+    encodes only its own service's host."""
     docs = [
         *workload("client", "ns", "10.96.0.1", 8080, {"client-0": "10.1.0.11"}),
         *[service(f"s{i}", "ns", f"10.96.1.{i}", [("http", 8080)], {"app": f"s{i}"}) for i in range(5)],
         service("t", "other", "10.96.2.1", [("http", 8080)], {"app": "t"}),
     ]
     model = build(docs)
-    made: list[str] = []
-    original = route_shared_hosts._neutral
-
-    def counted(*args: Any) -> Any:
-        made.append("pass")
-        return original(*args)
-
     alone = model.env.build_push_context("alone")
     alone.share_outputs = False
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(route_shared_hosts, "_neutral", counted)
-        shared = model.env.build_push_context("shared")
-        passes = {}
-        for namespace in ("ns", "other"):
-            node = f"sidecar~10.1.0.12~client-1.{namespace}~{namespace}.svc.cluster.local"
-            proxy = model.proxy(node, {"NAMESPACE": namespace})
-            model.env.refresh_proxy(proxy, alone)
-            expected = encode_route_configuration(proxy, alone, "8080")
-            model.env.refresh_proxy(proxy, shared)
+    shared = model.env.build_push_context("shared")
+    encoded: list[int] = []  # how many services each call of the encoder was given
+    original = vhosts.default_virtual_hosts
+
+    def counted(services: Any, *args: Any) -> Any:
+        encoded.append(len(services))
+        return original(services, *args)
+
+    calls = {}
+    for namespace in ("ns", "other"):
+        node = f"sidecar~10.1.0.12~client-1.{namespace}~{namespace}.svc.cluster.local"
+        proxy = model.proxy(node, {"NAMESPACE": namespace})
+        model.env.refresh_proxy(proxy, alone)
+        expected = encode_route_configuration(proxy, alone, "8080")
+        model.env.refresh_proxy(proxy, shared)
+        encoded.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(vhosts, "default_virtual_hosts", counted)
             assert encode_route_configuration(proxy, shared, "8080") == expected, namespace
-            passes[namespace] = len(made)
-    assert passes == {"ns": 0, "other": 1}
+        calls[namespace] = list(encoded)
+    # Seven services on 8080: "ns" names six and encodes all seven; "other" names one.
+    assert calls == {"ns": [7], "other": [7, 1]}
 
 
 def test_compiled_default_hosts_equal_the_twins() -> None:

@@ -31,7 +31,8 @@ from meshpilot.networking.wire_py import read_varint
 _NOWHERE = "\x00"
 #: VirtualHost.domains (field 2, length-delimited).
 _DOMAINS_TAG = 2 << 3 | 2
-#: A namespace shares the hosts from nowhere while its own services are fewer than this share of all.
+#: A namespace shares the hosts from nowhere while its own services are fewer than this share of all
+#: (never when there are none).
 SHARE_BELOW = 0.5
 
 
@@ -114,8 +115,9 @@ def default_hosts(
     if split is None:
         return alone()
     namespace, suffix = split
-    # Hostnames ending in ``.<namespace>.svc.<suffix>``: a few with more labels name another namespace
-    # (``named_namespace``), but the count only chooses the cheaper of two ways to the same answer.
+    # Hostnames ending in ``.<namespace>`` and the suffix (``.svc.cluster.local``): the count is rough
+    # (a few such names belong to another namespace by ``named_namespace``, and some get no default
+    # host), but it only chooses the cheaper of two ways to the same answer. No services: alone.
     tail = f".{namespace}{suffix}"
     if sum(1 for hostname in services if hostname.endswith(tail)) >= SHARE_BELOW * len(services):
         return alone()
