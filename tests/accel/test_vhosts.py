@@ -203,6 +203,20 @@ def test_namespaces_each_routing_their_own_service_share_one_pass() -> None:
     assert _same_shared_or_alone(docs, namespaces) == 1
 
 
+def test_namespaces_with_destination_rules_of_their_own_share_one_pass() -> None:
+    """A namespace with DestinationRules of its own builds its scope's service list itself; the same
+    services in the same order still share one pass from nowhere."""
+    docs: list[dict[str, Any]] = []
+    namespaces = ("a", "b", "c", "d")
+    for i, namespace in enumerate(namespaces):
+        docs.append(service(f"web{i}", namespace, f"10.96.2.{i}", [("http", 8080)], {"app": f"web{i}"}))
+        host = f"web{i}.{namespace}.svc.cluster.local"
+        docs.append(istio("DestinationRule", f"web{i}", namespace, {"host": host}))
+    model = build(docs)
+    assert not model.push.destination_rules.same_for("a")  # so each namespace's scope is its own
+    assert _same_shared_or_alone(docs, namespaces) == 1
+
+
 def test_a_namespace_naming_most_services_encodes_alone_and_others_still_share() -> None:
     """Sharing would cost a namespace naming most services more than encoding every host: it encodes
     them all itself, with no pass from nowhere; a namespace naming few makes that pass once and then

@@ -19,7 +19,7 @@ from typing import Any
 from meshpilot.model import visibility
 from meshpilot.model.config import Config
 from meshpilot.model.confighash import hash_value
-from meshpilot.model.hosts import most_specific_match, resolve_short_name
+from meshpilot.model.hosts import is_wildcard, most_specific_match, resolve_short_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +127,12 @@ class _HostRules:
 
     def __init__(self) -> None:
         self.by_host: dict[str, list[MergedDestinationRule]] = defaultdict(list)
+        #: The wildcard hosts among ``by_host``'s, found on the first lookup (none: most meshes).
+        self._wildcards: list[str] | None = None
 
     def merge(self, host: str, config: Config, export_to: frozenset[str]) -> None:
         """Add ``config`` as istiod's mergeDestinationRule does (enhanced merge on, its default)."""
+        self._wildcards = None
         entries = self.by_host[host]
         selector = rule_selector(config)
         separate = True
@@ -152,7 +155,15 @@ class _HostRules:
             entries.append(MergedDestinationRule(host, (config,), export_to, selector))
 
     def lookup(self, host: str) -> list[MergedDestinationRule]:
-        match = most_specific_match(host, list(self.by_host))
+        # The exact host wins (``most_specific_match``); else only a wildcard host can match. A scope
+        # looks up each of its services here: a scan of every host made that quadratic.
+        exact = self.by_host.get(host)
+        if exact:
+            return exact
+        wildcards = self._wildcards
+        if wildcards is None:
+            wildcards = self._wildcards = [h for h in self.by_host if is_wildcard(h)]
+        match = most_specific_match(host, wildcards) if wildcards else None
         return self.by_host[match] if match is not None else []
 
 

@@ -311,14 +311,16 @@ def _virtual_service_hosts(proxy: Proxy, push: PushContext, port: int, listener:
 def _services_on_port(
     push: PushContext, listener: Any, port: int
 ) -> tuple[dict[str, Service], dict[str, Port], set[str]]:
-    """``vhosts.services_on_port`` for an egress listener, once per snapshot for the scopes that share
-    its services (``sidecar_scope``): the same objects then let them share default hosts too."""
+    """``vhosts.services_on_port`` for an egress listener, once per snapshot for the scopes that import
+    the same services in the same order: the same objects then let them share default hosts too. The
+    key names the services by identity, not the list: a namespace with DestinationRules of its own
+    builds its scope's list itself (``sidecar_scope``), with the same services as the others'."""
     imported = listener.services
     entry: tuple[Any, tuple[dict[str, Service], dict[str, Port], set[str]]] = push.memoized(
-        ("services-on-port", id(imported), port), lambda: (imported, vhosts.services_on_port(imported, port))
+        # The entry holds the first list, so the services' ids stay theirs while it lives.
+        ("services-on-port", tuple(map(id, imported)), port),
+        lambda: (imported, vhosts.services_on_port(imported, port)),
     )
-    if entry[0] is not imported:
-        return vhosts.services_on_port(imported, port)
     return entry[1]
 
 
