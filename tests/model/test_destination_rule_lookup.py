@@ -49,3 +49,26 @@ def test_a_namespace_s_own_rule_before_the_exports_of_the_service_s_namespace() 
     # Another namespace has no rule of its own: the wildcard rule the service's namespace exports.
     assert _names(push, "other", host, "shop") == ["exported"]
     assert _names(push, "other", "ratings.shop.svc.cluster.local", "shop") == ["exported"]
+
+
+def test_the_proxy_namespace_s_wildcard_rule_before_an_exact_rule_exported_by_the_service_s() -> None:
+    push = build(
+        [
+            _rule("own-wildcard", "client", "*.shop.svc.cluster.local", exportTo=["."]),
+            _rule("exact", "shop", "reviews.shop.svc.cluster.local"),
+        ]
+    ).push
+    host = "reviews.shop.svc.cluster.local"
+    assert _names(push, "client", host, "shop") == ["own-wildcard"]
+    assert _names(push, "other", host, "shop") == ["exact"]
+
+
+def test_the_root_namespace_s_exported_rule_when_no_other_applies() -> None:
+    push = build(
+        [
+            _rule("mesh-wide", "istio-system", "*.svc.cluster.local"),
+            _rule("exact", "shop", "reviews.shop.svc.cluster.local"),
+        ]
+    ).push
+    assert _names(push, "other", "reviews.shop.svc.cluster.local", "shop") == ["exact"]
+    assert _names(push, "other", "ratings.shop.svc.cluster.local", "shop") == ["mesh-wide"]

@@ -317,7 +317,7 @@ def _services_on_port(
     builds its scope's list itself (``sidecar_scope``), with the same services as the others'."""
     imported = listener.services
     entry: tuple[Any, tuple[dict[str, Service], dict[str, Port], set[str]]] = push.memoized(
-        # The entry holds the first list, so the services' ids stay theirs while it lives.
+        # The entry holds the first caller's services, so their ids stay theirs while it lives.
         ("services-on-port", tuple(map(id, imported)), port),
         lambda: (imported, vhosts.services_on_port(imported, port)),
     )

@@ -95,8 +95,8 @@ def default_hosts(
     """``vhosts.default_virtual_hosts``'s answer for ``services`` (by lowercased hostname, as
     ``services_on_port`` makes them) in any order, shared with the other namespaces of the snapshot
     where it can be (module docstring). Namespaces share only when they pass the same ``services``
-    object (``route._services_on_port``, per scope import list and snapshot). Unlike the encoder, it
-    leaves ``seen_names`` and ``seen_domains`` as they were when it shares."""
+    object (``route._services_on_port``, per snapshot and sequence of imported services). Unlike
+    the encoder, it leaves ``seen_names`` and ``seen_domains`` as they were when it shares."""
 
     def alone() -> list[tuple[str, bytes]]:
         return vhosts.default_virtual_hosts(
