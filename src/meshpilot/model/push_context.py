@@ -31,6 +31,8 @@ from meshpilot.model.service import Registry, Service
 from meshpilot.model.sidecar_scope import SidecarScope, build_scope
 
 _MEMO_LIMIT = 20000
+#: ``carried``'s mark for a key the previous snapshot did not hold.
+_NOT_CARRIED = object()
 T = TypeVar("T")
 
 KindView = Mapping[tuple[str, str], Config]
@@ -77,6 +79,7 @@ class PushContext:
         share_outputs: bool = True,
         jwks: JwksLookup | None = None,
         services_token: object | None = None,
+        carried_from: dict[Hashable, Any] | None = None,
     ) -> None:
         self.version = version
         #: Stands for the services in ``kept_token``: the environment hands the same object from
@@ -155,6 +158,9 @@ class PushContext:
         self._memo: dict[Hashable, Any] = {}
         #: Outputs that depend on nothing but their key, kept from snapshot to snapshot.
         self._lasting: dict[Hashable, Any] = lasting if lasting is not None else {}
+        #: ``carried``'s entries: this snapshot's, and those of the one before it to take over.
+        self._carried: dict[Hashable, Any] = {}
+        self._carried_from: dict[Hashable, Any] = carried_from if carried_from is not None else {}
 
     # -- configs -----------------------------------------------------------------
 
@@ -294,6 +300,36 @@ class PushContext:
         if not self.share_outputs:
             return make()
         return _remembered(self._lasting, (key, self.mesh_fingerprint, self.domain_suffix), make)
+
+    def carried(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``'s result for ``key``, or the previous snapshot's for the same key; either is
+        handed on to the next snapshot, if that one asks for it too.
+
+        Only for outputs that are a function of their key alone: the key names its inputs by content
+        or by ``id``, and then the entry holds those objects, so that no other object takes their ids
+        while it lives. Unlike ``memoized_lasting``, nothing outlives the snapshot after the last that
+        asked for it: a VirtualService push reuses the lists every proxy was sent last time (one
+        for each workload's clusters, a thousand entries each) instead of building them again, and
+        the lists of a change left behind are freed with the snapshot before it.
+        """
+        if not self.share_outputs:
+            return make()
+        store = self._carried
+        try:
+            return store[key]  # type: ignore[no-any-return]
+        except KeyError:
+            pass
+        found = self._carried_from.get(key, _NOT_CARRIED)
+        value = make() if found is _NOT_CARRIED else found
+        if len(store) >= _MEMO_LIMIT:
+            store.clear()
+        store[key] = value
+        return value
+
+    @property
+    def carried_on(self) -> dict[Hashable, Any]:
+        """What the next snapshot takes ``carried`` entries from (``carried_from``)."""
+        return self._carried
 
     def kept_token(self, kinds: tuple[Kind, ...]) -> tuple[object, ...]:
         """What an answer kept from one snapshot to the next compares, element by element and by

@@ -40,6 +40,8 @@ class MeshEnvironment:
         self.share_outputs = share_outputs
         #: PushContext.memoized_lasting's store, handed from snapshot to snapshot.
         self._lasting: dict[Hashable, Any] = {}
+        #: The latest snapshot's ``PushContext.carried`` entries, for the next to take over.
+        self._carried: dict[Hashable, Any] = {}
         #: Where snapshots find fetched JWKS (set by the composition root; None: none fetched).
         self.jwks: JwksLookup | None = None
         #: The services of the last snapshot and the token that stands for them (PushContext.kept_token).
@@ -57,7 +59,7 @@ class MeshEnvironment:
             shards = self.index.shards(svc.hostname, svc.namespace)
             if shards is not None and shards.service_accounts:
                 accounts[(svc.hostname, svc.namespace)] = shards.service_accounts
-        return PushContext(
+        push = PushContext(
             version=version,
             mesh=self.mesh,
             services=services,
@@ -69,7 +71,11 @@ class MeshEnvironment:
             jwks=self.jwks,
             # A snapshot that keeps nothing from earlier ones matches none of their tokens either.
             services_token=self._services_token if keep_lasting else None,
+            carried_from=self._carried if keep_lasting else None,
         )
+        if keep_lasting:
+            self._carried = push.carried_on
+        return push
 
     def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:
         """Recompute what a proxy's config depends on besides its identity (istiod's computeProxyState)."""

@@ -150,16 +150,36 @@ _SHARED_TOKENS = itertools.count()
 
 
 def joined(push: PushContext, first: ResourceList, second: ResourceList) -> ResourceList:
-    """``first`` then ``second``, one list per pair and snapshot, for parts the proxies of a scope share:
-    they then share the joined list too, with its digest and names (joining a thousand clusters again
-    for every proxy was most of a push's per-proxy CDS time). Parts made for one proxy are joined with
-    ``ResourceList.joined``: an entry per proxy would only hold memory."""
-    return memoized_by_identity(
-        push.memoized,
-        ("joined", id(first), id(second)),
-        (first, second),
-        lambda: ResourceList.joined(first, second),
+    """``first`` then ``second``, one list per pair, for parts the proxies of a scope share: they then
+    share the joined list too, with its digest and names (joining a thousand clusters again for every
+    proxy was most of a push's per-proxy CDS time). The pair's list is carried to the next snapshot
+    while the parts stay the same objects (``same_list``), so a push that changes neither part builds
+    none of them again. Parts made for one proxy are joined with ``ResourceList.joined``: an entry per
+    proxy would only hold memory."""
+    # The entry holds the parts, so no other list takes their ids while it lives.
+    held: tuple[ResourceList, ResourceList, ResourceList] = push.carried(
+        ("joined", id(first), id(second)), lambda: (first, second, ResourceList.joined(first, second))
     )
+    if held[0] is first and held[1] is second:
+        return held[2]
+    return ResourceList.joined(first, second)
+
+
+def same_list(push: PushContext, made: ResourceList) -> ResourceList:
+    """The previous snapshot's list if it holds the same resources as ``made`` (a list shared by the
+    proxies of a scope, built again for a new snapshot), else ``made``: kept so, a list stays the same
+    object while its content does, and what is keyed by it (``joined``) is found again."""
+    kept: ResourceList = push.carried(("same-list", made.digest, len(made)), lambda: made)
+    if kept is made or not _same_resources(kept, made):
+        return made
+    return kept
+
+
+def _same_resources(a: ResourceList, b: ResourceList) -> bool:
+    # Payloads from the XdsCache are the same objects, and ``==`` on bytes looks at identity first.
+    if len(a) != len(b):
+        return False
+    return all(x.name == y.name and x.payload == y.payload for x, y in zip(a, b, strict=True))
 
 
 def digest_of(resources: list[Resource]) -> int:

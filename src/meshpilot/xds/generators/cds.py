@@ -4,7 +4,8 @@ Outbound clusters are cached one by one under a key of everything their
 builder reads (service, DestinationRule, identities, MeshConfig, the proxy's
 capabilities), and the whole outbound list is shared, per snapshot, by the
 proxies with the same capabilities of every scope with the same imports
-(``SidecarScope.import_signature``: usually every namespace without a Sidecar).
+(``SidecarScope.import_signature``: usually every namespace without a Sidecar),
+and kept from the previous snapshot while it holds the same clusters (``same_list``).
 Inbound clusters are shared by the proxies that serve the same ports.
 """
 
@@ -42,6 +43,7 @@ from meshpilot.xds.generators.base import (
     ResourceList,
     joined,
     only_kinds,
+    same_list,
     shared_token,
 )
 from meshpilot.xds.generators.envoy_filters import has_cluster_patches, patch_clusters
@@ -140,7 +142,9 @@ class ClusterGenerator:
                 payload = cache.check(key, payload, _outbound_payload(encoder, spec))
             if payload:
                 out.append(Resource(name, payload))
-        return ResourceList(out), frozenset(r.name for r in out)
+        # Made again for each snapshot: kept as the previous one's while the same (``joined``'s key).
+        listed = same_list(ctx.push, ResourceList(out))
+        return listed, listed.names
 
     def _sni_dnat(self, ctx: GenerationContext) -> ResourceList:
         """The SNI-DNAT clusters of an AUTO_PASSTHROUGH gateway, cached as the outbound ones."""

@@ -35,6 +35,7 @@ from meshpilot.xds.generators.base import (
     joined,
     names_of,
     only_kinds,
+    same_list,
     shared_token,
 )
 from meshpilot.xds.generators.envoy_filters import has_listener_patches, patch_listeners
@@ -44,15 +45,23 @@ from meshpilot.xds.types import TypeUrl
 log = logging.getLogger(__name__)
 
 
+#: What becomes of a list of listeners once made (``_shared``).
+_Keep = Callable[[ResourceList], ResourceList]
+
+
+def _as_made(resources: ResourceList) -> ResourceList:
+    return resources
+
+
 class _Traced:
     """Listeners as built for the first of the workloads sharing them, with the tracing they were
     built with and those of them that hold HCMs (which another workload's tracing changes)."""
 
     __slots__ = ("resources", "traced", "tracing")
 
-    def __init__(self, tracing: HcmTracing, listeners: list[Any]) -> None:
+    def __init__(self, tracing: HcmTracing, listeners: list[Any], keep: _Keep) -> None:
         self.tracing = tracing
-        self.resources = ResourceList(Resource.of(li.name, li) for li in listeners)
+        self.resources = keep(ResourceList(Resource.of(li.name, li) for li in listeners))
         self.traced = [(i, li) for i, li in enumerate(listeners) if holds_hcm(li)]
 
     def with_tracing(self, tracing: HcmTracing) -> ResourceList:
@@ -69,12 +78,14 @@ def _shared(
     key: Hashable,
     tracing: HcmTracing,
     build: Callable[[], list[Any]],
+    keep: _Keep = _as_made,
 ) -> ResourceList:
-    """Listeners shared under ``key`` by workloads whose HCMs differ only in ``tracing``."""
-    template: _Traced = memo(key, lambda: _Traced(tracing, build()))
+    """Listeners shared under ``key`` by workloads whose HCMs differ only in ``tracing``; each list
+    made passes through ``keep`` (``same_list``, for lists made again for every snapshot)."""
+    template: _Traced = memo(key, lambda: _Traced(tracing, build(), keep))
     if template.tracing.fingerprint == tracing.fingerprint:
         return template.resources
-    found: ResourceList = memo((key, tracing.fingerprint), lambda: template.with_tracing(tracing))
+    found: ResourceList = memo((key, tracing.fingerprint), lambda: keep(template.with_tracing(tracing)))
     return found
 
 
@@ -140,6 +151,8 @@ class ListenerGenerator:
             ),
             keys.client_tracing,
             lambda: build_outbound_listeners(proxy, push, ctx.index),
+            # Made again for each snapshot: kept as the previous one's while the same.
+            partial(same_list, push),
         )
         inbound_key = (
             "lds-in",

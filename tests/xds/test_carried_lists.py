@@ -1,0 +1,176 @@
+"""Lists the proxies of a scope share, carried from one snapshot to the next while they stay the same
+(``PushContext.carried``, ``generators.base.same_list`` and ``joined``).
+
+A VirtualService push makes every proxy's clusters and listeners again, and each workload's list
+joins the shared outbound part (a thousand entries in the benchmark) with its own inbound part. The
+lists are now kept from the previous snapshot when their content is unchanged, so that push builds
+none of them. Each case checks what a proxy gets against what a new environment builds from the
+same objects: a list kept when it should have changed would push stale config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from support.kube import istio, service
+from support.mesh_objects import CLIENT, mesh_objects
+from support.model import Model, build
+
+from meshpilot.config.decode import decode_object
+from meshpilot.model.config import Config
+from meshpilot.model.push_context import PushContext
+from meshpilot.model.push_request import PushRequest
+from meshpilot.registry.kube.controller import KubeRegistry
+from meshpilot.xds.connection import WatchedResource
+from meshpilot.xds.generators.base import (
+    GenerationContext,
+    Generator,
+    Resource,
+    ResourceList,
+    joined,
+    same_list,
+)
+from meshpilot.xds.generators.cds import ClusterGenerator
+from meshpilot.xds.generators.lds import ListenerGenerator
+from meshpilot.xds.types import TypeUrl
+
+
+def resources(*payloads: bytes) -> ResourceList:
+    return ResourceList(Resource(p.decode(), p) for p in payloads)
+
+
+def _next(model: Model) -> PushContext:
+    model.push = model.env.build_push_context(f"test/{id(object())}")
+    return model.push
+
+
+def test_an_entry_reaches_the_next_snapshot_only_while_each_asks_for_it() -> None:
+    model = build(mesh_objects())
+    made: list[str] = []
+
+    def make(tag: str) -> str:
+        made.append(tag)
+        return tag
+
+    assert model.push.carried("k", lambda: make("first")) == "first"
+    assert _next(model).carried("k", lambda: make("second")) == "first"
+    _next(model)  # asks nothing: the entry is not handed on
+    assert _next(model).carried("k", lambda: make("third")) == "third"
+    assert made == ["first", "third"]
+
+
+def test_without_shared_outputs_nothing_is_carried() -> None:
+    model = build(mesh_objects())
+    model.push.share_outputs = False
+    model.push.carried("k", lambda: "first")
+    assert model.push.carried("k", lambda: "again") == "again"
+
+
+def test_a_preview_snapshot_takes_nothing_over() -> None:
+    model = build(mesh_objects())
+    model.push.carried("k", lambda: "first")
+    preview = model.env.build_push_context("preview", keep_lasting=False)
+    assert preview.carried("k", lambda: "own") == "own"
+    # Nor does it take the place of the live snapshot as the one the next takes over from.
+    assert _next(model).carried("k", lambda: "later") == "first"
+
+
+def test_a_list_made_again_with_the_same_resources_is_the_previous_one() -> None:
+    model = build(mesh_objects())
+    first = same_list(model.push, resources(b"a", b"b"))
+    push = _next(model)
+    assert same_list(push, resources(b"a", b"b")) is first
+    changed = resources(b"a", b"c")
+    assert same_list(push, changed) is changed
+    renamed = ResourceList([Resource("other", b"a"), Resource("b", b"b")])
+    assert same_list(push, renamed) is renamed, "a payload under another name is another list"
+
+
+def test_a_joined_list_is_carried_while_both_parts_are_the_same_objects() -> None:
+    model = build(mesh_objects())
+    out, inbound = resources(b"o1", b"o2"), resources(b"i1")
+    first = joined(model.push, out, inbound)
+    push = _next(model)
+    assert joined(push, out, inbound) is first
+    other = resources(b"o1", b"o3")
+    assert list(joined(push, other, inbound)) == [*other, *inbound]
+
+
+# -- the generators ---------------------------------------------------------------------------
+
+
+def upsert(model: Model, doc: dict[str, Any]) -> None:
+    obj = decode_object(doc).obj
+    if isinstance(obj, Config):
+        model.env.store.upsert(obj)
+    else:
+        kube = model.env.registry.workloads[0]
+        assert isinstance(kube, KubeRegistry)
+        kube.upsert(obj)
+
+
+def generated(model: Model, generator: Generator, type_url: TypeUrl) -> list[Resource]:
+    proxy = model.proxy(CLIENT)
+    ctx = GenerationContext(proxy, model.push, model.index, PushRequest(push=model.push))
+    return generator.generate(ctx, WatchedResource(type_url.value, wildcard=True), None) or []
+
+
+def payloads(found: list[Resource]) -> dict[str, bytes]:
+    return {r.name: r.payload for r in found}
+
+
+def without_headless() -> list[dict[str, Any]]:
+    # A headless service's listeners name each proxy's own address: that list is the proxy's own.
+    return [d for d in mesh_objects() if d["metadata"]["name"] != "headless"]
+
+
+ROUTE = istio(
+    "VirtualService",
+    "reviews",
+    "default",
+    {"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "reviews", "subset": "v1"}}]}]},
+)
+POOL = istio(
+    "DestinationRule",
+    "ratings",
+    "other",
+    {
+        "host": "ratings.other.svc.cluster.local",
+        "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 7}}},
+    },
+)
+NEW_PORT = service("search", "default", "10.96.0.60", [("http", 8000)], {"app": "search"})
+
+
+def test_clusters_are_the_same_list_after_a_virtual_service_and_new_after_a_destination_rule() -> None:
+    docs = without_headless()
+    model = build(docs)
+    before = generated(model, ClusterGenerator(), TypeUrl.CLUSTER)
+    upsert(model, ROUTE)
+    _next(model)
+    kept = generated(model, ClusterGenerator(), TypeUrl.CLUSTER)
+    assert kept is before, "nothing a cluster reads changed: the list is carried"
+    assert payloads(kept) == payloads(generated(build([*docs, ROUTE]), ClusterGenerator(), TypeUrl.CLUSTER))
+    upsert(model, POOL)
+    _next(model)
+    changed = generated(model, ClusterGenerator(), TypeUrl.CLUSTER)
+    fresh = generated(build([*docs, ROUTE, POOL]), ClusterGenerator(), TypeUrl.CLUSTER)
+    assert payloads(changed) == payloads(fresh)
+    assert payloads(changed) != payloads(kept)
+
+
+def test_listeners_are_the_same_list_after_a_virtual_service_and_new_after_a_service() -> None:
+    docs = without_headless()
+    model = build(docs)
+    before = generated(model, ListenerGenerator(), TypeUrl.LISTENER)
+    upsert(model, ROUTE)
+    _next(model)
+    kept = generated(model, ListenerGenerator(), TypeUrl.LISTENER)
+    assert kept is before
+    assert payloads(kept) == payloads(generated(build([*docs, ROUTE]), ListenerGenerator(), TypeUrl.LISTENER))
+    upsert(model, NEW_PORT)
+    _next(model)
+    changed = generated(model, ListenerGenerator(), TypeUrl.LISTENER)
+    fresh = generated(build([*docs, ROUTE, NEW_PORT]), ListenerGenerator(), TypeUrl.LISTENER)
+    assert payloads(changed) == payloads(fresh)
+    assert "0.0.0.0_8000" in payloads(changed) and "0.0.0.0_8000" not in payloads(kept)
