@@ -50,3 +50,18 @@ async def test_remove_and_close() -> None:
     await asyncio.sleep(0)
     queue.close()
     assert await asyncio.wait_for(waiter, 1) is None
+
+
+async def test_idle_only_with_nothing_queued_or_in_flight() -> None:
+    queue: PushQueue[str] = PushQueue()
+    assert queue.idle
+    queue.enqueue("a", req("x"))
+    assert not queue.idle
+    await queue.dequeue()
+    assert not queue.idle, "a push in flight"
+    queue.enqueue("a", req("y"))
+    queue.mark_done("a")
+    assert not queue.idle, "queued again by what arrived meanwhile"
+    await queue.dequeue()
+    queue.mark_done("a")
+    assert queue.idle

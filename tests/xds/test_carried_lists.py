@@ -3,18 +3,24 @@
 
 A VirtualService push makes every proxy's clusters and listeners again, and each workload's list
 joins the shared outbound part (a thousand entries in the benchmark) with its own inbound part. The
-lists are now kept from the previous snapshot when their content is unchanged, so that push builds
-none of them. Each case checks what a proxy gets against what a new environment builds from the
-same objects: a list kept when it should have changed would push stale config.
+lists are now kept from the previous snapshot when their content is unchanged, so that push joins
+none of them again. The generator cases check what a proxy gets against what a new environment builds
+from the same objects: a list kept when it should have changed would push stale config.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import weakref
+from pathlib import Path
 from typing import Any
 
-from support.kube import istio, service
+from support.ads_client import AdsClient
+from support.kube import istio, service, write
 from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
+from support.xds_server import NODE, three_services
 
 from meshpilot.config.decode import decode_object
 from meshpilot.model.config import Config
@@ -59,11 +65,38 @@ def test_an_entry_reaches_the_next_snapshot_only_while_each_asks_for_it() -> Non
     assert made == ["first", "third"]
 
 
+def test_an_entry_asked_for_by_every_snapshot_is_carried_along_the_chain() -> None:
+    model = build(mesh_objects())
+    first = model.push.carried("k", object)
+    for _ in range(4):
+        assert _next(model).carried("k", object) is first
+
+
 def test_without_shared_outputs_nothing_is_carried() -> None:
     model = build(mesh_objects())
-    model.push.share_outputs = False
+    model.env.share_outputs = False
+    model.push = model.env.build_push_context("unshared")
     model.push.carried("k", lambda: "first")
     assert model.push.carried("k", lambda: "again") == "again"
+    assert _next(model).carried("k", lambda: "later") == "later"
+
+
+class _Held:
+    """Something an entry holds, to watch it freed (weakly referenced)."""
+
+
+def test_released_entries_are_let_go_and_taken_ones_stay() -> None:
+    model = build(mesh_objects())
+    taken = model.push.carried("taken", _Held)
+    left_ref = weakref.ref(model.push.carried("left", _Held))
+    push = _next(model)
+    assert push.carried("taken", _Held) is taken
+    gc.collect()
+    assert left_ref() is not None, "held for the next snapshot until released"
+    push.release_carried()
+    gc.collect()
+    assert left_ref() is None
+    assert _next(model).carried("taken", _Held) is taken, "taken over before the release"
 
 
 def test_a_preview_snapshot_takes_nothing_over() -> None:
@@ -84,6 +117,14 @@ def test_a_list_made_again_with_the_same_resources_is_the_previous_one() -> None
     assert same_list(push, changed) is changed
     renamed = ResourceList([Resource("other", b"a"), Resource("b", b"b")])
     assert same_list(push, renamed) is renamed, "a payload under another name is another list"
+
+
+def test_lists_whose_digests_collide_are_told_apart() -> None:
+    model = build(mesh_objects())
+    first = same_list(model.push, ResourceList([Resource("a", b"x")], digest=1))
+    other = ResourceList([Resource("a", b"y")], digest=1)
+    assert same_list(_next(model), other) is other
+    assert first is not other
 
 
 def test_a_joined_list_is_carried_while_both_parts_are_the_same_objects() -> None:
@@ -174,3 +215,31 @@ def test_listeners_are_the_same_list_after_a_virtual_service_and_new_after_a_ser
     fresh = generated(build([*docs, ROUTE, NEW_PORT]), ListenerGenerator(), TypeUrl.LISTENER)
     assert payloads(changed) == payloads(fresh)
     assert "0.0.0.0_8000" in payloads(changed) and "0.0.0.0_8000" not in payloads(kept)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+async def test_once_a_push_reached_every_connection_the_previous_snapshot_is_let_go(tmp_path: Path) -> None:
+    async with three_services(tmp_path) as server:
+        client = AdsClient(server.target)
+        client.send(TypeUrl.CLUSTER.value, node_id=NODE)
+        client.ack(await client.recv())
+        before = server.app.server.push_context
+        assert before is not None
+        stale_ref = weakref.ref(before.carried(("test", "stale"), _Held))
+        del before
+        write(server.config_dir / "vs.yaml", [ROUTE])
+        # The clusters come out the same and are not sent: the push is over when that is counted.
+        for _ in range(200):
+            if server.metric("meshpilot_xds_unchanged_skipped_total", type="cds") >= 1:
+                break
+            await asyncio.sleep(0.025)
+        assert server.metric("meshpilot_xds_unchanged_skipped_total", type="cds") >= 1
+        for _ in range(100):
+            gc.collect()
+            if stale_ref() is None:
+                break
+            await asyncio.sleep(0.02)
+        assert stale_ref() is None, "the snapshot before the push's is held no longer"
+        await client.close()

@@ -305,12 +305,13 @@ class PushContext:
         """``make()``'s result for ``key``, or the previous snapshot's for the same key; either is
         handed on to the next snapshot, if that one asks for it too.
 
-        Only for outputs that are a function of their key alone: the key names its inputs by content
-        or by ``id``, and then the entry holds those objects, so that no other object takes their ids
-        while it lives. Unlike ``memoized_lasting``, nothing outlives the snapshot after the last that
-        asked for it: a VirtualService push reuses the lists every proxy was sent last time (one
-        for each workload's clusters, a thousand entries each) instead of building them again, and
-        the lists of a change left behind are freed with the snapshot before it.
+        For outputs that are a function of their key (which names its inputs by ``id``, and then the
+        entry holds those objects, so that no other object takes their ids while it lives), or whose
+        caller checks what it is handed (``same_list``, keyed by a digest). A VirtualService push so
+        reuses the lists every workload was sent last time (its clusters and listeners, a thousand
+        entries each in the benchmark) instead of building them again. What the previous snapshot
+        held is let go once a push has reached every connection (``release_carried``); entries this
+        snapshot did not ask for go with it.
         """
         if not self.share_outputs:
             return make()
@@ -325,6 +326,11 @@ class PushContext:
             store.clear()
         store[key] = value
         return value
+
+    def release_carried(self) -> None:
+        """Let the previous snapshot's ``carried`` entries go: every proxy pushed with this snapshot
+        has taken over what it needed, and what it did not is stale (a list of a changed service)."""
+        self._carried_from = {}
 
     @property
     def carried_on(self) -> dict[Hashable, Any]:

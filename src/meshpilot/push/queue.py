@@ -29,6 +29,11 @@ class PushQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._order)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing being pushed."""
+        return not self._order and not self._in_flight
+
     def enqueue(self, key: K, request: PushRequest) -> None:
         if key in self._in_flight:
             later = self._in_flight[key]

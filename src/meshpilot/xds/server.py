@@ -314,6 +314,10 @@ class DiscoveryServer:
             def done(conn_id: str = conn_id) -> None:
                 self._queue.mark_done(conn_id)
                 slots.give_back()
+                if self._queue.idle and self.push_context is not None:
+                    # Every connection has its config of this snapshot: what the one before
+                    # held for it to carry over and nobody took is stale.
+                    self.push_context.release_carried()
 
             stream.deliver(request, done)
 

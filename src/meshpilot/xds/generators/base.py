@@ -152,17 +152,15 @@ _SHARED_TOKENS = itertools.count()
 def joined(push: PushContext, first: ResourceList, second: ResourceList) -> ResourceList:
     """``first`` then ``second``, one list per pair, for parts the proxies of a scope share: they then
     share the joined list too, with its digest and names (joining a thousand clusters again for every
-    proxy was most of a push's per-proxy CDS time). The pair's list is carried to the next snapshot
-    while the parts stay the same objects (``same_list``), so a push that changes neither part builds
-    none of them again. Parts made for one proxy are joined with ``ResourceList.joined``: an entry per
-    proxy would only hold memory."""
+    proxy was most of a push's per-proxy CDS time). The joined list is carried to the next snapshot
+    while both parts are the same objects (``same_list`` keeps them so while their content is), so a
+    push that changes neither part joins nothing again. Parts made for one proxy are joined with
+    ``ResourceList.joined``: an entry per proxy would only hold memory."""
     # The entry holds the parts, so no other list takes their ids while it lives.
     held: tuple[ResourceList, ResourceList, ResourceList] = push.carried(
         ("joined", id(first), id(second)), lambda: (first, second, ResourceList.joined(first, second))
     )
-    if held[0] is first and held[1] is second:
-        return held[2]
-    return ResourceList.joined(first, second)
+    return held[2]
 
 
 def same_list(push: PushContext, made: ResourceList) -> ResourceList:

@@ -151,8 +151,9 @@ class ListenerGenerator:
             ),
             keys.client_tracing,
             lambda: build_outbound_listeners(proxy, push, ctx.index),
-            # Made again for each snapshot: kept as the previous one's while the same.
-            partial(same_list, push),
+            # Made again for each snapshot: kept as the previous one's while the same. Not when the
+            # list is the proxy's own (headless services): an entry per proxy would only hold memory.
+            partial(same_list, push) if headless is None else _as_made,
         )
         inbound_key = (
             "lds-in",
