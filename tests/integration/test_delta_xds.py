@@ -144,12 +144,15 @@ def test_state_of_the_world_still_routes(mesh: MeshHarness) -> None:
 def test_a_reconnect_to_a_restarted_server_is_sent_nothing_it_holds(delta: Delta) -> None:
     """Versions are hashes of the bytes, the same in every process: a new server process (or another
     replica) recognises what the proxy kept."""
-    assert delta.mesh.meshpilot is not None
+    old = delta.mesh.meshpilot
+    assert old is not None
     clusters = len(delta.envoy.dynamic_clusters())
     stats = delta.envoy.stats()
-    delta.mesh.meshpilot.stop()
+    # The new process is up and the relay sends to it before the old one goes: otherwise Envoy's
+    # reconnects meet a closed port while the new one starts, and its backoff outgrows the wait.
     restarted = delta.mesh.start_meshpilot()
     delta.relay.set_backends([("127.0.0.1", restarted.grpc_port)])
+    old.stop()
     delta.relay.cut()
     eventually(lambda: delta.kept() >= clusters, what="the new server left out every cluster Envoy holds")
     after = delta.envoy.stats()
