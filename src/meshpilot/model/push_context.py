@@ -310,26 +310,22 @@ class PushContext:
         caller checks what it is handed (``same_list``, keyed by a digest). A VirtualService push so
         reuses the lists every workload was sent last time (its clusters and listeners, a thousand
         entries each in the benchmark) instead of building them again. What the previous snapshot
-        held is let go once a push has reached every connection (``release_carried``); entries this
-        snapshot did not ask for go with it.
+        held is let go when the push queue is next idle (``release_carried``); entries this snapshot
+        did not ask for go with it.
         """
         if not self.share_outputs:
             return make()
-        store = self._carried
-        try:
-            return store[key]  # type: ignore[no-any-return]
-        except KeyError:
-            pass
-        found = self._carried_from.get(key, _NOT_CARRIED)
-        value = make() if found is _NOT_CARRIED else found
-        if len(store) >= _MEMO_LIMIT:
-            store.clear()
-        store[key] = value
-        return value
+
+        def taken_over() -> T:
+            found = self._carried_from.get(key, _NOT_CARRIED)
+            return make() if found is _NOT_CARRIED else found
+
+        return _remembered(self._carried, key, taken_over)
 
     def release_carried(self) -> None:
-        """Let the previous snapshot's ``carried`` entries go: every proxy pushed with this snapshot
-        has taken over what it needed, and what it did not is stale (a list of a changed service)."""
+        """Let the previous snapshot's ``carried`` entries go, once the proxies pushed with this
+        snapshot have taken over what they need: what is left is a changed service's list, or one of
+        a proxy that left or that the push did not concern (which builds it again when next pushed)."""
         self._carried_from = {}
 
     @property

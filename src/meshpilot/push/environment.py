@@ -49,7 +49,8 @@ class MeshEnvironment:
         self._services_token = object()
 
     def build_push_context(self, version: str, *, keep_lasting: bool = True) -> PushContext:
-        """A snapshot; ``keep_lasting=False`` starts it without outputs kept from earlier ones."""
+        """A snapshot; ``keep_lasting=False`` starts it without outputs kept from earlier ones, and
+        the next snapshot does not take over its carried outputs (a preview's)."""
         services = self.registry.services()
         if len(services) != len(self._services) or not all(map(operator.is_, services, self._services)):
             # Services are immutable: the same objects in the same order are the same services.

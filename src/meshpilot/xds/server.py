@@ -306,20 +306,23 @@ class DiscoveryServer:
             conn_id, request = item
             stream = self._streams.get(conn_id)
             if stream is None:
-                self._queue.mark_done(conn_id)
+                self._push_done(conn_id)
                 continue
             self.metrics.queue_time.observe(max(0.0, time.monotonic() - request.start))
             slots.take()
 
             def done(conn_id: str = conn_id) -> None:
-                self._queue.mark_done(conn_id)
+                self._push_done(conn_id)
                 slots.give_back()
-                if self._queue.idle and self.push_context is not None:
-                    # Every connection has its config of this snapshot: what the one before
-                    # held for it to carry over and nobody took is stale.
-                    self.push_context.release_carried()
 
             stream.deliver(request, done)
+
+    def _push_done(self, conn_id: str) -> None:
+        self._queue.mark_done(conn_id)
+        if self._queue.idle and self.push_context is not None:
+            # Nothing is queued or being pushed: the proxies pushed with this snapshot have taken
+            # over what they need of the one before's carried outputs, and the rest may go.
+            self.push_context.release_carried()
 
     async def run(self) -> None:
         """Debounce and push until cancelled."""

@@ -147,7 +147,7 @@ class ClusterGenerator:
         return listed, listed.names
 
     def _sni_dnat(self, ctx: GenerationContext) -> ResourceList:
-        """The SNI-DNAT clusters of an AUTO_PASSTHROUGH gateway, cached as the outbound ones."""
+        """The SNI-DNAT clusters of an AUTO_PASSTHROUGH gateway, each cached as an outbound one is."""
         inputs = ClusterInputs(ctx.proxy, ctx.push, ctx.index)
         cache = ctx.cache.for_type(self.type_url) if ctx.cache is not None else None
         out: list[Resource] = []
