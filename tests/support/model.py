@@ -60,6 +60,11 @@ class Model:
         self.env.refresh_proxy(proxy, self.push)
         return proxy
 
+    def upsert(self, doc: Mapping[str, Any]) -> None:
+        """Add or replace an object: a config in the store, a Kubernetes object in its registry
+        (seen by the next snapshot)."""
+        _upsert(self.env.store, _kube(self.env), doc)
+
 
 def build(docs: Iterable[Mapping[str, Any]], mesh_yaml: str | None = None) -> Model:
     store = ConfigStore()
@@ -70,9 +75,19 @@ def build(docs: Iterable[Mapping[str, Any]], mesh_yaml: str | None = None) -> Mo
     mesh = apply_mesh_config(mesh_yaml) if mesh_yaml else default_mesh_config()
     env = MeshEnvironment(store=store, registry=AggregateRegistry([kube], [entries]), index=index, mesh=mesh)
     for doc in docs:
-        obj = decode_object(dict(doc)).obj
-        if isinstance(obj, Config):
-            store.upsert(obj)
-        else:
-            kube.upsert(obj)
+        _upsert(store, kube, doc)
     return Model(env, env.build_push_context("test/1"))
+
+
+def _upsert(store: ConfigStore, kube: KubeRegistry, doc: Mapping[str, Any]) -> None:
+    obj = decode_object(dict(doc)).obj
+    if isinstance(obj, Config):
+        store.upsert(obj)
+    else:
+        kube.upsert(obj)
+
+
+def _kube(env: MeshEnvironment) -> KubeRegistry:
+    kube = env.registry.workloads[0]
+    assert isinstance(kube, KubeRegistry)
+    return kube

@@ -23,11 +23,8 @@ from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
 from support.xds_server import NODE, three_services
 
-from meshpilot.config.decode import decode_object
-from meshpilot.model.config import Config
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
-from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import (
     GenerationContext,
@@ -144,16 +141,6 @@ def test_a_joined_list_is_carried_while_both_parts_are_the_same_objects() -> Non
 # -- the generators ---------------------------------------------------------------------------
 
 
-def upsert(model: Model, doc: dict[str, Any]) -> None:
-    obj = decode_object(doc).obj
-    if isinstance(obj, Config):
-        model.env.store.upsert(obj)
-    else:
-        kube = model.env.registry.workloads[0]
-        assert isinstance(kube, KubeRegistry)
-        kube.upsert(obj)
-
-
 def generated(model: Model, generator: Generator, type_url: TypeUrl) -> list[Resource]:
     proxy = model.proxy(CLIENT)
     ctx = GenerationContext(proxy, model.push, model.index, PushRequest(push=model.push))
@@ -191,12 +178,12 @@ def test_clusters_are_the_same_list_after_a_virtual_service_and_new_after_a_dest
     docs = without_headless()
     model = build(docs)
     before = generated(model, ClusterGenerator(), TypeUrl.CLUSTER)
-    upsert(model, ROUTE)
+    model.upsert(ROUTE)
     _next(model)
     kept = generated(model, ClusterGenerator(), TypeUrl.CLUSTER)
     assert kept is before, "nothing a cluster reads changed: the list is carried"
     assert payloads(kept) == payloads(generated(build([*docs, ROUTE]), ClusterGenerator(), TypeUrl.CLUSTER))
-    upsert(model, POOL)
+    model.upsert(POOL)
     _next(model)
     changed = generated(model, ClusterGenerator(), TypeUrl.CLUSTER)
     fresh = generated(build([*docs, ROUTE, POOL]), ClusterGenerator(), TypeUrl.CLUSTER)
@@ -208,12 +195,12 @@ def test_listeners_are_the_same_list_after_a_virtual_service_and_new_after_a_ser
     docs = without_headless()
     model = build(docs)
     before = generated(model, ListenerGenerator(), TypeUrl.LISTENER)
-    upsert(model, ROUTE)
+    model.upsert(ROUTE)
     _next(model)
     kept = generated(model, ListenerGenerator(), TypeUrl.LISTENER)
     assert kept is before
     assert payloads(kept) == payloads(generated(build([*docs, ROUTE]), ListenerGenerator(), TypeUrl.LISTENER))
-    upsert(model, NEW_PORT)
+    model.upsert(NEW_PORT)
     _next(model)
     changed = generated(model, ListenerGenerator(), TypeUrl.LISTENER)
     fresh = generated(build([*docs, ROUTE, NEW_PORT]), ListenerGenerator(), TypeUrl.LISTENER)

@@ -18,13 +18,10 @@ from support.kube import istio, pod, service, workload
 from support.mesh_objects import CLIENT, mesh_objects
 from support.model import Model, build
 
-from meshpilot.config.decode import decode_object
-from meshpilot.model.config import Config
 from meshpilot.model.mesh import apply_mesh_config
 from meshpilot.model.peer_authentication import MtlsMode, WorkloadMtls
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_request import PushRequest
-from meshpilot.registry.kube.controller import KubeRegistry
 from meshpilot.server.metrics import Metrics
 from meshpilot.xds.cache import XdsCache
 from meshpilot.xds.connection import WatchedResource
@@ -73,16 +70,6 @@ def worked_out(monkeypatch: pytest.MonkeyPatch) -> list[Proxy]:
     return calls
 
 
-def upsert(model: Model, doc: dict[str, Any]) -> None:
-    obj = decode_object(doc).obj
-    if isinstance(obj, Config):
-        model.env.store.upsert(obj)
-    else:
-        kube = model.env.registry.workloads[0]
-        assert isinstance(kube, KubeRegistry)
-        kube.upsert(obj)
-
-
 ROUTE = istio(
     "VirtualService",
     "reviews",
@@ -97,7 +84,7 @@ def test_a_virtual_service_change_keeps_them_and_the_listeners_are_a_new_subscri
     stream = Stream(build(mesh_objects()))
     stream.listeners()
     assert len(worked_out) == 1
-    upsert(stream.model, ROUTE)
+    stream.model.upsert(ROUTE)
     stream.next_snapshot()
     kept = stream.listeners()
     assert len(worked_out) == 1, "a VirtualService reads none of them: kept"
@@ -106,7 +93,7 @@ def test_a_virtual_service_change_keeps_them_and_the_listeners_are_a_new_subscri
 
 def _deny(model: Model, name: str, labels: dict[str, str]) -> None:
     spec = {"selector": {"matchLabels": labels}, "action": "DENY", "rules": [{}]}
-    upsert(model, istio("AuthorizationPolicy", name, "default", spec, group="security"))
+    model.upsert(istio("AuthorizationPolicy", name, "default", spec, group="security"))
 
 
 def _deny_all(model: Model) -> None:
@@ -114,15 +101,13 @@ def _deny_all(model: Model) -> None:
 
 
 def _strict(model: Model) -> None:
-    upsert(
-        model,
+    model.upsert(
         istio("PeerAuthentication", "strict", "default", {"mtls": {"mode": "STRICT"}}, group="security"),
     )
 
 
 def _access_logs(model: Model) -> None:
-    upsert(
-        model,
+    model.upsert(
         istio(
             "Telemetry",
             "logs",
@@ -134,7 +119,7 @@ def _access_logs(model: Model) -> None:
 
 
 def _jwt_rule(model: Model) -> None:
-    upsert(model, _REQUEST_AUTHENTICATION)
+    model.upsert(_REQUEST_AUTHENTICATION)
 
 
 def _trust_domain_alias(model: Model) -> None:
@@ -147,7 +132,7 @@ def _mesh_tracing(model: Model) -> None:
 
 def _collector_service(model: Model) -> None:
     # The collector of a provider a Telemetry object names: whether it exists decides its loggers.
-    upsert(model, service("collector", "default", "10.96.0.90", [("grpc", 4317)], {"app": "collector"}))
+    model.upsert(service("collector", "default", "10.96.0.90", [("grpc", 4317)], {"app": "collector"}))
 
 
 _PROVIDER_MESH = """
@@ -184,7 +169,7 @@ def test_a_policy_that_comes_to_select_the_proxy_by_new_labels_applies(worked_ou
     stream = Stream(model)
     before = stream.listeners()
     # Nothing but the pod's labels changes now.
-    upsert(model, pod("productpage-v1", "default", "10.1.0.11", {"app": "productpage", "tier": "front"}))
+    model.upsert(pod("productpage-v1", "default", "10.1.0.11", {"app": "productpage", "tier": "front"}))
     stream.next_snapshot()
     after = stream.listeners()
     assert len(worked_out) == 2
