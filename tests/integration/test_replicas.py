@@ -202,10 +202,21 @@ class Proxy:
         self.delta = index % 2 == 0
         self.recorder: Recorder | None = None
 
-    async def connect(self) -> None:
+    async def connect(self, timeout: float = 10) -> None:
+        """Subscribe, trying again while the connection is refused, as Envoy does: a replica killed
+        a moment ago can still complete a handshake from its listen queue, then reset it."""
         metadata = {"NAMESPACE": APPS, "ISTIO_VERSION": "1.28.0", "CLUSTER_ID": "Kubernetes"}
-        self.recorder = Recorder(self.target, self.node, metadata, delta=self.delta)
-        await self.recorder.subscribe()
+        deadline = time.monotonic() + timeout
+        while True:
+            self.recorder = Recorder(self.target, self.node, metadata, delta=self.delta)
+            try:
+                await self.recorder.subscribe()
+                return
+            except grpc.aio.AioRpcError as e:
+                await self.recorder.close()
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.2)
 
     def held(self) -> dict[TypeUrl, dict[str, bytes]]:
         assert self.recorder is not None
