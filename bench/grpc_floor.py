@@ -7,6 +7,12 @@ has read it and answered with an ACK-sized message. Nothing is generated,
 looked up or recorded, so the round's wall time and CPU are what gRPC and
 asyncio alone cost on this machine: a push to N proxies by meshpilot can be
 no cheaper, and its fan-out figures are read against this one.
+
+``--slots N`` hands the message out as meshpilot's push throttle does: to one
+stream per free slot of N, the slot given back once the write completed. The
+writes then go out one at a time instead of in one burst, which is how the
+cost of that shape alone (gRPC's poller woken per write) was measured
+(bench/notes.md).
 """
 
 from __future__ import annotations
@@ -44,15 +50,15 @@ def _raise_file_limit() -> None:
 # -- server ----------------------------------------------------------------------------
 
 
-async def _serve(port: int, size: int) -> None:
+async def _serve(port: int, size: int, slots: int) -> None:
     payload = b"\x0a" + b"x" * (size - 1)
-    #: Per stream: True writes the message, False ends the stream.
-    queues: list[asyncio.Queue[bool]] = []
+    #: Per stream: write the message and give back a slot of the round's throttle, or (None) end.
+    queues: list[asyncio.Queue[asyncio.Semaphore | None]] = []
     state = {"acks": 0, "want": -1}
     round_done = asyncio.Event()
 
     async def stream(requests: Any, context: grpc.aio.ServicerContext) -> None:
-        queue: asyncio.Queue[bool] = asyncio.Queue()
+        queue: asyncio.Queue[asyncio.Semaphore | None] = asyncio.Queue()
         queues.append(queue)
 
         async def read() -> None:
@@ -63,8 +69,9 @@ async def _serve(port: int, size: int) -> None:
 
         reader = asyncio.create_task(read())
         try:
-            while await queue.get():
+            while (slots_of_round := await queue.get()) is not None:
                 await context.write(payload)
+                slots_of_round.release()
         finally:
             reader.cancel()
 
@@ -87,19 +94,34 @@ async def _serve(port: int, size: int) -> None:
             state["acks"], state["want"] = 0, len(queues)
             round_done.clear()
             started = time.perf_counter()
-            for queue in queues:
-                queue.put_nowait(True)
+            # A round's own slots: one a lost stream never gave back does not shrink the next round's.
+            free = asyncio.Semaphore(slots)
+            hand_out = None
+            if slots:
+                hand_out = asyncio.create_task(_hand_out(queues, free))
+            else:
+                for queue in queues:
+                    queue.put_nowait(free)  # its releases only raise a count nobody waits on
             with contextlib.suppress(TimeoutError):  # a lost stream: the round reports fewer ACKs
                 await asyncio.wait_for(round_done.wait(), 60)
+            if hand_out is not None:
+                hand_out.cancel()
             print(f"{time.perf_counter() - started} {state['acks']} {len(queues)}", flush=True)
     for queue in queues:
-        queue.put_nowait(False)
+        queue.put_nowait(None)
     await server.stop(1)
 
 
-def _server_main(port: int, size: int) -> None:
+async def _hand_out(queues: list[asyncio.Queue[asyncio.Semaphore | None]], free: asyncio.Semaphore) -> None:
+    """The message to each stream in turn, as a slot of ``free`` is given back."""
+    for queue in queues:
+        await free.acquire()
+        queue.put_nowait(free)
+
+
+def _server_main(port: int, size: int, slots: int = 0) -> None:
     _raise_file_limit()
-    asyncio.run(_serve(port, size))
+    asyncio.run(_serve(port, size, slots))
 
 
 # -- clients ---------------------------------------------------------------------------
@@ -141,11 +163,17 @@ def _client_main(target: str, streams: int, ack_size: int) -> None:
 # -- the run ---------------------------------------------------------------------------
 
 
-def run(streams: int, size: int, ack_size: int, rounds: int, workers: int = 2) -> dict[str, Any]:
+def run(
+    streams: int, size: int, ack_size: int, rounds: int, workers: int = 2, slots: int = 0
+) -> dict[str, Any]:
     """Rounds of one message to every stream; wall time and server/client CPU of each."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-c", f"from bench.grpc_floor import _server_main; _server_main({port}, {size})"],
+        [
+            sys.executable,
+            "-c",
+            f"from bench.grpc_floor import _server_main; _server_main({port}, {size}, {slots})",
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -178,7 +206,13 @@ def run(streams: int, size: int, ack_size: int, rounds: int, workers: int = 2) -
             if now == up:
                 break
             up = now
-        out: dict[str, Any] = {"streams": up, "message_bytes": size, "ack_bytes": ack_size, "rounds": []}
+        out: dict[str, Any] = {
+            "streams": up,
+            "message_bytes": size,
+            "ack_bytes": ack_size,
+            "slots": slots,
+            "rounds": [],
+        }
         for _ in range(rounds):
             time.sleep(1)
             server_cpu = process_cpu_seconds(server.pid)
@@ -217,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=600, help="bytes per pushed message")
     parser.add_argument("--ack-size", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--slots", type=int, default=0, help="hand the message out N streams at a time (0: all at once)"
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.streams, args.size, args.ack_size, args.rounds), indent=2))
+    print(json.dumps(run(args.streams, args.size, args.ack_size, args.rounds, slots=args.slots), indent=2))
     return 0
 
 

@@ -198,6 +198,15 @@ def test_grpc_floor_pushes_to_every_stream_and_reports_it() -> None:
     assert "12 streams" in rendered and "12/12" in rendered and "an EDS push" in rendered
 
 
+def test_grpc_floor_hands_out_through_slots_and_every_stream_still_gets_each_round() -> None:
+    from bench import grpc_floor
+
+    # Fewer slots than streams: a slot not given back after a write would stall the round at 3.
+    floor = grpc_floor.run(streams=12, size=200, ack_size=20, rounds=2, slots=3)
+    assert floor["slots"] == 3
+    assert [r["acks"] for r in floor["rounds"]] == [12, 12]
+
+
 def test_a_storm_run_merged_from_another_commit_names_it() -> None:
     phase = {"resync_seconds": 1.0, "ready_latency_seconds": {"p50": 0.001, "p99": 0.002, "max": 0.003}}
     storm = {"proxies": 5, "streams_dropped": phase, "server_restarted": phase}
