@@ -35,6 +35,9 @@ from bench.server import free_port, process_cpu_seconds
 from bench.sidecar import ENVOY_STREAM_WINDOW, retrieve_outcome
 
 _METHOD = "/bench.Floor/Stream"
+#: What a stream is handed: write the message, then give back a slot of the round's throttle; or
+#: (None) end.
+_Inbox = asyncio.Queue[asyncio.Semaphore | None]
 
 
 def _identity(payload: bytes) -> bytes:
@@ -52,13 +55,14 @@ def _raise_file_limit() -> None:
 
 async def _serve(port: int, size: int, slots: int) -> None:
     payload = b"\x0a" + b"x" * (size - 1)
-    #: Per stream: write the message and give back a slot of the round's throttle, or (None) end.
-    queues: list[asyncio.Queue[asyncio.Semaphore | None]] = []
+    queues: list[_Inbox] = []
+    #: Streams that ended: with slots, handing one the message would take a slot for the round.
+    ended: set[_Inbox] = set()
     state = {"acks": 0, "want": -1}
     round_done = asyncio.Event()
 
     async def stream(requests: Any, context: grpc.aio.ServicerContext) -> None:
-        queue: asyncio.Queue[asyncio.Semaphore | None] = asyncio.Queue()
+        queue: _Inbox = asyncio.Queue()
         queues.append(queue)
 
         async def read() -> None:
@@ -70,9 +74,12 @@ async def _serve(port: int, size: int, slots: int) -> None:
         reader = asyncio.create_task(read())
         try:
             while (slots_of_round := await queue.get()) is not None:
-                await context.write(payload)
-                slots_of_round.release()
+                try:
+                    await context.write(payload)
+                finally:
+                    slots_of_round.release()
         finally:
+            ended.add(queue)
             reader.cancel()
 
     handler = grpc.stream_stream_rpc_method_handler(
@@ -96,9 +103,10 @@ async def _serve(port: int, size: int, slots: int) -> None:
             started = time.perf_counter()
             # A round's own slots: one a lost stream never gave back does not shrink the next round's.
             free = asyncio.Semaphore(slots)
-            hand_out = None
+            hand_out: asyncio.Task[None] | None = None
             if slots:
-                hand_out = asyncio.create_task(_hand_out(queues, free))
+                # The streams of the round's start, as ``want`` counts them.
+                hand_out = asyncio.create_task(_hand_out(list(queues), free, ended))
             else:
                 for queue in queues:
                     queue.put_nowait(free)  # its releases only raise a count nobody waits on
@@ -112,9 +120,12 @@ async def _serve(port: int, size: int, slots: int) -> None:
     await server.stop(1)
 
 
-async def _hand_out(queues: list[asyncio.Queue[asyncio.Semaphore | None]], free: asyncio.Semaphore) -> None:
-    """The message to each stream in turn, as a slot of ``free`` is given back."""
+async def _hand_out(queues: list[_Inbox], free: asyncio.Semaphore, ended: set[_Inbox]) -> None:
+    """The message to each stream in turn, as a slot of ``free`` is given back (not to streams that
+    ended)."""
     for queue in queues:
+        if queue in ended:
+            continue
         await free.acquire()
         queue.put_nowait(free)
 
@@ -255,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "--slots", type=int, default=0, help="hand the message out N streams at a time (0: all at once)"
     )
     args = parser.parse_args(argv)
+    if args.slots < 0:
+        parser.error("--slots: at least 0")
     print(json.dumps(run(args.streams, args.size, args.ack_size, args.rounds, slots=args.slots), indent=2))
     return 0
 

@@ -6,6 +6,7 @@ a report column reading a result that is no longer written) in seconds.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -201,10 +202,35 @@ def test_grpc_floor_pushes_to_every_stream_and_reports_it() -> None:
 def test_grpc_floor_hands_out_through_slots_and_every_stream_still_gets_each_round() -> None:
     from bench import grpc_floor
 
-    # Fewer slots than streams: a slot not given back after a write would stall the round at 3.
-    floor = grpc_floor.run(streams=12, size=200, ack_size=20, rounds=2, slots=3)
+    # Fewer slots than streams: a slot not given back after a write would stall the round at 3 ACKs.
+    floor = grpc_floor.run(streams=12, size=200, ack_size=20, rounds=1, slots=3)
     assert floor["slots"] == 3
-    assert [r["acks"] for r in floor["rounds"]] == [12, 12]
+    assert [r["acks"] for r in floor["rounds"]] == [12]
+
+
+def test_grpc_floor_hands_the_message_to_no_more_streams_than_slots_are_free() -> None:
+    from bench.grpc_floor import _hand_out
+
+    async def scenario() -> list[int]:
+        queues: list[asyncio.Queue[asyncio.Semaphore | None]] = [asyncio.Queue() for _ in range(12)]
+        ended = {queues[4]}
+        free = asyncio.Semaphore(3)
+        task = asyncio.create_task(_hand_out(queues, free, ended))
+        handed = []
+        for _ in range(3):
+            await asyncio.sleep(0)
+            handed.append(sum(not q.empty() for q in queues))
+            free.release()  # a stream's write done
+        for _ in range(5):  # the eleven live streams' slots given back in all
+            free.release()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        handed.append(sum(not q.empty() for q in queues))
+        await asyncio.wait_for(task, 5)  # done once every live stream was handed the message
+        return handed
+
+    # Three at first, one more per slot given back; the stream that ended is skipped.
+    assert asyncio.run(scenario()) == [3, 4, 5, 11]
 
 
 def test_a_storm_run_merged_from_another_commit_names_it() -> None:
