@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -129,6 +130,9 @@ class ProxyState:
     #: The scope before the last recomputation; a change concerns the proxy if it
     #: concerns either scope (a host may have just left or entered it).
     previous_scope: SidecarScope | None = None
+    #: The registry objects ``labels`` and ``locality`` were read from (``workload_inputs``); None
+    #: when they were not read from a registry. The next refresh reuses both while these are the same.
+    workload_inputs: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
     #: ``inbound_signature``, worked out on first use (init=False: a copy made by
     #: ``dataclasses.replace`` works it out again from its own targets).
     _signature: tuple[object, ...] | None = field(default=None, init=False, compare=False, repr=False)
@@ -178,12 +182,21 @@ class ProxyState:
         """This state without its previous scope (a push that read it is done with it).
 
         Built directly: ``dataclasses.replace`` costs several times more, once per proxy per push."""
-        return ProxyState(
-            labels=self.labels,
-            locality=self.locality,
-            service_targets=self.service_targets,
-            sidecar_scope=self.sidecar_scope,
+        settled = ProxyState(
+            self.labels, self.locality, self.service_targets, self.sidecar_scope, None, self.workload_inputs
         )
+        # The same targets: the signature worked out for them holds (it is asked after this).
+        object.__setattr__(settled, "_signature", self._signature)
+        return settled
+
+    def with_signature_of(self, other: ProxyState) -> ProxyState:
+        """This state, given ``other``'s ``inbound_signature`` if both have the same service targets
+        (the same objects: a refresh finds its targets again, and each full push would otherwise work
+        the signature out anew for every proxy). Returns itself."""
+        mine, theirs = self.service_targets, other.service_targets
+        if other._signature is not None and len(mine) == len(theirs) and all(map(operator.is_, mine, theirs)):
+            object.__setattr__(self, "_signature", other._signature)
+        return self
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from meshpilot.config.store import ConfigStore
@@ -80,34 +80,42 @@ class MeshEnvironment:
 
     def refresh_proxy(self, proxy: Proxy, push: PushContext) -> None:
         """Recompute what a proxy's config depends on besides its identity (istiod's computeProxyState)."""
+        before = proxy.state
+        inputs = self.registry.workload_inputs(proxy)
+        kept = before.workload_inputs
+        if kept is not None and len(kept) == len(inputs) and all(map(operator.is_, kept, inputs)):
+            # Its Pod and Node are the objects they were: the labels and locality read from them are
+            # too (istiod reads the labels again only for a proxy update; a Pod's change replaces it).
+            labels, where = before.labels, before.locality
+        else:
+            labels, where = self._workload(proxy)
+            # The service targets and the Sidecar are chosen by the new labels: asked of the proxy with
+            # them (neither reads the other). States are built whole, not by ``dataclasses.replace``,
+            # which costs several times more.
+            proxy.state = ProxyState(
+                labels, where, before.service_targets, before.sidecar_scope, before.previous_scope
+            )
+        proxy.state = ProxyState(
+            labels,
+            where,
+            tuple(self.registry.service_targets(proxy)),
+            push.sidecar_scope(proxy),
+            before.sidecar_scope,
+            inputs,
+        ).with_signature_of(before)
+
+    def _workload(self, proxy: Proxy) -> tuple[Mapping[str, str], Locality]:
+        """The proxy's labels, with the topology labels, and its locality, as the registry has them."""
         labels = self.registry.workload_labels(proxy)
         labels = labels if labels is not None else dict(proxy.metadata.labels)
         # As istiod's setTopologyLabels: the registry knows best (Pod label, Node), then the
         # proxy's own topology labels, then the locality Envoy reported in its node.
         locality = self.registry.proxy_locality(proxy) or _label_locality(labels) or proxy.node_locality
-        before = proxy.state
         # Topology labels are added so failoverPriority can compare them with endpoints'.
         labels = wk.with_topology(
             labels, locality=locality, cluster_id=proxy.cluster_id, network=proxy.metadata.network
         )
-        where = Locality(locality, proxy.cluster_id)
-        # The service targets and the Sidecar are chosen by the new labels: asked of the proxy with them
-        # (neither reads the other). States are built whole, not by ``dataclasses.replace``, which
-        # costs several times more, twice per proxy per full push.
-        proxy.state = ProxyState(
-            labels=labels,
-            locality=where,
-            service_targets=before.service_targets,
-            sidecar_scope=before.sidecar_scope,
-            previous_scope=before.previous_scope,
-        )
-        proxy.state = ProxyState(
-            labels=labels,
-            locality=where,
-            service_targets=tuple(self.registry.service_targets(proxy)),
-            sidecar_scope=push.sidecar_scope(proxy),
-            previous_scope=before.sidecar_scope,
-        )
+        return labels, Locality(locality, proxy.cluster_id)
 
 
 def _label_locality(labels: dict[str, str]) -> str:

@@ -174,6 +174,13 @@ class KubeRegistry:
             return ""
         return pod_locality(pod, self._nodes.get(pod.node_name))
 
+    def workload_inputs(self, proxy: Proxy) -> tuple[object, ...]:
+        """The proxy's Pod and the Pod's Node: the labels and the locality are read from nothing else."""
+        pod = self.pod_for_proxy(proxy)
+        if pod is None:
+            return ()
+        return (pod, self._nodes.get(pod.node_name))
+
     def service_targets(self, proxy: Proxy) -> list[ServiceTarget]:
         """Ports of the services whose selector picks the proxy's Pod."""
         pod = self.pod_for_proxy(proxy)
