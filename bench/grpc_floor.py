@@ -13,6 +13,16 @@ stream per free slot of N, the slot given back once the write completed. The
 writes then go out one at a time instead of in one burst, which is how the
 cost of that shape alone (gRPC's poller woken per write) was measured
 (bench/notes.md).
+
+``--work N`` runs some Python before each write, as a server that generates
+per proxy does: it reads N objects of a pool far larger than the CPU's caches,
+each write's from another part of it (``--work-pool M``: of a pool of M objects,
+which the caches can hold when M is small; ``--work-batch K``: the work of K
+streams done first, then the message handed to those K, as a server that
+generates for a batch of proxies before it writes to them). The round then also reports the CPU that
+work took inside the round (timed around each call) and the same work timed
+alone in a loop before the first round, so that what the work and gRPC cost
+each other, beyond their own costs, can be read off (bench/notes.md).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +55,47 @@ def _identity(payload: bytes) -> bytes:
     return payload
 
 
+#: Objects in the work's pool (``--work``) unless told: about 100 MB, far more than any cache of the CPU.
+POOL_SIZE = 1_000_000
+
+
+class _Work:
+    """``--work``: before each write, ``per_write`` objects of the pool read, the next write's after
+    them (wrapping), so that each write's work finds its objects out of the caches."""
+
+    def __init__(self, per_write: int, pool: int = POOL_SIZE, batch: int = 0) -> None:
+        self.per_write = per_write
+        #: Streams whose work is done together before their writes (0: each stream's before its own).
+        self.batch = batch
+        self.pool: Sequence[tuple[int, str]] = [(i, str(i)) for i in range(pool)] if per_write else ()
+        self.cursor = 0
+        #: CPU seconds the calls took in the current round, timed around each.
+        self.seconds = 0.0
+
+    def run(self) -> int:
+        start, count = self.cursor, self.per_write
+        pool = self.pool
+        self.cursor = (start + count) % len(pool)
+        total = 0
+        for i in range(start, start + count):
+            number, text = pool[i % len(pool)]
+            total += number + len(text)
+        return total
+
+    def timed(self) -> None:
+        if self.per_write:
+            started = time.thread_time()
+            self.run()
+            self.seconds += time.thread_time() - started
+
+    def alone(self, writes: int) -> float:
+        """CPU seconds of ``writes`` calls in a loop, nothing between them."""
+        started = time.thread_time()
+        for _ in range(writes):
+            self.run()
+        return time.thread_time() - started
+
+
 def _raise_file_limit() -> None:
     # Every stream is a connection and a descriptor on both sides.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -53,7 +105,7 @@ def _raise_file_limit() -> None:
 # -- server ----------------------------------------------------------------------------
 
 
-async def _serve(port: int, size: int, slots: int) -> None:
+async def _serve(port: int, size: int, slots: int, work: _Work) -> None:
     payload = b"\x0a" + b"x" * (size - 1)
     queues: list[_Inbox] = []
     #: Streams that ended: with slots, handing one the message would take a slot for the round.
@@ -75,6 +127,8 @@ async def _serve(port: int, size: int, slots: int) -> None:
         try:
             while (slots_of_round := await queue.get()) is not None:
                 try:
+                    if not work.batch:
+                        work.timed()
                     await context.write(payload)
                 finally:
                     slots_of_round.release()
@@ -97,14 +151,20 @@ async def _serve(port: int, size: int, slots: int) -> None:
         if command[0] == "count":
             # Each client says hello once: the count is the streams that are up.
             print(state["acks"], flush=True)
+        elif command[0] == "alone":
+            # The work of a round with nothing between its calls, before the first round.
+            print(work.alone(len(queues)) if work.per_write else 0.0, flush=True)
         elif command[0] == "round":
             state["acks"], state["want"] = 0, len(queues)
+            work.seconds = 0.0
             round_done.clear()
             started = time.perf_counter()
             # A round's own slots: one a lost stream never gave back does not shrink the next round's.
             free = asyncio.Semaphore(slots)
             hand_out: asyncio.Task[None] | None = None
-            if slots:
+            if work.per_write and work.batch:
+                hand_out = asyncio.create_task(_hand_out_batches(list(queues), free, ended, work))
+            elif slots:
                 # The streams of the round's start, as ``want`` counts them.
                 hand_out = asyncio.create_task(_hand_out(list(queues), free, ended))
             else:
@@ -114,7 +174,8 @@ async def _serve(port: int, size: int, slots: int) -> None:
                 await asyncio.wait_for(round_done.wait(), 60)
             if hand_out is not None:
                 hand_out.cancel()
-            print(f"{time.perf_counter() - started} {state['acks']} {len(queues)}", flush=True)
+            wall = time.perf_counter() - started
+            print(f"{wall} {state['acks']} {len(queues)} {work.seconds}", flush=True)
     for queue in queues:
         queue.put_nowait(None)
     await server.stop(1)
@@ -130,9 +191,26 @@ async def _hand_out(queues: list[_Inbox], free: asyncio.Semaphore, ended: set[_I
         queue.put_nowait(free)
 
 
-def _server_main(port: int, size: int, slots: int = 0) -> None:
+async def _hand_out_batches(
+    queues: list[_Inbox], free: asyncio.Semaphore, ended: set[_Inbox], work: _Work
+) -> None:
+    """``work.batch`` streams at a time: the work of each, then the message to each, then a turn of
+    the loop for their writes to start."""
+    live = [queue for queue in queues if queue not in ended]
+    for first in range(0, len(live), work.batch):
+        batch = live[first : first + work.batch]
+        for _ in batch:
+            work.timed()
+        for queue in batch:
+            queue.put_nowait(free)
+        await asyncio.sleep(0)
+
+
+def _server_main(
+    port: int, size: int, slots: int = 0, work: int = 0, pool: int = POOL_SIZE, batch: int = 0
+) -> None:
     _raise_file_limit()
-    asyncio.run(_serve(port, size, slots))
+    asyncio.run(_serve(port, size, slots, _Work(work, pool, batch)))
 
 
 # -- clients ---------------------------------------------------------------------------
@@ -175,7 +253,15 @@ def _client_main(target: str, streams: int, ack_size: int) -> None:
 
 
 def run(
-    streams: int, size: int, ack_size: int, rounds: int, workers: int = 2, slots: int = 0
+    streams: int,
+    size: int,
+    ack_size: int,
+    rounds: int,
+    workers: int = 2,
+    slots: int = 0,
+    work: int = 0,
+    pool: int = POOL_SIZE,
+    batch: int = 0,
 ) -> dict[str, Any]:
     """Rounds of one message to every stream; wall time and server/client CPU of each."""
     port = free_port()
@@ -183,7 +269,8 @@ def run(
         [
             sys.executable,
             "-c",
-            f"from bench.grpc_floor import _server_main; _server_main({port}, {size}, {slots})",
+            "from bench.grpc_floor import _server_main; "
+            f"_server_main({port}, {size}, {slots}, {work}, {pool}, {batch})",
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -222,13 +309,18 @@ def run(
             "message_bytes": size,
             "ack_bytes": ack_size,
             "slots": slots,
+            "work_per_write": work,
+            "work_pool": pool if work else 0,
+            "work_batch": batch if work else 0,
             "rounds": [],
         }
+        if work:
+            out["work_alone_cpu_seconds"] = round(float(ask("alone")), 4)
         for _ in range(rounds):
             time.sleep(1)
             server_cpu = process_cpu_seconds(server.pid)
             client_cpu = sum(process_cpu_seconds(p.pid or 0) for p in clients)
-            wall, acks, total = ask("round").split()
+            wall, acks, total, work_seconds = ask("round").split()
             out["rounds"].append(
                 {
                     "wall_seconds": round(float(wall), 4),
@@ -238,6 +330,7 @@ def run(
                     "client_cpu_seconds": round(
                         sum(process_cpu_seconds(p.pid or 0) for p in clients) - client_cpu, 3
                     ),
+                    **({"work_cpu_seconds": round(float(work_seconds), 4)} if work else {}),
                 }
             )
         return out
@@ -265,10 +358,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slots", type=int, default=0, help="hand the message out N streams at a time (0: all at once)"
     )
+    parser.add_argument(
+        "--work", type=int, default=0, help="read N objects of a large pool before each write (0: none)"
+    )
+    parser.add_argument("--work-pool", type=int, default=POOL_SIZE, help="objects in the work's pool")
+    parser.add_argument(
+        "--work-batch", type=int, default=0, help="do K streams' work, then write to them (0: one at a time)"
+    )
     args = parser.parse_args(argv)
     if args.slots < 0:
         parser.error("--slots: at least 0")
-    print(json.dumps(run(args.streams, args.size, args.ack_size, args.rounds, slots=args.slots), indent=2))
+    if args.work < 0:
+        parser.error("--work: at least 0")
+    if args.work_pool < 1:
+        parser.error("--work-pool: at least 1")
+    if args.work_batch < 0:
+        parser.error("--work-batch: at least 0")
+    result = run(
+        args.streams,
+        args.size,
+        args.ack_size,
+        args.rounds,
+        slots=args.slots,
+        work=args.work,
+        pool=args.work_pool,
+        batch=args.work_batch,
+    )
+    print(json.dumps(result, indent=2))
     return 0
 
 

@@ -233,6 +233,53 @@ def test_grpc_floor_hands_the_message_to_no_more_streams_than_slots_are_free() -
     assert asyncio.run(scenario()) == [3, 4, 5, 11]
 
 
+def test_grpc_floor_with_work_times_it_in_the_round_and_alone() -> None:
+    from bench import grpc_floor
+
+    for batch in (0, 5):  # before each stream's write; five streams' work before their writes
+        floor = grpc_floor.run(streams=12, size=200, ack_size=20, rounds=1, work=200, pool=1000, batch=batch)
+        assert (floor["work_per_write"], floor["work_pool"], floor["work_batch"]) == (200, 1000, batch)
+        assert [r["acks"] for r in floor["rounds"]] == [12]
+        assert floor["rounds"][0]["work_cpu_seconds"] > 0 and floor["work_alone_cpu_seconds"] > 0
+
+
+def test_the_floors_work_reads_the_next_objects_of_its_pool_each_time() -> None:
+    from bench.grpc_floor import _Work
+
+    work = _Work(3, pool=5)
+    # Objects are (i, str(i)): each read adds i and the length of its text.
+    assert work.run() == (0 + 1) + (1 + 1) + (2 + 1)
+    assert work.run() == (3 + 1) + (4 + 1) + (0 + 1)  # wrapped around
+    assert _Work(0).pool == ()  # no work, no pool of a hundred megabytes
+
+
+def test_the_floors_batches_do_their_work_before_the_message_is_handed_out() -> None:
+    from bench.grpc_floor import _hand_out_batches, _Work
+
+    class Counted(_Work):
+        def __init__(self) -> None:
+            super().__init__(1, pool=1, batch=5)
+            self.calls = 0
+
+        def timed(self) -> None:
+            self.calls += 1
+
+    async def scenario() -> list[tuple[int, int]]:
+        queues: list[asyncio.Queue[asyncio.Semaphore | None]] = [asyncio.Queue() for _ in range(12)]
+        work = Counted()
+        task = asyncio.create_task(_hand_out_batches(queues, asyncio.Semaphore(0), {queues[4]}, work))
+        seen = []
+        for _ in range(3):
+            await asyncio.sleep(0)
+            seen.append((work.calls, sum(not q.empty() for q in queues)))
+        await asyncio.wait_for(task, 5)
+        seen.append((work.calls, sum(not q.empty() for q in queues)))
+        return seen
+
+    # Five streams' work, then those five handed the message; the stream that ended gets neither.
+    assert asyncio.run(scenario()) == [(5, 5), (10, 10), (11, 11), (11, 11)]
+
+
 def test_a_storm_run_merged_from_another_commit_names_it() -> None:
     phase = {"resync_seconds": 1.0, "ready_latency_seconds": {"p50": 0.001, "p99": 0.002, "max": 0.003}}
     storm = {"proxies": 5, "streams_dropped": phase, "server_restarted": phase}

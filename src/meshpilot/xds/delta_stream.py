@@ -167,9 +167,7 @@ class DeltaStream(Stream):
             if eds is not None:
                 warming = frozenset(r.name for r, _ in changes.updated) & eds.names
                 delta_protocol.forget(eds, warming)
-        sent_at = time.monotonic()
-        await self.context.write(payload)
-        self.host.metrics.send_time.observe(time.monotonic() - sent_at)
+        await self._write(payload)
         by_type.pushes.inc()
         by_type.config_size.observe(len(payload))
         if self._sent is not None:

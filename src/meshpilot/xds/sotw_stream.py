@@ -140,9 +140,7 @@ class SotwStream(Stream):
                 # before the write: the reader may see that request before the write
                 # returns, and must not take it for a quiet ACK.
                 eds.always_respond = True
-        sent_at = time.monotonic()
-        await self.context.write(payload)
-        metrics.send_time.observe(time.monotonic() - sent_at)
+        await self._write(payload)
         by_type.pushes.inc()
         by_type.config_size.observe(len(payload))
         sent_names = names_of(resources)

@@ -97,6 +97,17 @@ class Stream(abc.ABC):
     ) -> None:
         """Generate ``type_url`` for ``request`` and write the response the protocol calls for."""
 
+    async def _write(self, payload: bytes) -> None:
+        """Write a generated response, after one turn of the loop: the other streams handed a push in
+        this turn generate theirs first, and the writes then go to gRPC together instead of each
+        between two proxies' generation. The bare-gRPC floor with 0.4 s of Python work a round spent
+        1.18-1.21 s of CPU writing one at a time, 1.06 s in batches of 25; here the VirtualService
+        push's CPU fell by about 7% and the endpoint push's did not move (bench/notes.md)."""
+        await asyncio.sleep(0)
+        sent_at = time.monotonic()
+        await self.context.write(payload)
+        self.host.metrics.send_time.observe(time.monotonic() - sent_at)
+
     @abc.abstractmethod
     async def _write_once(
         self, type_url: TypeUrl, version: str, resources: list[Resource], control_plane: str
