@@ -19,10 +19,12 @@ per proxy does: it reads N objects of a pool far larger than the CPU's caches,
 each write's from another part of it (``--work-pool M``: of a pool of M objects,
 which the caches can hold when M is small; ``--work-batch K``: the work of K
 streams done first, then the message handed to those K, as a server that
-generates for a batch of proxies before it writes to them). The round then also reports the CPU that
-work took inside the round (timed around each call) and the same work timed
-alone in a loop before the first round, so that what the work and gRPC cost
-each other, beyond their own costs, can be read off (bench/notes.md).
+generates for a batch of proxies before it writes to them; with ``--slots``, a
+batch first takes a slot for each of its streams, so K may not exceed the slots).
+The round then also reports the CPU that work took inside the round (timed
+around each call) and the same work timed alone in a loop before the first
+round, so that what the work and gRPC cost each other, beyond their own costs,
+can be read off (bench/notes.md).
 """
 
 from __future__ import annotations
@@ -163,7 +165,8 @@ async def _serve(port: int, size: int, slots: int, work: _Work) -> None:
             free = asyncio.Semaphore(slots)
             hand_out: asyncio.Task[None] | None = None
             if work.per_write and work.batch:
-                hand_out = asyncio.create_task(_hand_out_batches(list(queues), free, ended, work))
+                throttle = free if slots else None
+                hand_out = asyncio.create_task(_hand_out_batches(list(queues), free, throttle, ended, work))
             elif slots:
                 # The streams of the round's start, as ``want`` counts them.
                 hand_out = asyncio.create_task(_hand_out(list(queues), free, ended))
@@ -192,13 +195,21 @@ async def _hand_out(queues: list[_Inbox], free: asyncio.Semaphore, ended: set[_I
 
 
 async def _hand_out_batches(
-    queues: list[_Inbox], free: asyncio.Semaphore, ended: set[_Inbox], work: _Work
+    queues: list[_Inbox],
+    free: asyncio.Semaphore,
+    throttle: asyncio.Semaphore | None,
+    ended: set[_Inbox],
+    work: _Work,
 ) -> None:
-    """``work.batch`` streams at a time: the work of each, then the message to each, then a turn of
-    the loop for their writes to start."""
+    """``work.batch`` streams at a time: a slot of ``throttle`` for each (None: not throttled), the
+    work of each, then the message to each, then a turn of the loop for their writes to start.
+    ``free`` is what each stream gives back after its write (``throttle`` itself when throttled)."""
     live = [queue for queue in queues if queue not in ended]
     for first in range(0, len(live), work.batch):
         batch = live[first : first + work.batch]
+        if throttle is not None:
+            for _ in batch:
+                await throttle.acquire()
         for _ in batch:
             work.timed()
         for queue in batch:
@@ -264,6 +275,9 @@ def run(
     batch: int = 0,
 ) -> dict[str, Any]:
     """Rounds of one message to every stream; wall time and server/client CPU of each."""
+    if slots and work and batch > slots:
+        # A batch takes all its slots before any of its streams writes: more than there are waits for ever.
+        raise ValueError(f"a batch of {batch} streams needs at least {batch} slots, not {slots}")
     port = free_port()
     server = subprocess.Popen(
         [
@@ -374,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--work-pool: at least 1")
     if args.work_batch < 0:
         parser.error("--work-batch: at least 0")
+    if args.slots and args.work and args.work_batch > args.slots:
+        parser.error("--work-batch: at most --slots (a batch takes a slot for each of its streams)")
     result = run(
         args.streams,
         args.size,

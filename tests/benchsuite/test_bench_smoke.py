@@ -264,20 +264,33 @@ def test_the_floors_batches_do_their_work_before_the_message_is_handed_out() -> 
         def timed(self) -> None:
             self.calls += 1
 
-    async def scenario() -> list[tuple[int, int]]:
+    async def scenario(throttled: bool) -> list[tuple[int, int]]:
         queues: list[asyncio.Queue[asyncio.Semaphore | None]] = [asyncio.Queue() for _ in range(12)]
         work = Counted()
-        task = asyncio.create_task(_hand_out_batches(queues, asyncio.Semaphore(0), {queues[4]}, work))
+        slots = asyncio.Semaphore(5)
+        throttle = slots if throttled else None
+        task = asyncio.create_task(_hand_out_batches(queues, slots, throttle, {queues[4]}, work))
         seen = []
         for _ in range(3):
             await asyncio.sleep(0)
             seen.append((work.calls, sum(not q.empty() for q in queues)))
+        for _ in range(6):  # every live stream's write done, its slot given back
+            slots.release()
         await asyncio.wait_for(task, 5)
         seen.append((work.calls, sum(not q.empty() for q in queues)))
         return seen
 
     # Five streams' work, then those five handed the message; the stream that ended gets neither.
-    assert asyncio.run(scenario()) == [(5, 5), (10, 10), (11, 11), (11, 11)]
+    assert asyncio.run(scenario(False)) == [(5, 5), (10, 10), (11, 11), (11, 11)]
+    # Throttled: the next batch waits until its five slots are given back.
+    assert asyncio.run(scenario(True)) == [(5, 5), (5, 5), (5, 5), (11, 11)]
+
+
+def test_the_floor_refuses_a_batch_larger_than_its_slots() -> None:
+    from bench import grpc_floor
+
+    with pytest.raises(ValueError, match="needs at least 5 slots"):
+        grpc_floor.run(streams=2, size=10, ack_size=10, rounds=1, slots=3, work=1, batch=5)
 
 
 def test_a_storm_run_merged_from_another_commit_names_it() -> None:

@@ -74,10 +74,16 @@ def test_labels_and_locality_are_read_again_only_when_the_pod_or_its_node_is_rep
     assert counting.asked == 4
     assert proxy.labels["version"] == "v2"
 
+    # The Node gone: no locality from it any more.
+    model.env.registry.workloads[0].remove(Kind.NODE, "", "n1")
+    _refresh(model, proxy, "test/4b")
+    assert counting.asked == 6
+    assert proxy.locality.label == "" and proxy.labels["version"] == "v2"
+
     # The Pod gone: the labels are the proxy's own again (none here but the topology's).
     model.env.registry.workloads[0].remove(Kind.POD, "default", "app-1")
     _refresh(model, proxy, "test/5")
-    assert counting.asked == 6
+    assert counting.asked == 8
     assert "app" not in proxy.labels and proxy.locality.label == ""
 
 

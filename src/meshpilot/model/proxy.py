@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from meshpilot.bounded_logs import clip
 from meshpilot.input_limits import MAX_METADATA_JSON_CHARS, MAX_NODE_ID_CHARS, InputRejected, load_json
 from meshpilot.model.endpoint import Locality
+from meshpilot.model.identity import same_objects
 
 if TYPE_CHECKING:
     from meshpilot.model.service import ServiceTarget
@@ -130,8 +130,9 @@ class ProxyState:
     #: The scope before the last recomputation; a change concerns the proxy if it
     #: concerns either scope (a host may have just left or entered it).
     previous_scope: SidecarScope | None = None
-    #: The registry objects ``labels`` and ``locality`` were read from (``workload_inputs``); None
-    #: when they were not read from a registry. The next refresh reuses both while these are the same.
+    #: The registry objects ``labels`` and ``locality`` were read from (``workload_inputs``; the
+    #: registries asked, with the Pod and Node found); None until the first refresh. The next refresh
+    #: reuses both while these are the same objects.
     workload_inputs: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
     #: ``inbound_signature``, worked out on first use (init=False: a copy made by
     #: ``dataclasses.replace`` works it out again from its own targets).
@@ -183,7 +184,11 @@ class ProxyState:
 
         Built directly: ``dataclasses.replace`` costs several times more, once per proxy per push."""
         settled = ProxyState(
-            self.labels, self.locality, self.service_targets, self.sidecar_scope, None, self.workload_inputs
+            labels=self.labels,
+            locality=self.locality,
+            service_targets=self.service_targets,
+            sidecar_scope=self.sidecar_scope,
+            workload_inputs=self.workload_inputs,
         )
         # The same targets: the signature worked out for them holds (it is asked after this).
         object.__setattr__(settled, "_signature", self._signature)
@@ -193,8 +198,7 @@ class ProxyState:
         """This state, given ``other``'s ``inbound_signature`` if both have the same service targets
         (the same objects: a refresh finds its targets again, and each full push would otherwise work
         the signature out anew for every proxy). Returns itself."""
-        mine, theirs = self.service_targets, other.service_targets
-        if other._signature is not None and len(mine) == len(theirs) and all(map(operator.is_, mine, theirs)):
+        if other._signature is not None and same_objects(other.service_targets, self.service_targets):
             object.__setattr__(self, "_signature", other._signature)
         return self
 

@@ -7,7 +7,6 @@ current one, since endpoints live in the EndpointIndex.
 from __future__ import annotations
 
 import functools
-import operator
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from meshpilot.model.destination_rules import DestinationRuleIndex, rule_selecto
 from meshpilot.model.envoy_filters import EnvoyFilterIndex
 from meshpilot.model.gateways import MESH_GATEWAY, MergedGateway, binds_gateway, merge_gateways
 from meshpilot.model.hosts import resolve_short_name
+from meshpilot.model.identity import same_objects
 from meshpilot.model.jwks import JwksLookup, NoJwks
 from meshpilot.model.kind import Kind
 from meshpilot.model.labels import selector_matches
@@ -394,7 +394,7 @@ class PushContext:
 def same_token(kept: tuple[object, ...], now: tuple[object, ...]) -> bool:
     """Whether two ``kept_token``s name the same inputs: the same objects, not equal ones (a view
     compares its configs by value, which costs what keeping the answer saves)."""
-    return len(kept) == len(now) and all(map(operator.is_, kept, now))
+    return same_objects(kept, now)
 
 
 def _remembered(store: dict[Hashable, Any], key: Hashable, make: Callable[[], T]) -> T:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Hashable, Mapping
 from typing import Any
@@ -11,6 +10,7 @@ from meshpilot.config.store import ConfigStore
 from meshpilot.model import labels as wk
 from meshpilot.model.endpoint import Locality
 from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.identity import same_objects
 from meshpilot.model.jwks import JwksLookup
 from meshpilot.model.proxy import Proxy, ProxyState, locality_label
 from meshpilot.model.push_context import PushContext
@@ -52,7 +52,7 @@ class MeshEnvironment:
         """A snapshot; ``keep_lasting=False`` starts it without outputs kept from earlier ones, and
         the next snapshot does not take over its carried outputs (a preview's)."""
         services = self.registry.services()
-        if len(services) != len(self._services) or not all(map(operator.is_, services, self._services)):
+        if not same_objects(services, self._services):
             # Services are immutable: the same objects in the same order are the same services.
             self._services, self._services_token = services, object()
         accounts = {}
@@ -83,7 +83,7 @@ class MeshEnvironment:
         before = proxy.state
         inputs = self.registry.workload_inputs(proxy)
         kept = before.workload_inputs
-        if kept is not None and len(kept) == len(inputs) and all(map(operator.is_, kept, inputs)):
+        if kept is not None and same_objects(kept, inputs):
             # Its Pod and Node are the objects they were: the labels and locality read from them are
             # too (istiod reads the labels again only for a proxy update; a Pod's change replaces it).
             labels, where = before.labels, before.locality
@@ -93,15 +93,19 @@ class MeshEnvironment:
             # them (neither reads the other). States are built whole, not by ``dataclasses.replace``,
             # which costs several times more.
             proxy.state = ProxyState(
-                labels, where, before.service_targets, before.sidecar_scope, before.previous_scope
+                labels=labels,
+                locality=where,
+                service_targets=before.service_targets,
+                sidecar_scope=before.sidecar_scope,
+                previous_scope=before.previous_scope,
             )
         proxy.state = ProxyState(
-            labels,
-            where,
-            tuple(self.registry.service_targets(proxy)),
-            push.sidecar_scope(proxy),
-            before.sidecar_scope,
-            inputs,
+            labels=labels,
+            locality=where,
+            service_targets=tuple(self.registry.service_targets(proxy)),
+            sidecar_scope=push.sidecar_scope(proxy),
+            previous_scope=before.sidecar_scope,
+            workload_inputs=inputs,
         ).with_signature_of(before)
 
     def _workload(self, proxy: Proxy) -> tuple[Mapping[str, str], Locality]:

@@ -100,10 +100,9 @@ class Stream(abc.ABC):
     async def _write(self, payload: bytes) -> None:
         """Write a generated response, after one turn of the loop: the other streams handed a push in
         this turn generate theirs first, and the writes then go to gRPC together instead of each
-        between two proxies' generation. The bare-gRPC floor with 0.4 s of Python work a round spent
-        1.18-1.21 s of CPU writing one at a time, 1.06 s in batches of 25. Here the VirtualService
-        push's CPU fell by about 7% over four pairs of runs, and the endpoint push's did not move,
-        though its turns gather 14-18 writes (bench/notes.md)."""
+        between two proxies' generation, which the bare-gRPC floor with Python work before each write
+        showed to cost gRPC more (the measurements, and how little the VirtualService push gained
+        here: bench/notes.md)."""
         await asyncio.sleep(0)
         sent_at = time.monotonic()
         await self.context.write(payload)
