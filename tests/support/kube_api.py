@@ -159,6 +159,18 @@ class KubeApiServer:
         # server's connections live on it, and asyncio's own map of a selector loop's transports (by
         # file descriptor, private) holds each from its creation, before aiohttp hears of it. A lost
         # one has no protocol; abort() could fail on it.
+        # A connection accepted just before the listener closed gets its transport from a task of the
+        # loop's (asyncio's ``_accept_connection2``), which a busy host may run after the waits above
+        # (a socket outlived the server at d550b03 so): such tasks are waited for, boundedly, so that
+        # their transports are in the map swept below.
+        current = asyncio.current_task()
+        accepting = [
+            task
+            for task in asyncio.all_tasks()
+            if task is not current and getattr(task.get_coro(), "__name__", "") == "_accept_connection2"
+        ]
+        if accepting:
+            await asyncio.wait(accepting, timeout=2)
         registry: Mapping[int, asyncio.Transport] = asyncio.get_running_loop()._transports  # type: ignore[attr-defined]
         connected = [t for t in list(registry.values()) if t.get_protocol() is not None]
         for transport in connected:
