@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import resource
 import subprocess
 import sys
@@ -46,6 +47,7 @@ import grpc
 
 from bench.server import free_port, process_cpu_seconds
 from bench.sidecar import ENVOY_STREAM_WINDOW, retrieve_outcome
+from meshpilot.server import allocator
 
 _METHOD = "/bench.Floor/Stream"
 #: What a stream is handed: write the message, then give back a slot of the round's throttle; or
@@ -290,6 +292,9 @@ def run(
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
+        # The allocator a meshpilot server started here gets (jemalloc preloaded when installed), so
+        # that the two are compared on the same one.
+        env={**os.environ, **allocator.for_new_process().environment},
     )
     assert server.stdin is not None and server.stdout is not None
     ctx = multiprocessing.get_context("spawn")

@@ -173,9 +173,11 @@ async def replay(
     profile: cProfile.Profile | None = None,
     callgrind: Callgrind | None = None,
     after_load: Callable[[], None] | None = None,
+    changes: tuple[str, ...] = tuple(CHANGES),
 ) -> dict[str, list[RoundResult]]:
-    """Serve ``scenario``'s proxies in this event loop and make each change ``rounds`` times;
-    ``after_load`` runs once the scenario is loaded, before the first snapshot."""
+    """Serve ``scenario``'s proxies in this event loop and make each of ``changes`` (names of
+    ``CHANGES``) ``rounds`` times; ``after_load`` runs once the scenario is loaded, before the first
+    snapshot."""
     app = DiscoveryApp(
         DiscoverySettings(max_requests_per_second=1e9, secure_grpc_addr=None, webhook_addr=None)
     )
@@ -199,11 +201,12 @@ async def replay(
         await _until(lambda: all(c.proxy.synced for c in clients), timeout, "the proxies to sync")
         for client in clients:
             client.synced = True
-        results: dict[str, list[RoundResult]] = {change: [] for change in CHANGES}
+        results: dict[str, list[RoundResult]] = {change: [] for change in changes}
         if callgrind is not None:
             callgrind.start()
         for number in range(rounds):
-            for change, type_url in CHANGES.items():
+            for change in changes:
+                type_url = CHANGES[change]
                 await asyncio.sleep(0.3)  # past the debounce of anything before
                 if profile is not None and number > 0:
                     profile.enable()
@@ -299,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", default="http", help="a file of bench/scenarios, by name")
     parser.add_argument("--scale", type=float, default=1.0, help="services and proxies scaled by this")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--change",
+        choices=sorted(CHANGES),
+        action="append",
+        help="make only this change (repeatable; default: each in turn)",
+    )
     parser.add_argument("--profile", type=Path, help="write a cProfile of the rounds after the first here")
     parser.add_argument(
         "--callgrind",
@@ -317,7 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     gc_tuning.configure()
     results = asyncio.run(
         replay(
-            scenario, args.rounds, profile=profile, callgrind=callgrind, after_load=gc_tuning.freeze_loaded
+            scenario,
+            args.rounds,
+            profile=profile,
+            callgrind=callgrind,
+            after_load=gc_tuning.freeze_loaded,
+            changes=tuple(args.change or CHANGES),
         )
     )
     if profile is not None:

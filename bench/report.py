@@ -167,6 +167,7 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
         out.append(
             f"Commit {commit}, {date}; {cpus} CPUs, Python {machine.get('python', '?')}; "
             f"{results.get('wall_seconds', '?')} s in all. The simulator runs on the same CPUs as the server."
+            + allocator_sentence(machine)
         )
         out += host_speed_line(machine)
         out.append("")
@@ -230,6 +231,12 @@ def kube_section(kube: dict[str, Any]) -> list[str]:
     ]
     out += table(["measure", "value"], rows)
     return out
+
+
+def allocator_sentence(machine: dict[str, Any]) -> str:
+    """Which memory allocator the servers ran on, when it was recorded: it moves the large pushes."""
+    chosen = machine.get("server_allocator")
+    return f" The servers' memory allocator: {chosen}." if chosen else ""
 
 
 def host_speed_line(machine: dict[str, Any]) -> list[str]:

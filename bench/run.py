@@ -43,6 +43,7 @@ from bench.measure import DEBOUNCE, host_speed, log
 from bench.scenario import Scenario
 from bench.sidecar import EDS, PROTOCOLS, RDS
 from bench.storm import StormJob, run_storm
+from meshpilot.server import allocator
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "bench" / "scenarios"
@@ -216,6 +217,10 @@ def machine() -> dict[str, Any]:
     ).stdout.strip()
     return {
         "cpus": os.cpu_count(),
+        # What the servers started here run on (``meshpilot discovery`` preloads jemalloc when it is
+        # installed): with glibc's allocator instead, each write of a response over 128 KiB maps fresh
+        # pages, which doubled the route push's server CPU (bench/notes.md).
+        "server_allocator": allocator.for_new_process().describe(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "commit": commit,

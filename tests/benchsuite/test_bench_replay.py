@@ -24,6 +24,12 @@ async def test_every_proxy_acks_each_change_in_every_round() -> None:
             assert 0 < result.proxies_cpu_seconds < result.cpu_seconds
 
 
+async def test_only_the_changes_asked_for_are_made() -> None:
+    scenario = Scenario.load(SCENARIOS / "http.yaml").scaled(0.01)
+    results = await replay(scenario, 1, timeout=30, changes=("virtual_service_changed",))
+    assert list(results) == ["virtual_service_changed"]
+
+
 def test_medians_leave_the_first_round_out() -> None:
     rounds = [RoundResult(9.0, 9.5, 1.0), RoundResult(1.0, 1.5, 0.25), RoundResult(3.0, 3.5, 0.75)]
     report = summary({"endpoint_added": rounds})["endpoint_added"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import report, report_delta, report_fleet
+from bench import report, report_delta, report_fleet, run
 from bench.fleet import Fleet, _names_field
 from bench.fleet_run import COMPILED, FleetJob, run_fleet
 from bench.measure import fleet_specs
@@ -308,3 +308,11 @@ def test_the_host_speed_around_a_run_is_reported_when_recorded() -> None:
     timed = {"suite": "full", "machine": {"host_speed_seconds": {"before": 1.7, "after": 1.2}}}
     assert "took 1.7 s before the run and 1.2 s after it" in report.render({"full": timed})
     assert "Host speed" not in report.render({"full": {"suite": "full", "machine": {}}})
+
+
+def test_the_servers_allocator_is_recorded_and_reported() -> None:
+    recorded = run.machine()["server_allocator"]
+    assert recorded.startswith(("jemalloc (", "system ("))
+    named = {"suite": "full", "machine": {"server_allocator": "jemalloc (to be preloaded)"}}
+    assert "The servers' memory allocator: jemalloc (to be preloaded)." in report.render({"full": named})
+    assert "memory allocator" not in report.render({"full": {"suite": "full", "machine": {}}})

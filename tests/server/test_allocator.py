@@ -139,3 +139,13 @@ def test_jemalloc_asked_for_and_not_had_is_a_warning(
     caplog.clear()
     allocator.log_choice(decide({}, None, mapped=False))
     assert [r.levelname for r in caplog.records] == ["INFO"]
+
+
+def test_a_new_process_is_decided_as_if_nothing_were_preloaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # This process may itself run on jemalloc; the answer is about the process to be started.
+    monkeypatch.setattr(allocator, "jemalloc_mapped", lambda: True)
+    monkeypatch.setattr(allocator, "find_jemalloc", lambda: LIB)
+    assert allocator.for_new_process({}).environment["LD_PRELOAD"] == LIB
+    assert allocator.for_new_process({"MESHPILOT_ALLOCATOR": "system"}).allocator == "system"
+    monkeypatch.setattr(allocator, "find_jemalloc", lambda: None)
+    assert allocator.for_new_process({}).describe().startswith("system (jemalloc is not installed")

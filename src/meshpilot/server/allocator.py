@@ -110,6 +110,12 @@ def decide(environ: Mapping[str, str], library: str | None, mapped: bool) -> Cho
     return Choice("jemalloc", f"to be preloaded from {library}", env)
 
 
+def for_new_process(environ: Mapping[str, str] = os.environ) -> Choice:
+    """What a ``meshpilot`` started now with ``environ`` will run on (``environment``: what its
+    start adds). The bench records it, and runs its bare-gRPC floor on the same allocator."""
+    return decide(environ, find_jemalloc(), mapped=False)
+
+
 def prepare(
     argv: Sequence[str],
     *,
