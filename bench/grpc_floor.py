@@ -155,6 +155,9 @@ async def _serve(port: int, size: int, slots: int, work: _Work) -> None:
         if command[0] == "count":
             # Each client says hello once: the count is the streams that are up.
             print(state["acks"], flush=True)
+        elif command[0] == "allocator":
+            # What this process runs on, as the report says it (not what it was started to run on).
+            print("jemalloc" if allocator.jemalloc_mapped() else "system", flush=True)
         elif command[0] == "alone":
             # The work of a round with nothing between its calls, before the first round.
             print(work.alone(len(queues)) if work.per_write else 0.0, flush=True)
@@ -281,6 +284,9 @@ def run(
         # A batch takes all its slots before any of its streams writes: more than there are waits for ever.
         raise ValueError(f"a batch of {batch} streams needs at least {batch} slots, not {slots}")
     port = free_port()
+    # The allocator a meshpilot server started here gets (jemalloc preloaded when installed), so that
+    # the two are compared on the same one.
+    memory = allocator.for_new_process()
     server = subprocess.Popen(
         [
             sys.executable,
@@ -292,9 +298,7 @@ def run(
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
-        # The allocator a meshpilot server started here gets (jemalloc preloaded when installed), so
-        # that the two are compared on the same one.
-        env={**os.environ, **allocator.for_new_process().environment},
+        env={**os.environ, **memory.environment},
     )
     assert server.stdin is not None and server.stdout is not None
     ctx = multiprocessing.get_context("spawn")
@@ -331,6 +335,7 @@ def run(
             "work_per_write": work,
             "work_pool": pool if work else 0,
             "work_batch": batch if work else 0,
+            "allocator": ask("allocator"),
             "rounds": [],
         }
         if work:

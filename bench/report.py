@@ -43,18 +43,10 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
         scale = f"{http['scenario_spec']['proxies']} sidecars, {http['scenario_spec']['services']} services"
         row(f"Steady-state CPU ({scale})", 0.5, http.get("steady_vcpu"), "vCPU")
         rows.extend(memory_goal_rows(http, scale))
-        eds_change = http.get("endpoint_added") or {}
-        p99 = get(eds_change, "from_write_seconds", "p99")
-        after_debounce = p99 - 0.1 if p99 is not None else None
-        row(f"Endpoint added: p99 after the debounce ({scale})", 0.3, after_debounce, "s")
-        row(f"Endpoint added: p99 fan-out ({scale})", 0.3, get(eds_change, "fan_out_seconds", "p99"), "s")
-        vs_change = http.get("virtual_service_changed") or {}
-        row(
-            f"VirtualService changed: p99 from the write ({scale})",
-            1.0,
-            get(vs_change, "from_write_seconds", "p99"),
-            "s",
-        )
+        latency = report_delta.latency_goal_rows(http, scale)
+        fan_out = get(http, "endpoint_added", "fan_out_seconds", "p99")
+        fan_out_row = goal_row(f"Endpoint added: p99 fan-out ({scale})", 0.3, fan_out, "s")
+        rows += [latency[0], fan_out_row, *latency[1:]]
     for storm in results.get("storm", []):
         for phase in ("streams_dropped", "server_restarted"):
             data = storm.get(phase) or {}
@@ -180,6 +172,7 @@ def render(all_results: dict[str, dict[str, Any]]) -> str:
             + ca_bench.goals(results)
             + pool_bench.goals(results),
         )
+        out += report_delta.latency_bounds(results)
         out += report_micro.section(results)
         images = plots(results, suite)
         floor_image = next((i for i in images if i.endswith(PUSH_FLOOR_IMAGE)), None)

@@ -208,6 +208,15 @@ def _mean_ms(histogram: dict[str, float] | None) -> float | None:
     return round(1000 * histogram["sum"] / histogram["count"], 3)
 
 
+def _floor_allocator(floors: list[dict[str, Any]]) -> str:
+    """Which allocator the floor's server ran on, when the run recorded it (runs before 461086d did not,
+    and ran it on the C library's)."""
+    chosen = {floor.get("allocator") for floor in floors}
+    if len(chosen) != 1 or None in chosen:
+        return ""
+    return f" (its server on {chosen.pop()}, the memory allocator a meshpilot server started here runs on)"
+
+
 def floor_section(results: dict[str, Any]) -> list[str]:
     floors: list[dict[str, Any]] = results.get("grpc_floor") or []
     if not floors:
@@ -223,9 +232,9 @@ def floor_section(results: dict[str, Any]) -> list[str]:
         "names every cluster again; a delta ACK carries only the type and the nonce). The sizes are "
         "those the simulator measured in this run's fleet run of the same push and protocol where there "
         "was one ('sized from'), else the estimate written in `bench/run.py`. Nothing is generated or "
-        "recorded: this is what gRPC and asyncio alone cost on this machine (its server on the memory "
-        "allocator meshpilot's runs on), so "
-        "a push of that size to as many proxies cannot fan out faster. The clients share the server's "
+        "recorded: this is what gRPC and asyncio alone cost on this machine"
+        + _floor_allocator(floors)
+        + ", so a push of that size to as many proxies cannot fan out faster. The clients share the server's "
         f"{cpus} cores, as the simulator does: the CPU of both over the core count is the least wall "
         "time such a round can take here, whoever the server is."
     )

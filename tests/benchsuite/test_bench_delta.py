@@ -340,6 +340,23 @@ def test_the_report_puts_both_protocols_and_the_floor_side_by_side() -> None:
     assert (peak[2], peak[3]) == ("1,300 MiB", "missed (1.27x the target)")
 
 
+def test_the_least_p99_a_server_at_the_floor_could_reach_here_is_reported() -> None:
+    run = _run("delta", 0.2, 1500)
+    run["endpoint_added"].update(first_seconds=0.15, fleet_cpu_seconds=0.3)
+    floor = {
+        "protocol": "delta",
+        "scenario": "http-200",
+        "change": "endpoint_added",
+        "rounds": [{"acks": 4, "streams": 4, "server_cpu_seconds": s} for s in (0.1, 0.2, 0.9)],
+    }
+    results = {"machine": {"cpus": 2}, "fleet": [run], "grpc_floor": [floor]}
+    text = "\n".join(report_delta.latency_bounds(results))
+    # 0.15 to the first copy, less the 0.1 s debounce, then (0.2 floor + 0.3 simulator) / 2 cores.
+    assert "Endpoint added: p99 after the debounce: 0.30 s (goal 0.3 s;" in text
+    assert "VirtualService" not in text  # no route change, no floor for it: nothing claimed
+    assert report_delta.latency_bounds({"fleet": [], "grpc_floor": [floor]}) == []
+
+
 def test_a_change_made_in_rounds_is_reported_by_its_median_round_with_every_round_beside_it() -> None:
     made = [
         {

@@ -19,6 +19,7 @@ from bench.scenario import Scenario
 from bench.server import ServerProcess
 from bench.sidecar import EDS, ProxySpec, SimProxy
 from bench.storm import StormJob, run_storm
+from meshpilot.server import allocator
 
 pytestmark = pytest.mark.integration
 
@@ -195,8 +196,13 @@ def test_grpc_floor_pushes_to_every_stream_and_reports_it() -> None:
     assert floor["streams"] == 12
     assert [r["acks"] for r in floor["rounds"]] == [12, 12]
     assert all(r["wall_seconds"] > 0 and r["server_cpu_seconds"] >= 0 for r in floor["rounds"])
+    # On the allocator a meshpilot server started here would get, read from the floor's server itself.
+    assert floor["allocator"] == allocator.for_new_process().allocator
     rendered = "\n".join(report_fleet.floor_section({"grpc_floor": [{"stands_for": "an EDS push", **floor}]}))
     assert "12 streams" in rendered and "12/12" in rendered and "an EDS push" in rendered
+    assert f"its server on {floor['allocator']}, the memory allocator" in rendered
+    unrecorded = {k: v for k, v in floor.items() if k != "allocator"}
+    assert "memory allocator" not in "\n".join(report_fleet.floor_section({"grpc_floor": [unrecorded]}))
 
 
 def test_grpc_floor_hands_out_through_slots_and_every_stream_still_gets_each_round() -> None:

@@ -279,6 +279,7 @@ def test_headless_tcp_services_push_config_when_their_addresses_change() -> None
 
 def test_proxies_are_looked_up_in_their_own_cluster() -> None:
     """Two clusters reuse a pod IP (overlapping pod CIDRs): each proxy gets its own cluster's workload."""
+    from meshpilot.model.identity import same_objects
     from meshpilot.registry.aggregate import AggregateRegistry
 
     east, west = KubeRegistry(Updater(), cluster_id="east"), KubeRegistry(Updater(), cluster_id="west")
@@ -296,6 +297,21 @@ def test_proxies_are_looked_up_in_their_own_cluster() -> None:
     assert aggregate.workload_labels(proxy("west")) == {"app": "reviews"}
     # A cluster no registry has: looked up everywhere (the first registry that knows it).
     assert aggregate.workload_labels(proxy("elsewhere")) == {"app": "ratings"}
+
+    # What a refresh compares to know the labels unchanged: the registries asked, and what each read.
+    east_inputs, west_inputs = (
+        aggregate.workload_inputs(proxy("east")),
+        aggregate.workload_inputs(proxy("west")),
+    )
+    everywhere = aggregate.workload_inputs(proxy("elsewhere"))
+    assert east_inputs[0] is east and west not in east_inputs
+    assert west_inputs[0] is west and east not in west_inputs
+    assert everywhere == east_inputs + west_inputs
+    # West's Pod replaced: the inputs of the proxies that read it change, east's do not.
+    apply(west, pod("reviews-1", "default", "10.1.0.1", {"app": "reviews", "version": "v2"}))
+    assert same_objects(aggregate.workload_inputs(proxy("east")), east_inputs)
+    assert not same_objects(aggregate.workload_inputs(proxy("west")), west_inputs)
+    assert not same_objects(aggregate.workload_inputs(proxy("elsewhere")), everywhere)
 
 
 def test_a_resync_keeps_the_unchanged_service_object() -> None:

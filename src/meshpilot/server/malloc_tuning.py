@@ -8,8 +8,10 @@ names; docs/reliability.md): the server grew from 101 to 145 MiB with glibc's de
 116 MiB with the threshold fixed at its initial 128 KiB and two arenas (the main thread's and one
 shared by gRPC's threads, which allocate little).
 
-Large blocks are then always mapped and unmapped: a push's payloads of more than 128 KiB cost a
-mapping each, which the bench's push figures include. ``MALLOC_ARENA_MAX`` or
+Large blocks are then always mapped and unmapped: gRPC copies every response it is handed into a block
+of its size, so each write of more than 128 KiB maps fresh pages and faults them in (127 for a 517 KB
+route configuration). In the benchmark's route push that doubled the server's CPU, 1.6 s instead of
+jemalloc's 0.8 s (bench/notes.md, "The servers' allocator"). ``MALLOC_ARENA_MAX`` or
 ``MALLOC_MMAP_THRESHOLD_`` in the environment (glibc's own knobs) leave the choice to the operator.
 
 All of this is glibc's and applies only when glibc's ``malloc`` is the one in use. ``meshpilot
