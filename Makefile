@@ -48,7 +48,8 @@ typecheck: install-test
 # (tests/integration/test_debug_ui.py); and jemalloc, which `meshpilot discovery` preloads
 # (src/meshpilot/server/allocator.py). Installed once, only when one is missing.
 SYSTEM_TOOLS := iptables-restore ip setpriv curl chromium
-SYSTEM_LIBS := libjemalloc.so.2
+JEMALLOC_LIB := libjemalloc.so.2
+SYSTEM_LIBS := $(JEMALLOC_LIB)
 $(VENV)/.system-deps: $(BIN)/python
 	for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	for lib in $(SYSTEM_LIBS); do ldconfig -p | grep -q "$$lib" || missing=1; done; \
@@ -136,12 +137,16 @@ $(VENV)/.installed-bench: $(VENV)/.installed-test
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	touch $@
 
-# The benchmark suites write bench/results/<suite>.json and docs/benchmarks.md. They install the system
-# packages too: without jemalloc, which the server preloads, its large pushes cost twice the CPU.
-bench: $(VENV)/.system-deps $(VENV)/.installed-bench
+# The benchmark suites write bench/results/<suite>.json and docs/benchmarks.md. They need jemalloc,
+# which the server preloads: without it the large pushes cost twice the CPU (bench/notes.md).
+$(VENV)/.bench-deps: $(BIN)/python
+	ldconfig -p | grep -q $(JEMALLOC_LIB) || (apt-get update && apt-get install -y libjemalloc2)
+	touch $@
+
+bench: $(VENV)/.bench-deps $(VENV)/.installed-bench
 	$(BIN)/python -m bench.run --suite full
 
-bench-quick: $(VENV)/.system-deps $(VENV)/.installed-bench
+bench-quick: $(VENV)/.bench-deps $(VENV)/.installed-bench
 	$(BIN)/python -m bench.run --suite quick
 
 clean:

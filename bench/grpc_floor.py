@@ -47,7 +47,7 @@ import grpc
 
 from bench.server import free_port, process_cpu_seconds
 from bench.sidecar import ENVOY_STREAM_WINDOW, retrieve_outcome
-from meshpilot.server import allocator
+from meshpilot.server import allocator, malloc_tuning
 
 _METHOD = "/bench.Floor/Stream"
 #: What a stream is handed: write the message, then give back a slot of the round's throttle; or
@@ -156,7 +156,7 @@ async def _serve(port: int, size: int, slots: int, work: _Work) -> None:
             # Each client says hello once: the count is the streams that are up.
             print(state["acks"], flush=True)
         elif command[0] == "allocator":
-            # What this process runs on, as the report says it (not what it was started to run on).
+            # What this process runs on, as the report names it (not what it was started to run on).
             print("jemalloc" if allocator.jemalloc_mapped() else "system", flush=True)
         elif command[0] == "alone":
             # The work of a round with nothing between its calls, before the first round.
@@ -226,6 +226,9 @@ def _server_main(
     port: int, size: int, slots: int = 0, work: int = 0, pool: int = POOL_SIZE, batch: int = 0
 ) -> None:
     _raise_file_limit()
+    # The C allocator's settings meshpilot's server makes on glibc (none under jemalloc), before gRPC
+    # starts its threads: on glibc they decide what a large write costs (bench/notes.md).
+    malloc_tuning.configure()
     asyncio.run(_serve(port, size, slots, _Work(work, pool, batch)))
 
 

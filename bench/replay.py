@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             profile=profile,
             callgrind=callgrind,
             after_load=gc_tuning.freeze_loaded,
-            changes=tuple(args.change or CHANGES),
+            changes=tuple(dict.fromkeys(args.change or CHANGES)),  # each once, however often named
         )
     )
     if profile is not None:

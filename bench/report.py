@@ -43,10 +43,9 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
         scale = f"{http['scenario_spec']['proxies']} sidecars, {http['scenario_spec']['services']} services"
         row(f"Steady-state CPU ({scale})", 0.5, http.get("steady_vcpu"), "vCPU")
         rows.extend(memory_goal_rows(http, scale))
-        latency = report_delta.latency_goal_rows(http, scale)
+        rows += report_delta.latency_goal_rows(http, scale)
         fan_out = get(http, "endpoint_added", "fan_out_seconds", "p99")
-        fan_out_row = goal_row(f"Endpoint added: p99 fan-out ({scale})", 0.3, fan_out, "s")
-        rows += [latency[0], fan_out_row, *latency[1:]]
+        row(f"Endpoint added: p99 fan-out ({scale})", 0.3, fan_out, "s")
     for storm in results.get("storm", []):
         for phase in ("streams_dropped", "server_restarted"):
             data = storm.get(phase) or {}
@@ -227,9 +226,9 @@ def kube_section(kube: dict[str, Any]) -> list[str]:
 
 
 def allocator_sentence(machine: dict[str, Any]) -> str:
-    """Which memory allocator the servers ran on, when it was recorded: it moves the large pushes."""
+    """Which memory allocator meshpilot's servers ran on, when it was recorded: it moves the large pushes."""
     chosen = machine.get("server_allocator")
-    return f" The servers' memory allocator: {chosen}." if chosen else ""
+    return f" meshpilot's memory allocator: {chosen}." if chosen else ""
 
 
 def host_speed_line(machine: dict[str, Any]) -> list[str]:

@@ -124,11 +124,12 @@ def goals(results: dict[str, Any]) -> list[list[Any]]:
 
 
 def latency_bounds(results: dict[str, Any]) -> list[str]:
-    """What the latency goals can reach on this machine, whoever the server: the simulator shares its
-    cores, so a push cannot fan out faster than the simulator's CPU and the bare-gRPC floor's server CPU
-    for the same bytes over the core count. Added to the time meshpilot took to its first proxy's copy
-    (the file watch, the debounce, the snapshot), that is the least p99 a server at the floor would
-    measure here."""
+    """An estimate of the least p99 the latency goals could show on this machine for a server that
+    reaches its first proxy when meshpilot did and then costs only the bare-gRPC floor: the simulator
+    shares the cores, so the push cannot end before the floor's and the simulator's CPU (as measured
+    with meshpilot) have run on them. It counts every write and ACK, so it bounds the last proxy's copy
+    rather than the p99; a server of another make (istiod is Go, the floor Python's grpc.aio) has
+    another floor."""
     http = fleet_run(results, "http", protocol="delta")
     if http is None:
         return []
@@ -143,16 +144,17 @@ def latency_bounds(results: dict[str, Any]) -> list[str]:
             continue
         least = first - left_out + (floor_server + simulator) / cores
         parts.append(
-            f"{words}: {least:.2f} s (goal {target} s; {first:.2f} s to the first copy, then "
+            f"{words}: {least:.2f} s (goal {target:g} s; {first:.2f} s to the first copy, then "
             f"({floor_server:.2f} s floor + {simulator:.2f} s simulator) / {cores} cores)"
         )
     if not parts:
         return []
     return [
-        "The least p99 a server costing only the bare-gRPC floor could measure here (delta, http): "
+        "About the least p99 a Python server could measure here that reached its first proxy when "
+        "meshpilot did and then cost only the bare-gRPC floor (delta, http): "
         + "; ".join(parts)
-        + ". The simulator shares the cores and its CPU is the same whoever serves, so a latency goal "
-        "below this is out of reach on this machine, for any server.",
+        + ". The simulator shares the cores, so such a server cannot do better on this machine; a goal "
+        "below this figure is out of reach here for any server built on grpc.aio.",
         "",
     ]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.measure import DEBOUNCE_SECONDS
 from bench.tables import get, table
 
 
@@ -21,7 +22,8 @@ def fleet_section(results: dict[str, Any], images: list[str]) -> list[str]:
         "sidecars (separate processes, real ADS streams, each on its own connection as an Envoy's is, "
         f"every response ACKed) connect at {rate} new streams/s (`--max-requests-per-second`). "
         "Changes are file writes: 'from write' includes the file watch (about 50 ms), reading the "
-        "file and the 100 ms debounce; 'fan-out' is measured from the first proxy's copy, so it shows "
+        f"file and the {DEBOUNCE_SECONDS * 1000:g} ms debounce; 'fan-out' is measured from the first "
+        "proxy's copy, so it shows "
         "the push itself. Server CPU is user+system time from /proc, and sim CPU the simulator's over "
         "the same span: both share this machine's cores, so their sum over the core count is the least "
         "wall time the change could take here. RSS is resident memory (peak: VmHWM, over the whole run). "
@@ -209,12 +211,12 @@ def _mean_ms(histogram: dict[str, float] | None) -> float | None:
 
 
 def _floor_allocator(floors: list[dict[str, Any]]) -> str:
-    """Which allocator the floor's server ran on, when the run recorded it (runs before 461086d did not,
-    and ran it on the C library's)."""
+    """Which allocator the floor's server ran on, when the run recorded it: runs before c63e93b did not
+    (from 461086d on, the floor ran on meshpilot's allocator; before it, on the C library's defaults)."""
     chosen = {floor.get("allocator") for floor in floors}
     if len(chosen) != 1 or None in chosen:
         return ""
-    return f" (its server on {chosen.pop()}, the memory allocator a meshpilot server started here runs on)"
+    return f" (its server on {chosen.pop()}, with the allocator settings a meshpilot server started here has)"
 
 
 def floor_section(results: dict[str, Any]) -> list[str]:

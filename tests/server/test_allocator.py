@@ -141,11 +141,15 @@ def test_jemalloc_asked_for_and_not_had_is_a_warning(
     assert [r.levelname for r in caplog.records] == ["INFO"]
 
 
-def test_a_new_process_is_decided_as_if_nothing_were_preloaded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_process_is_decided_by_its_environment_not_this_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     # This process may itself run on jemalloc; the answer is about the process to be started.
     monkeypatch.setattr(allocator, "jemalloc_mapped", lambda: True)
     monkeypatch.setattr(allocator, "find_jemalloc", lambda: LIB)
     assert allocator.for_new_process({}).environment["LD_PRELOAD"] == LIB
     assert allocator.for_new_process({"MESHPILOT_ALLOCATOR": "system"}).allocator == "system"
+    # The operator's preload of jemalloc: the new process runs on it, and nothing is added.
+    preloaded = allocator.for_new_process({"LD_PRELOAD": LIB})
+    assert preloaded.allocator == "jemalloc" and not preloaded.environment
+    assert allocator.for_new_process({"LD_PRELOAD": "/opt/libfaketime.so"}).allocator == "system"
     monkeypatch.setattr(allocator, "find_jemalloc", lambda: None)
     assert allocator.for_new_process({}).describe().startswith("system (jemalloc is not installed")

@@ -112,8 +112,10 @@ def decide(environ: Mapping[str, str], library: str | None, mapped: bool) -> Cho
 
 def for_new_process(environ: Mapping[str, str] = os.environ) -> Choice:
     """What a ``meshpilot`` started now with ``environ`` will run on (``environment``: what its
-    start adds). The bench records it, and runs its bare-gRPC floor on the same allocator."""
-    return decide(environ, find_jemalloc(), mapped=False)
+    start adds). The bench records it, and runs its bare-gRPC floor on the same allocator. An
+    ``LD_PRELOAD`` of the operator's that names jemalloc loads it: the process will find it mapped."""
+    preloaded = "libjemalloc" in environ.get("LD_PRELOAD", "")
+    return decide(environ, find_jemalloc(), mapped=preloaded)
 
 
 def prepare(
