@@ -49,11 +49,12 @@ typecheck: install-test
 # (src/meshpilot/server/allocator.py). Installed once, only when one is missing.
 SYSTEM_TOOLS := iptables-restore ip setpriv curl chromium
 JEMALLOC_LIB := libjemalloc.so.2
+JEMALLOC_PACKAGE := libjemalloc2
 SYSTEM_LIBS := $(JEMALLOC_LIB)
 $(VENV)/.system-deps: $(BIN)/python
 	for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	for lib in $(SYSTEM_LIBS); do ldconfig -p | grep -q "$$lib" || missing=1; done; \
-	if [ -n "$$missing" ]; then apt-get update && apt-get install -y iptables iproute2 util-linux curl chromium libjemalloc2; fi
+	if [ -n "$$missing" ]; then apt-get update && apt-get install -y iptables iproute2 util-linux curl chromium $(JEMALLOC_PACKAGE); fi
 	touch $@
 
 # Istio and Kubernetes as the referee (tests/reference, the real-API-server and agent tests):
@@ -140,7 +141,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed-test
 # The benchmark suites write bench/results/<suite>.json and docs/benchmarks.md. They need jemalloc,
 # which the server preloads: without it the large pushes cost twice the CPU (bench/notes.md).
 $(VENV)/.bench-deps: $(BIN)/python
-	ldconfig -p | grep -q $(JEMALLOC_LIB) || (apt-get update && apt-get install -y libjemalloc2)
+	ldconfig -p | grep -q $(JEMALLOC_LIB) || (apt-get update && apt-get install -y $(JEMALLOC_PACKAGE))
 	touch $@
 
 bench: $(VENV)/.bench-deps $(VENV)/.installed-bench

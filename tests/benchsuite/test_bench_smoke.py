@@ -316,8 +316,11 @@ def test_the_host_speed_around_a_run_is_reported_when_recorded() -> None:
     assert "Host speed" not in report.render({"full": {"suite": "full", "machine": {}}})
 
 
-def test_the_servers_allocator_is_recorded_and_reported() -> None:
-    assert run.machine()["server_allocator"] == allocator.for_new_process().describe()
+def test_the_servers_allocator_is_recorded_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Recorded from the environment the servers are started with, not from this process's allocator.
+    monkeypatch.setenv("MESHPILOT_ALLOCATOR", "system")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert run.machine()["server_allocator"] == "system (MESHPILOT_ALLOCATOR=system)"
     named = {"suite": "full", "machine": {"server_allocator": "jemalloc (to be preloaded)"}}
     assert "meshpilot's memory allocator: jemalloc (to be preloaded)." in report.render({"full": named})
     assert "memory allocator" not in report.render({"full": {"suite": "full", "machine": {}}})

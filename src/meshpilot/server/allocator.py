@@ -37,6 +37,8 @@ CHOICES = ("jemalloc", "system")
 #: server returns them too), skipping the lazily freed "muzzy" state whose pages still count in RSS.
 MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
 
+#: What a path of jemalloc's library holds, whatever its directory and version.
+_LIBRARY_NAME = "libjemalloc"
 #: Where Debian and Ubuntu's ``libjemalloc2`` puts it, for the interpreter's architecture.
 _MULTIARCH = getattr(sys.implementation, "_multiarch", "")
 KNOWN_PATHS = (
@@ -79,7 +81,7 @@ def jemalloc_mapped(maps: Path = Path("/proc/self/maps")) -> bool:
         text = maps.read_text()
     except OSError:
         return False
-    return "libjemalloc" in text
+    return _LIBRARY_NAME in text
 
 
 def decide(environ: Mapping[str, str], library: str | None, mapped: bool) -> Choice:
@@ -114,7 +116,7 @@ def for_new_process(environ: Mapping[str, str] = os.environ) -> Choice:
     """What a ``meshpilot`` started now with ``environ`` will run on (``environment``: what its
     start adds). The bench records it, and runs its bare-gRPC floor on the same allocator. An
     ``LD_PRELOAD`` of the operator's that names jemalloc loads it: the process will find it mapped."""
-    preloaded = "libjemalloc" in environ.get("LD_PRELOAD", "")
+    preloaded = _LIBRARY_NAME in environ.get("LD_PRELOAD", "")
     return decide(environ, find_jemalloc(), mapped=preloaded)
 
 
