@@ -51,7 +51,7 @@ def _refresh(model: Model, proxy: Proxy, version: str) -> None:
     model.env.refresh_proxy(proxy, model.env.build_push_context(version))
 
 
-def test_labels_and_locality_are_read_again_only_when_the_pod_or_its_node_is_replaced(
+def test_labels_and_locality_are_read_again_only_when_the_pod_its_node_or_a_service_changes(
     model: Model, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proxy = model.proxy(NODE_ID)
@@ -112,3 +112,35 @@ def test_the_inbound_signature_is_kept_while_the_service_targets_are_the_same(mo
     model.upsert(service("app", "default", "10.96.0.10", [("http", 9080), ("grpc", 9090)], {"app": "app"}))
     _refresh(model, proxy, "test/3")
     assert proxy.inbound_signature != signature and len(proxy.inbound_signature) == 2
+
+
+def test_the_service_targets_are_kept_until_the_pod_or_a_service_changes(
+    model: Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full push refreshes every proxy: while its Pod, its Node and the services are the objects they
+    were, the targets are kept without asking the registry; a Service that selects the unchanged Pod
+    is found."""
+    proxy = model.proxy(NODE_ID)
+    targets = proxy.service_targets
+    assert [(t.service.name, t.port.port) for t in targets] == [("app", 9080)]
+    asked: list[str] = []
+    registry = model.env.registry
+    looked_up = registry.service_targets
+
+    def counted(asking: Proxy) -> Any:
+        asked.append(asking.id)
+        return looked_up(asking)
+
+    monkeypatch.setattr(registry, "service_targets", counted)
+    _refresh(model, proxy, "test/2")
+    assert proxy.service_targets is targets and asked == []
+    # A resync converts each Service again: an equal one changes nothing.
+    model.upsert(service("app", "default", "10.96.0.10", [("http", 9080)], {"app": "app"}))
+    _refresh(model, proxy, "test/3")
+    assert proxy.service_targets is targets and asked == []
+
+    model.upsert(service("admin", "default", "10.96.0.99", [("http-admin", 7070)], {"app": "app"}))
+    _refresh(model, proxy, "test/4")
+    assert asked == ["app-1.default"]
+    found = sorted((t.service.name, t.port.port) for t in proxy.service_targets)
+    assert found == [("admin", 7070), ("app", 9080)]

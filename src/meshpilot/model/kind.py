@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import enum
+from meshpilot.model.identity import IdentityEnum
 
 
-class Kind(enum.Enum):
+class Kind(IdentityEnum):
     """A config or registry kind. The value is its Kubernetes ``kind``."""
 
     # Core Kubernetes objects feeding the Kubernetes registry.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import enum
+from meshpilot.model.identity import IdentityEnum
 
 
-class Protocol(enum.Enum):
+class Protocol(IdentityEnum):
     GRPC = "GRPC"
     GRPC_WEB = "GRPC-Web"
     HTTP = "HTTP"

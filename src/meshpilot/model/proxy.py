@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import ipaddress
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -11,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from meshpilot.bounded_logs import clip
 from meshpilot.input_limits import MAX_METADATA_JSON_CHARS, MAX_NODE_ID_CHARS, InputRejected, load_json
 from meshpilot.model.endpoint import Locality
-from meshpilot.model.identity import same_objects
+from meshpilot.model.identity import IdentityEnum, same_objects
 
 if TYPE_CHECKING:
     from meshpilot.model.service import ServiceTarget
@@ -20,14 +19,14 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class NodeType(enum.Enum):
+class NodeType(IdentityEnum):
     SIDECAR = "sidecar"
     ROUTER = "router"
     WAYPOINT = "waypoint"
     ZTUNNEL = "ztunnel"
 
 
-class InterceptionMode(enum.Enum):
+class InterceptionMode(IdentityEnum):
     REDIRECT = "REDIRECT"
     TPROXY = "TPROXY"
     NONE = "NONE"
@@ -130,9 +129,9 @@ class ProxyState:
     #: The scope before the last recomputation; a change concerns the proxy if it
     #: concerns either scope (a host may have just left or entered it).
     previous_scope: SidecarScope | None = None
-    #: The registry objects ``labels`` and ``locality`` were read from (``workload_inputs``; the
-    #: registries asked, with the Pod and Node found); None until the first refresh. The next refresh
-    #: reuses both while these are the same objects.
+    #: The registry objects ``labels``, ``locality`` and ``service_targets`` were read from
+    #: (``workload_inputs``: the registries asked, with the Pod, Node and services found); None until
+    #: the first refresh. The next refresh reuses all three while these are the same objects.
     workload_inputs: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
     #: ``inbound_signature``, worked out on first use (init=False: a copy made by
     #: ``dataclasses.replace`` works it out again from its own targets).
@@ -196,9 +195,12 @@ class ProxyState:
 
     def with_signature_of(self, other: ProxyState) -> ProxyState:
         """This state, given ``other``'s ``inbound_signature`` if both have the same service targets
-        (the same objects: a refresh finds its targets again, and each full push would otherwise work
-        the signature out anew for every proxy). Returns itself."""
-        if other._signature is not None and same_objects(other.service_targets, self.service_targets):
+        (the same objects: a refresh keeps its targets, or finds them again, and each full push would
+        otherwise work the signature out anew for every proxy). Returns itself."""
+        if other._signature is not None and (
+            other.service_targets is self.service_targets
+            or same_objects(other.service_targets, self.service_targets)
+        ):
             object.__setattr__(self, "_signature", other._signature)
         return self
 

@@ -33,6 +33,7 @@ from meshpilot.model.sidecar_scope import SidecarScope, build_scope
 _MEMO_LIMIT = 20000
 #: ``carried``'s mark for a key the previous snapshot did not hold.
 _NOT_CARRIED = object()
+_NO_RULES: frozenset[ConfigKey] = frozenset()
 T = TypeVar("T")
 
 KindView = Mapping[tuple[str, str], Config]
@@ -270,11 +271,10 @@ class PushContext:
 
     def selector_rules_for(self, namespace: str, labels: Mapping[str, str]) -> frozenset[ConfigKey]:
         """Keys of the workload-selected DestinationRules of ``namespace`` that select ``labels``."""
-        return frozenset(
-            config.key
-            for config, selector in self._selector_rules.get(namespace, ())
-            if selector_matches(selector, labels)
-        )
+        rules = self._selector_rules.get(namespace)
+        if not rules:
+            return _NO_RULES  # most namespaces have none: no set built per proxy of a push
+        return frozenset(config.key for config, selector in rules if selector_matches(selector, labels))
 
     # -- shared generation results ------------------------------------------------------
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
@@ -10,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from meshpilot.model.config import ConfigKey
+from meshpilot.model.identity import IdentityEnum
 from meshpilot.model.kind import Kind
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class TriggerReason(enum.Enum):
+class TriggerReason(IdentityEnum):
     """Why a push happened; the ``type`` label of ``pilot_push_triggers``."""
 
     ENDPOINT = "endpoint"

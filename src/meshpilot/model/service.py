@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from meshpilot.model.confighash import hash_value
+from meshpilot.model.identity import IdentityEnum
 from meshpilot.model.protocol import Protocol
 
 #: The address of a service with no VIP (headless, DNS ServiceEntries without addresses).
 UNSPECIFIED_IP = "0.0.0.0"
 
 
-class Resolution(enum.Enum):
+class Resolution(IdentityEnum):
     """How a proxy finds a service's endpoints."""
 
     #: The proxy load-balances over endpoints it gets by EDS.
@@ -27,7 +27,7 @@ class Resolution(enum.Enum):
     ALIAS = "Alias"
 
 
-class Registry(enum.Enum):
+class Registry(IdentityEnum):
     KUBERNETES = "Kubernetes"
     #: ServiceEntry and WorkloadEntry.
     EXTERNAL = "External"

@@ -33,7 +33,6 @@ report.
 
 from __future__ import annotations
 
-import enum
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from typing import Any
 
 from meshpilot._proto.istio.telemetry.v1alpha1 import telemetry_pb2
 from meshpilot.model.config import Config, ConfigKey
+from meshpilot.model.identity import IdentityEnum
 from meshpilot.model.kind import Kind
 from meshpilot.model.labels import selector_matches
 from meshpilot.model.proxy import Proxy
@@ -56,7 +56,7 @@ ALL_METRICS: tuple[str, ...] = tuple(
 )
 
 
-class TelemetryClass(enum.Enum):
+class TelemetryClass(IdentityEnum):
     """Which side of the proxy a filter serves (istiod's listener class, gateways being clients)."""
 
     CLIENT = "client"  # sidecar outbound, and gateways

@@ -49,8 +49,7 @@ log = logging.getLogger(__name__)
 HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 #: istiod's "never clean up" interval for ORIGINAL_DST clusters (max seconds of a Duration it uses).
 _NO_CLEANUP = 9223372035
-# Resolutions whose clusters carry their endpoints inline. A tuple: membership is by identity,
-# where a set would call Enum.__hash__ in Python for every cluster key.
+# Resolutions whose clusters carry their endpoints inline.
 _INLINE_ENDPOINTS = (Resolution.DNS_LB, Resolution.DNS_ROUND_ROBIN_LB)
 _TYPES = {
     Resolution.CLIENT_SIDE_LB: cluster_pb2.Cluster.EDS,

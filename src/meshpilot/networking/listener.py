@@ -8,7 +8,6 @@ and a TCP service on one address become a sniffed listener holding both.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from meshpilot.model.egress_imports import CAPTURE_NONE, EgressListener
 from meshpilot.model.endpoint import Endpoint
 from meshpilot.model.endpoint_index import EndpointIndex
+from meshpilot.model.identity import IdentityEnum
 from meshpilot.model.mesh import REGISTRY_ONLY
 from meshpilot.model.protocol import Protocol
 from meshpilot.model.proxy import InterceptionMode, Proxy
@@ -48,7 +48,7 @@ HTTP_ALPNS = ("http/1.1", "h2c")
 _RESERVED_PORTS = frozenset({15001, 15006, 15021, 15090})
 
 
-class ListenerProtocol(enum.Enum):
+class ListenerProtocol(IdentityEnum):
     HTTP = "HTTP"
     TCP = "TCP"
     #: Sniffed: an HTTP chain chosen by ALPN and a TCP fallback.

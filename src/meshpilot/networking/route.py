@@ -398,7 +398,7 @@ def build_route_configuration(proxy: Proxy, push: PushContext, name: str) -> Any
     return out
 
 
-# A tuple: membership by identity, without hashing an Enum in Python per service.
+# The protocols whose services get virtual hosts (sniffed ones too).
 _HTTP_PROTOCOLS = tuple(p for p in Protocol if p.is_http or p is Protocol.UNSUPPORTED)
 
 

@@ -84,21 +84,29 @@ class MeshEnvironment:
         inputs = self.registry.workload_inputs(proxy)
         kept = before.workload_inputs
         if kept is not None and same_objects(kept, inputs):
-            # Its Pod and Node are the objects they were: the labels and locality read from them are
-            # too (istiod reads the labels again only for a proxy update; a Pod's change replaces it).
-            labels, where = before.labels, before.locality
-        else:
-            labels, where = self._workload(proxy)
-            # The service targets and the Sidecar are chosen by the new labels: asked of the proxy with
-            # them (neither reads the other). States are built whole, not by ``dataclasses.replace``,
-            # which costs several times more.
+            # Its Pod, Node and the services are the objects they were: so are the labels, locality
+            # and service targets read from them (istiod reads the labels again only for a proxy
+            # update; a Pod's change replaces it). Only the scope is the new snapshot's.
             proxy.state = ProxyState(
-                labels=labels,
-                locality=where,
+                labels=before.labels,
+                locality=before.locality,
                 service_targets=before.service_targets,
-                sidecar_scope=before.sidecar_scope,
-                previous_scope=before.previous_scope,
-            )
+                sidecar_scope=push.sidecar_scope(proxy),
+                previous_scope=before.sidecar_scope,
+                workload_inputs=inputs,
+            ).with_signature_of(before)
+            return
+        labels, where = self._workload(proxy)
+        # The service targets and the Sidecar are chosen by the new labels: asked of the proxy with
+        # them (neither reads the other). States are built whole, not by ``dataclasses.replace``,
+        # which costs several times more.
+        proxy.state = ProxyState(
+            labels=labels,
+            locality=where,
+            service_targets=before.service_targets,
+            sidecar_scope=before.sidecar_scope,
+            previous_scope=before.previous_scope,
+        )
         proxy.state = ProxyState(
             labels=labels,
             locality=where,

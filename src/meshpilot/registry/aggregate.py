@@ -23,8 +23,9 @@ class WorkloadRegistry(ServiceRegistry, Protocol):
     def proxy_locality(self, proxy: Proxy) -> str: ...
 
     def workload_inputs(self, proxy: Proxy) -> tuple[object, ...]:
-        """The objects ``workload_labels`` and ``proxy_locality`` read for ``proxy``. Registry objects
-        are replaced on a change, never edited: while these are the same objects, so are the answers."""
+        """The objects ``workload_labels``, ``proxy_locality`` and ``service_targets`` read for
+        ``proxy``. Registry objects are replaced on a change, never edited: while these are the same
+        objects, so are the answers."""
         ...
 
     def service_targets(self, proxy: Proxy) -> list[ServiceTarget]: ...
@@ -65,8 +66,8 @@ class AggregateRegistry:
         return ""
 
     def workload_inputs(self, proxy: Proxy) -> tuple[object, ...]:
-        """What ``workload_labels`` and ``proxy_locality`` read: the registries asked, each with its
-        own inputs (the same objects, the same answers)."""
+        """What ``workload_labels``, ``proxy_locality`` and ``service_targets`` read: the registries
+        asked, each with its own inputs (the same objects, the same answers)."""
         out: list[object] = []
         for registry in self._of_cluster(proxy):
             out.append(registry)

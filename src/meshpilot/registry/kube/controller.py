@@ -44,6 +44,12 @@ log = logging.getLogger(__name__)
 PROVIDER = "Kubernetes"
 
 
+class _ServicesToken:
+    """Stands for the registry's services as they are: replaced, never edited, on every change."""
+
+    __slots__ = ()
+
+
 class KubeRegistry:
     """Services and endpoints of one Kubernetes cluster."""
 
@@ -75,13 +81,14 @@ class KubeRegistry:
         self._by_pod: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
         self._by_ip: dict[str, set[tuple[str, str]]] = defaultdict(set)
         self._by_node: dict[str, set[tuple[str, str]]] = defaultdict(set)
-        # service_targets per Pod, valid while the Pod object and the services are the same:
-        # every full push asks again for every proxy, and few pushes change either.
-        self._services_generation = 0
+        # service_targets per Pod, valid while the Pod object and the services are the same (few
+        # pushes change either). The services' token is replaced on every change of a Service:
+        # a proxy's workload inputs hold it, so a refresh keeps its targets while it stands.
+        self._services_token = _ServicesToken()
         # Inside batch(): services whose endpoints are recomputed when the batch ends.
         self._batch_depth = 0
         self._pending: set[tuple[str, str]] = set()
-        self._targets: dict[tuple[str, str], tuple[KubePod, int, list[ServiceTarget]]] = {}
+        self._targets: dict[tuple[str, str], tuple[KubePod, _ServicesToken, list[ServiceTarget]]] = {}
         self._pods_by_ns: dict[str, dict[str, KubePod]] = defaultdict(dict)
         #: Endpoint addresses of headless services last reported, to tell when listeners change.
         self._headless_addresses: dict[tuple[str, str], frozenset[str]] = {}
@@ -175,11 +182,12 @@ class KubeRegistry:
         return pod_locality(pod, self._nodes.get(pod.node_name))
 
     def workload_inputs(self, proxy: Proxy) -> tuple[object, ...]:
-        """The proxy's Pod and the Pod's Node: the labels and the locality are read from nothing else."""
+        """The proxy's Pod, the Pod's Node and the services' token: the labels and the locality are
+        read from nothing else, the service targets from the Pod and the services. No Pod, no targets."""
         pod = self.pod_for_proxy(proxy)
         if pod is None:
             return ()
-        return (pod, self._nodes.get(pod.node_name))
+        return (pod, self._nodes.get(pod.node_name), self._services_token)
 
     def service_targets(self, proxy: Proxy) -> list[ServiceTarget]:
         """Ports of the services whose selector picks the proxy's Pod."""
@@ -188,10 +196,10 @@ class KubeRegistry:
             return []
         key = (pod.meta.namespace, pod.meta.name)
         cached = self._targets.get(key)
-        if cached is not None and cached[0] is pod and cached[1] == self._services_generation:
+        if cached is not None and cached[0] is pod and cached[1] is self._services_token:
             return list(cached[2])
         targets = self._compute_targets(pod)
-        self._targets[key] = (pod, self._services_generation, targets)
+        self._targets[key] = (pod, self._services_token, targets)
         return list(targets)
 
     def _compute_targets(self, pod: KubePod) -> list[ServiceTarget]:
@@ -215,7 +223,6 @@ class KubeRegistry:
         return service_hostname(name, namespace, self.domain_suffix)
 
     def _upsert_service(self, ks: KubeService) -> None:
-        self._services_generation += 1
         key = (ks.meta.namespace, ks.meta.name)
         self._kube_services[key] = ks
         self._kube_services_by_ns[ks.meta.namespace][ks.meta.name] = ks
@@ -225,7 +232,9 @@ class KubeRegistry:
         old = self._services.get(svc.hostname)
         if old != svc:
             # An equal one keeps the old object: snapshots compare services by identity (shared
-            # outputs, kept listener keys), and a resync converts every Service anew.
+            # outputs, kept listener keys), and a resync converts every Service anew. Nor does it
+            # change any Pod's targets, which read only these objects and their names.
+            self._services_token = _ServicesToken()
             self._services[svc.hostname] = svc
             self._updater.service_update(self.shard, svc.hostname, svc.namespace, deleted=False)
         if old is None:
@@ -235,7 +244,7 @@ class KubeRegistry:
     def _remove_service(self, namespace: str, name: str) -> None:
         if self._kube_services.pop((namespace, name), None) is None:
             return
-        self._services_generation += 1
+        self._services_token = _ServicesToken()
         self._kube_services_by_ns[namespace].pop(name, None)
         hostname = self._hostname(namespace, name)
         self._services.pop(hostname, None)
