@@ -10,7 +10,8 @@ them into ``docs/benchmarks.md`` and its plots.
 
 Fleet jobs with ``delta`` variants run each of those twice, side by side: over
 state-of-the-world ADS and over delta xDS (``bench.fleet_delta``), and the
-bare-gRPC floor runs at the bytes each protocol's pushes measured.
+bare-gRPC floor runs at the bytes each protocol's pushes measured, right after
+the fleet run that measured them.
 
 ``--peer istiod`` adds, for each fleet scenario of the suite, a run of istiod
 (``pilot-discovery`` from ``make reference``) and one of meshpilot, one after
@@ -71,15 +72,20 @@ class FloorJob:
     scenario: str = "http"
     change: str = "endpoint_added"
 
+    def stands_beside(self, run: dict[str, Any]) -> bool:
+        """Whether ``run`` is the fleet run whose push this floor stands for: its scenario and
+        protocol, served by the compiled server."""
+        return (run["scenario"], run["variant"], run.get("protocol", "sotw")) == (
+            self.scenario,
+            COMPILED.name,
+            self.protocol,
+        )
+
     def sized(self, fleet_runs: list[dict[str, Any]]) -> tuple[FloorJob, str]:
         """The job at the bytes per proxy its push and ACKs measured in this run's fleet run of the
         same scenario, change and protocol (compiled server), and where the sizes came from."""
         for run in fleet_runs:
-            if (run["scenario"], run["variant"], run.get("protocol", "sotw")) != (
-                self.scenario,
-                COMPILED.name,
-                self.protocol,
-            ):
+            if not self.stands_beside(run):
                 continue
             change = run.get(self.change) or {}
             received, sent = change.get("bytes_per_proxy"), change.get("sent_bytes_per_proxy")
@@ -305,6 +311,12 @@ def run_suite(
         }
         log("micro benchmarks, pure Python")
         results["micro"]["pure-python"] = run_micro(True, suite.micro_min_time)
+    # Each floor runs right after the fleet run it stands beside, at the bytes that run's push measured
+    # (FloorJob.sized), so that the two meet the host as it was then: run after all the fleets, a
+    # floor met the host of twenty minutes later, and the route push's ratio moved by a quarter on the
+    # floor alone between two runs (bench/notes.md). A floor without its fleet run runs last, estimated.
+    floors = [f for f in suite.floor if f.protocol in protocols] if not only or "floor" in only else []
+    floors_run: dict[FloorJob, dict[str, Any]] = {}
     for job in suite.fleet:
         if only and job.scenario.name not in only and "fleet" not in only:
             continue
@@ -316,10 +328,12 @@ def run_suite(
                 result = run_fleet(job, variant, Path(tmp), protocol=protocol)
             results["fleet"].append({"scenario_spec": asdict(job.scenario), **result})
             log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
-    # After the fleets, so each floor runs at the bytes its push measured (FloorJob.sized).
-    floors = tuple(f for f in suite.floor if f.protocol in protocols)
-    if floors and (not only or "floor" in only):
-        results["grpc_floor"] = run_floors(floors, results["fleet"])
+            beside = tuple(f for f in floors if f not in floors_run and f.stands_beside(results["fleet"][-1]))
+            floors_run.update(zip(beside, run_floors(beside, results["fleet"]), strict=True))
+    if floors:
+        rest = tuple(f for f in floors if f not in floors_run)
+        floors_run.update(zip(rest, run_floors(rest, results["fleet"]), strict=True))
+        results["grpc_floor"] = [floors_run[f] for f in floors]  # in the suite's order
     if peer is not None:
         results["peer"] = run_peer(suite, peer, only)
     for storm in suite.storm:

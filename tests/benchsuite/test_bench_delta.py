@@ -389,3 +389,43 @@ def test_a_change_made_in_rounds_is_reported_by_its_median_round_with_every_roun
     section = "\n".join(report_delta.push_floor_section({"fleet": [run], "grpc_floor": [floor]}))
     assert "| 0.70 | 0.90, 0.50, 0.70, 1.40 |" in section
     assert "| 2.00x |" in section
+
+
+def test_each_floor_runs_right_after_the_fleet_run_it_stands_beside(monkeypatch: Any) -> None:
+    """The floor meets the host as it was for its push: a floor measured a suite later moved a
+    ratio by a quarter on its own."""
+    from bench import run as bench_run
+    from bench.fleet_run import COMPILED, PURE
+
+    scenario = Scenario("http-200", services=200, proxies=400)
+    job = FleetJob(scenario, (COMPILED, PURE), delta=(COMPILED,))
+    floors = (
+        FloorJob(400, 1305, 80, "endpoint added (delta)", protocol="delta", scenario="http-200"),
+        FloorJob(400, 1305, 9000, "endpoint added (sotw)", protocol="sotw", scenario="http-200"),
+        FloorJob(400, 1305, 80, "no fleet run of its own", protocol="delta", scenario="elsewhere"),
+    )
+    suite = bench_run.Suite("test", 0.1, (job,), (), floors)
+    order: list[str] = []
+
+    def fleet(job: FleetJob, variant: Any, tmp: Any, protocol: str) -> dict[str, Any]:
+        order.append(f"fleet {variant.name} {protocol}")
+        return {**_run(protocol, 0.3, 1500), "variant": variant.name}
+
+    def floor(streams: int, size: int, ack: int, rounds: int) -> dict[str, Any]:
+        order.append(f"floor {ack}")
+        return {"rounds": [{"server_cpu_seconds": 0.1}]}
+
+    monkeypatch.setattr(bench_run, "run_fleet", fleet)
+    monkeypatch.setattr(bench_run.grpc_floor, "run", floor)
+    monkeypatch.setattr(bench_run, "host_speed", lambda: 0.2)
+    results = bench_run.run_suite(suite, {"http-200", "floor"})
+    assert order == [
+        "fleet compiled sotw",
+        "floor 9000",
+        "fleet compiled delta",
+        "floor 120",
+        f"fleet {PURE.name} sotw",
+        "floor 80",
+    ]
+    assert [f["stands_for"] for f in results["grpc_floor"]] == [f.stands_for for f in floors]
+    assert [f["sized_from"] for f in results["grpc_floor"]] == ["the fleet run", "the fleet run", "estimate"]
