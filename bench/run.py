@@ -313,10 +313,22 @@ def run_suite(
         results["micro"]["pure-python"] = run_micro(True, suite.micro_min_time)
     # Each floor runs right after the fleet run it stands beside, at the bytes that run's push measured
     # (FloorJob.sized), so that the two meet the host as it was then: run after all the fleets, a
-    # floor met the host of twenty minutes later, and the route push's ratio moved by a quarter on the
-    # floor alone between two runs (bench/notes.md). A floor without its fleet run runs last, estimated.
+    # floor met the host of twenty minutes later, and the route push's ratio to it moved by a quarter
+    # between two runs while meshpilot's CPU did not (bench/notes.md). A floor with no fleet run of its
+    # own runs last, at its estimated bytes. Floors are told apart by their place in the suite.
     floors = [f for f in suite.floor if f.protocol in protocols] if not only or "floor" in only else []
-    floors_run: dict[FloorJob, dict[str, Any]] = {}
+    floors_run: dict[int, dict[str, Any]] = {}
+
+    def run_floors_beside(fleet_run: dict[str, Any] | None) -> None:
+        """The floors not yet run that stand beside ``fleet_run``; None: every one left."""
+        todo = [
+            i
+            for i, floor in enumerate(floors)
+            if i not in floors_run and (fleet_run is None or floor.stands_beside(fleet_run))
+        ]
+        found = run_floors(tuple(floors[i] for i in todo), results["fleet"])
+        floors_run.update(zip(todo, found, strict=True))
+
     for job in suite.fleet:
         if only and job.scenario.name not in only and "fleet" not in only:
             continue
@@ -328,12 +340,10 @@ def run_suite(
                 result = run_fleet(job, variant, Path(tmp), protocol=protocol)
             results["fleet"].append({"scenario_spec": asdict(job.scenario), **result})
             log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
-            beside = tuple(f for f in floors if f not in floors_run and f.stands_beside(results["fleet"][-1]))
-            floors_run.update(zip(beside, run_floors(beside, results["fleet"]), strict=True))
+            run_floors_beside(results["fleet"][-1])
     if floors:
-        rest = tuple(f for f in floors if f not in floors_run)
-        floors_run.update(zip(rest, run_floors(rest, results["fleet"]), strict=True))
-        results["grpc_floor"] = [floors_run[f] for f in floors]  # in the suite's order
+        run_floors_beside(None)  # those with no fleet run of their own
+        results["grpc_floor"] = [floors_run[i] for i in range(len(floors))]
     if peer is not None:
         results["peer"] = run_peer(suite, peer, only)
     for storm in suite.storm:
