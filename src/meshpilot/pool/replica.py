@@ -212,6 +212,13 @@ class Replica:
         while self.push_seq < wanted and (left := deadline - time.monotonic()) > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._pushed.wait(), left)
+        if self.push_seq < wanted:
+            # Its proxy may hold a newer snapshot from the worker it left, and get an older one here.
+            log.warning(
+                "a new stream is served %d pushes behind the main process (waited %.0f s for them)",
+                wanted - self.push_seq,
+                CATCH_UP_WAIT,
+            )
 
     def ready(self) -> None:
         self.send(Ready())

@@ -8,6 +8,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from meshpilot.model.proxy import Proxy
+from meshpilot.model.push_context import PushContext
 
 _ids = itertools.count(1)
 _name_sets: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = weakref.WeakValueDictionary()
@@ -73,6 +74,11 @@ class Connection:
     id: str = ""
     connected_at: float = field(default_factory=time.time)
     watched: dict[str, WatchedResource] = field(default_factory=dict)
+    #: The snapshot the stream serves from (istiod's ``LastPushContext``): the one it connected
+    #: under, then each push's as the stream takes it. Requests are answered from it, not from the
+    #: server's newest: a request handled before a push queued for the stream would otherwise be
+    #: answered from a newer snapshot than the push then sends, and the proxy's config go back.
+    push: PushContext | None = None
 
     def __post_init__(self) -> None:
         if not self.id:

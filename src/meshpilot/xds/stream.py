@@ -210,9 +210,10 @@ class Stream(abc.ABC):
         )
 
     async def _answer(self, type_url: str, names: frozenset[str] | None) -> None:
-        """Respond to a request: ``names`` of the type (None: everything watched), from the current
-        snapshot."""
-        push = self.host.push_context
+        """Respond to a request: ``names`` of the type (None: everything watched), from the snapshot
+        the stream serves (``Connection.push``)."""
+        assert self.conn is not None
+        push = self.conn.push
         assert push is not None
         request = PushRequest(full=True, reasons=Counter({TriggerReason.PROXY: 1}), push=push)
         await self._send(type_url, request, names, pushed=False)
@@ -265,7 +266,9 @@ class Stream(abc.ABC):
         push = self.host.push_context
         assert push is not None, "streams are accepted only once ready"
         self.host.refresh_proxy(proxy, push)
-        return Connection(proxy=proxy, peer=self.context.peer(), identity=verified, protocol=self.protocol)
+        return Connection(
+            proxy=proxy, peer=self.context.peer(), identity=verified, protocol=self.protocol, push=push
+        )
 
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
         try:
@@ -328,6 +331,7 @@ class Stream(abc.ABC):
     async def _push(self, request: PushRequest) -> None:
         conn = self.conn
         assert conn is not None and request.push is not None
+        conn.push = request.push
         if request.full:
             self.host.refresh_proxy(conn.proxy, request.push)
         needed = proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace)

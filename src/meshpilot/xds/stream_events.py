@@ -31,6 +31,10 @@ class StreamEvents(Generic[R, P]):
     def empty(self) -> bool:
         return not self._requests and not self._pushes
 
+    def __len__(self) -> int:
+        """Requests and pushes not yet taken."""
+        return len(self._requests) + len(self._pushes)
+
     def put_request(self, item: R) -> None:
         """Handled before any push not yet taken; requests in the order they came."""
         self._requests.append(item)
