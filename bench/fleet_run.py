@@ -268,11 +268,14 @@ def run_fleet(
     workdir: Path,
     kube: KubeStub | None = None,
     protocol: str = "sotw",
+    after_round: Callable[[str, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """One server on the scenario: initial sync, steady state, then an endpoint and a VirtualService change.
 
     ``kube`` is the empty API server istiod's kube client needs (``variant.server == "istiod"``).
-    ``protocol`` is what the simulated sidecars speak: "sotw" or "delta".
+    ``protocol`` is what the simulated sidecars speak: "sotw" or "delta". ``after_round`` is called
+    after each round of a change with the change's name and what the round measured, while the
+    fleet waits (a suite measures the floor's round for that push there).
     """
     scenario = job.scenario
     config = workdir / "config"
@@ -324,11 +327,18 @@ def run_fleet(
             # (waiting for it would wait out wait_marker's two minutes, as runs before this did).
             watchers = scenario.proxies_seeing(0)
             made: dict[str, list[dict[str, Any]]] = {"endpoint_added": [], "virtual_service_changed": []}
+
+            def made_round(change: str, measured: dict[str, Any]) -> None:
+                made[change].append(measured)
+                if after_round is not None:
+                    after_round(change, measured)
+
             for n in range(1, job.rounds + 1):
                 # An endpoint more each round, and a new marker in the route: both reach every proxy.
                 new_ip = scenario.endpoint_ip(0, scenario.endpoints_of(0) + n - 1)
                 endpoints = scenario.service_objects(0, extra_endpoints=n)
-                made["endpoint_added"].append(
+                made_round(
+                    "endpoint_added",
                     _change(
                         server,
                         fleet,
@@ -336,11 +346,12 @@ def run_fleet(
                         EDS,
                         watchers,
                         partial(write_yaml, config / "svc-0.yaml", endpoints),
-                    )
+                    ),
                 )
                 if scenario.protocol != "tcp" and scenario.virtual_services:
                     route = [scenario.virtual_service(0, marker=f"change{n}")]
-                    made["virtual_service_changed"].append(
+                    made_round(
+                        "virtual_service_changed",
                         _change(
                             server,
                             fleet,
@@ -348,7 +359,7 @@ def run_fleet(
                             RDS,
                             watchers,
                             partial(write_yaml, config / scenario.virtual_service_file(0), route),
-                        )
+                        ),
                     )
             result.update({change: median_round(rounds) for change, rounds in made.items() if rounds})
         if job.reconnect:

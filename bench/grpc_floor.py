@@ -271,6 +271,139 @@ def _client_main(target: str, streams: int, ack_size: int) -> None:
 # -- the run ---------------------------------------------------------------------------
 
 
+class Floor:
+    """The floor's server and clients, up and connected (``with Floor(...) as floor``), measured a
+    round at a time: a suite measures a round of the floor right after each round of the fleet it
+    stands beside, so that the two meet the host in the same minute (``bench.run``)."""
+
+    def __init__(
+        self,
+        streams: int,
+        size: int,
+        ack_size: int,
+        workers: int = 2,
+        slots: int = 0,
+        work: int = 0,
+        pool: int = POOL_SIZE,
+        batch: int = 0,
+    ) -> None:
+        if slots and work and batch > slots:
+            # A batch takes all its slots before any of its streams writes: more than there are
+            # waits for ever.
+            raise ValueError(f"a batch of {batch} streams needs at least {batch} slots, not {slots}")
+        self._args = (streams, size, ack_size, workers, slots, work, pool, batch)
+        self._server: subprocess.Popen[str] | None = None
+        self._clients: list[Any] = []
+        #: What was measured of the setup: streams up, sizes, allocator (the rounds go apart).
+        self.described: dict[str, Any] = {}
+
+    def __enter__(self) -> Floor:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ask(self, command: str) -> str:
+        server = self._server
+        assert server is not None and server.stdin is not None and server.stdout is not None
+        server.stdin.write(command + "\n")
+        server.stdin.flush()
+        return server.stdout.readline().strip()
+
+    def _start(self) -> None:
+        streams, size, ack_size, workers, slots, work, pool, batch = self._args
+        port = free_port()
+        # The allocator a meshpilot server started here gets (jemalloc preloaded when installed), so
+        # that the two are compared on the same one.
+        memory = allocator.for_new_process()
+        server = self._server = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from bench.grpc_floor import _server_main; "
+                f"_server_main({port}, {size}, {slots}, {work}, {pool}, {batch})",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+            env={**os.environ, **memory.environment},
+        )
+        assert server.stdout is not None
+        server.stdout.readline()  # listening
+        ctx = multiprocessing.get_context("spawn")
+        share = [streams // workers + (i < streams % workers) for i in range(workers)]
+        for count in share:
+            process = ctx.Process(
+                target=_client_main, args=(f"127.0.0.1:{port}", count, ack_size), daemon=True
+            )
+            process.start()
+            self._clients.append(process)
+        # Connections come up as fast as the clients open them; wait until the count settles.
+        up, deadline = -1, time.time() + 120
+        while time.time() < deadline:
+            time.sleep(2)
+            now = int(self._ask("count"))
+            if now == up:
+                break
+            up = now
+        self.described = {
+            "streams": up,
+            "message_bytes": size,
+            "ack_bytes": ack_size,
+            "slots": slots,
+            "work_per_write": work,
+            "work_pool": pool if work else 0,
+            "work_batch": batch if work else 0,
+            "allocator": self._ask("allocator"),
+        }
+        if work:
+            self.described["work_alone_cpu_seconds"] = round(float(self._ask("alone")), 4)
+
+    def round(self) -> dict[str, Any]:
+        """One message to every stream, after a second's quiet: wall time, and each side's CPU."""
+        server = self._server
+        assert server is not None
+        time.sleep(1)
+        server_cpu = process_cpu_seconds(server.pid)
+        client_cpu = self._client_cpu()
+        wall, acks, total, work_seconds = self._ask("round").split()
+        return {
+            "wall_seconds": round(float(wall), 4),
+            "acks": int(acks),
+            "streams": int(total),
+            "server_cpu_seconds": round(process_cpu_seconds(server.pid) - server_cpu, 3),
+            "client_cpu_seconds": round(self._client_cpu() - client_cpu, 3),
+            **({"work_cpu_seconds": round(float(work_seconds), 4)} if self._args[5] else {}),
+        }
+
+    def _client_cpu(self) -> float:
+        return sum(process_cpu_seconds(p.pid or 0) for p in self._clients)
+
+    def close(self) -> None:
+        for process in self._clients:
+            process.kill()
+            process.join(10)
+        self._clients = []
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if server.stdin is not None:
+            server.stdin.close()
+        if server.stdout is not None:
+            server.stdout.close()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+
+
 def run(
     streams: int,
     size: int,
@@ -283,97 +416,8 @@ def run(
     batch: int = 0,
 ) -> dict[str, Any]:
     """Rounds of one message to every stream; wall time and server/client CPU of each."""
-    if slots and work and batch > slots:
-        # A batch takes all its slots before any of its streams writes: more than there are waits for ever.
-        raise ValueError(f"a batch of {batch} streams needs at least {batch} slots, not {slots}")
-    port = free_port()
-    # The allocator a meshpilot server started here gets (jemalloc preloaded when installed), so that
-    # the two are compared on the same one.
-    memory = allocator.for_new_process()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from bench.grpc_floor import _server_main; "
-            f"_server_main({port}, {size}, {slots}, {work}, {pool}, {batch})",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-        env={**os.environ, **memory.environment},
-    )
-    assert server.stdin is not None and server.stdout is not None
-    ctx = multiprocessing.get_context("spawn")
-    clients = []
-
-    def ask(command: str) -> str:
-        assert server.stdin is not None and server.stdout is not None
-        server.stdin.write(command + "\n")
-        server.stdin.flush()
-        return server.stdout.readline().strip()
-
-    try:
-        server.stdout.readline()  # listening
-        share = [streams // workers + (i < streams % workers) for i in range(workers)]
-        for count in share:
-            process = ctx.Process(
-                target=_client_main, args=(f"127.0.0.1:{port}", count, ack_size), daemon=True
-            )
-            process.start()
-            clients.append(process)
-        # Connections come up as fast as the clients open them; wait until the count settles.
-        up, deadline = -1, time.time() + 120
-        while time.time() < deadline:
-            time.sleep(2)
-            now = int(ask("count"))
-            if now == up:
-                break
-            up = now
-        out: dict[str, Any] = {
-            "streams": up,
-            "message_bytes": size,
-            "ack_bytes": ack_size,
-            "slots": slots,
-            "work_per_write": work,
-            "work_pool": pool if work else 0,
-            "work_batch": batch if work else 0,
-            "allocator": ask("allocator"),
-            "rounds": [],
-        }
-        if work:
-            out["work_alone_cpu_seconds"] = round(float(ask("alone")), 4)
-        for _ in range(rounds):
-            time.sleep(1)
-            server_cpu = process_cpu_seconds(server.pid)
-            client_cpu = sum(process_cpu_seconds(p.pid or 0) for p in clients)
-            wall, acks, total, work_seconds = ask("round").split()
-            out["rounds"].append(
-                {
-                    "wall_seconds": round(float(wall), 4),
-                    "acks": int(acks),
-                    "streams": int(total),
-                    "server_cpu_seconds": round(process_cpu_seconds(server.pid) - server_cpu, 3),
-                    "client_cpu_seconds": round(
-                        sum(process_cpu_seconds(p.pid or 0) for p in clients) - client_cpu, 3
-                    ),
-                    **({"work_cpu_seconds": round(float(work_seconds), 4)} if work else {}),
-                }
-            )
-        return out
-    finally:
-        for process in clients:
-            process.kill()
-            process.join(10)
-        if server.stdin is not None:
-            server.stdin.close()
-        if server.stdout is not None:
-            server.stdout.close()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+    with Floor(streams, size, ack_size, workers, slots, work, pool, batch) as floor:
+        return {**floor.described, "rounds": [floor.round() for _ in range(rounds)]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,8 @@ them into ``docs/benchmarks.md`` and its plots.
 
 Fleet jobs with ``delta`` variants run each of those twice, side by side: over
 state-of-the-world ADS and over delta xDS (``bench.fleet_delta``), and the
-bare-gRPC floor runs at the bytes each protocol's pushes measured, right after
-the fleet run that measured them.
+bare-gRPC floor runs at the bytes each protocol's pushes measured, a round of
+the floor right after each round of the push it stands for (``FloorsBeside``).
 
 ``--peer istiod`` adds, for each fleet scenario of the suite, a run of istiod
 (``pilot-discovery`` from ``make reference``) and one of meshpilot, one after
@@ -21,6 +21,7 @@ the other, on the ServiceEntry form of the scenario (see ``bench.istiod``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -65,6 +66,7 @@ class FloorJob:
     ack_bytes: int
     #: Which push of the http scenario it stands for.
     stands_for: str
+    #: Rounds when it runs on its own; beside its fleet run it runs one after each of the fleet's.
     rounds: int = 5
     #: The protocol whose push and ACK sizes these are.
     protocol: str = "sotw"
@@ -268,6 +270,64 @@ def run_peer(suite: Suite, peer: Variant, only: set[str] | None) -> dict[str, An
     return out
 
 
+def _floor_result(job: FloorJob, sized_from: str, found: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "stands_for": job.stands_for,
+        "protocol": job.protocol,
+        "scenario": job.scenario,
+        "change": job.change,
+        "sized_from": sized_from,
+        **found,
+    }
+
+
+class FloorsBeside:
+    """The floors that stand beside one fleet run, each measured a round at a time right after each
+    round of its push (``run_fleet``'s ``after_round``), at the bytes the first round measured.
+
+    Run after the fleet, a floor met the host of minutes later; run after all the fleets, of twenty
+    minutes later, and the route push's ratio to it moved by a quarter between two runs while
+    meshpilot's CPU did not (bench/notes.md). Round beside round, each ratio's two sides meet the
+    host in the same minute. The floor's server and clients wait, connected and idle, through the
+    fleet's rounds."""
+
+    def __init__(self, floors: dict[int, FloorJob]) -> None:
+        #: The floors by their place in the suite (two equal jobs are each measured).
+        self._floors = floors
+        self._open: dict[int, grpc_floor.Floor] = {}
+        self._stack = contextlib.ExitStack()
+        #: What each floor measured, by its place in the suite: only floors whose push was made.
+        self.results: dict[int, dict[str, Any]] = {}
+
+    def __enter__(self) -> FloorsBeside:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def after_round(self, change: str, measured: dict[str, Any]) -> None:
+        for index, job in self._floors.items():
+            if job.change != change:
+                continue
+            floor = self._open.get(index)
+            if floor is None:
+                received, sent = measured.get("bytes_per_proxy"), measured.get("sent_bytes_per_proxy")
+                if not received or not sent:
+                    continue  # nothing reached the proxies: the next round sizes it
+                sized = replace(job, message_bytes=int(received), ack_bytes=int(sent))
+                log(
+                    f"gRPC floor, {sized.protocol}, {sized.streams} streams, {sized.message_bytes} B out, "
+                    f"{sized.ack_bytes} B ACKs, a round after each round of the fleet's {change}"
+                )
+                floor = self._open[index] = self._stack.enter_context(
+                    grpc_floor.Floor(sized.streams, sized.message_bytes, sized.ack_bytes)
+                )
+                found = {**floor.described, "rounds": []}
+                self.results[index] = _floor_result(sized, "the fleet run's first round", found)
+            self.results[index]["rounds"].append(floor.round())
+            log(json.dumps(self.results[index]["rounds"][-1]))
+
+
 def run_floors(floors: tuple[FloorJob, ...], fleet_runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The floor at each push's bytes: measured by this run's fleet where it ran the push, else estimated."""
     out = []
@@ -278,16 +338,7 @@ def run_floors(floors: tuple[FloorJob, ...], fleet_runs: list[dict[str, Any]]) -
             f"{floor.ack_bytes} B ACKs (sized from {sized_from})"
         )
         found = grpc_floor.run(floor.streams, floor.message_bytes, floor.ack_bytes, floor.rounds)
-        out.append(
-            {
-                "stands_for": floor.stands_for,
-                "protocol": floor.protocol,
-                "scenario": floor.scenario,
-                "change": floor.change,
-                "sized_from": sized_from,
-                **found,
-            }
-        )
+        out.append(_floor_result(floor, sized_from, found))
         log(json.dumps(found["rounds"]))
     return out
 
@@ -311,24 +362,11 @@ def run_suite(
         }
         log("micro benchmarks, pure Python")
         results["micro"]["pure-python"] = run_micro(True, suite.micro_min_time)
-    # Each floor runs right after the fleet run it stands beside, at the bytes that run's push measured
-    # (FloorJob.sized), so that the two meet the host as it was then: run after all the fleets, a
-    # floor met the host of twenty minutes later, and the route push's ratio to it moved by a quarter
-    # between two runs while meshpilot's CPU did not (bench/notes.md). A floor with no fleet run of its
-    # own runs last, at its estimated bytes. Floors are told apart by their place in the suite.
+    # Each floor is measured round beside round with the fleet run it stands beside (FloorsBeside). A
+    # floor whose push no fleet run made runs last, at its estimated bytes. Floors are told apart by
+    # their place in the suite.
     floors = [f for f in suite.floor if f.protocol in protocols] if not only or "floor" in only else []
     floors_run: dict[int, dict[str, Any]] = {}
-
-    def run_floors_beside(fleet_run: dict[str, Any] | None) -> None:
-        """The floors not yet run that stand beside ``fleet_run``; None: every one left."""
-        todo = [
-            i
-            for i, floor in enumerate(floors)
-            if i not in floors_run and (fleet_run is None or floor.stands_beside(fleet_run))
-        ]
-        found = run_floors(tuple(floors[i] for i in todo), results["fleet"])
-        floors_run.update(zip(todo, found, strict=True))
-
     for job in suite.fleet:
         if only and job.scenario.name not in only and "fleet" not in only:
             continue
@@ -336,13 +374,22 @@ def run_suite(
             if protocol not in protocols:
                 continue
             log(f"fleet {job.scenario.name} ({job.scenario.proxies} proxies), {variant.name}, {protocol}")
-            with tempfile.TemporaryDirectory(prefix="meshpilot-bench-") as tmp:
-                result = run_fleet(job, variant, Path(tmp), protocol=protocol)
+            this_run = {"scenario": job.scenario.name, "variant": variant.name, "protocol": protocol}
+            beside = {i: f for i, f in enumerate(floors) if i not in floors_run and f.stands_beside(this_run)}
+            with (
+                tempfile.TemporaryDirectory(prefix="meshpilot-bench-") as tmp,
+                FloorsBeside(beside) as measured_beside,
+            ):
+                result = run_fleet(
+                    job, variant, Path(tmp), protocol=protocol, after_round=measured_beside.after_round
+                )
+            floors_run.update(measured_beside.results)
             results["fleet"].append({"scenario_spec": asdict(job.scenario), **result})
             log(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}))
-            run_floors_beside(results["fleet"][-1])
     if floors:
-        run_floors_beside(None)  # those with no fleet run of their own
+        todo = [i for i in range(len(floors)) if i not in floors_run]
+        found = run_floors(tuple(floors[i] for i in todo), results["fleet"])
+        floors_run.update(zip(todo, found, strict=True))
         results["grpc_floor"] = [floors_run[i] for i in range(len(floors))]
     if peer is not None:
         results["peer"] = run_peer(suite, peer, only)

@@ -391,41 +391,105 @@ def test_a_change_made_in_rounds_is_reported_by_its_median_round_with_every_roun
     assert "| 2.00x |" in section
 
 
-def test_each_floor_runs_right_after_the_fleet_run_it_stands_beside(monkeypatch: Any) -> None:
-    """The floor meets the host as it was for its push: a floor measured a suite later moved a
-    ratio by a quarter on its own."""
+def test_each_floor_runs_a_round_after_each_round_of_the_push_it_stands_for(monkeypatch: Any) -> None:
+    """The floor meets the host as its push did: a floor measured a suite later moved a ratio by a
+    quarter on its own, and one measured after its fleet run still minutes later."""
     from bench import run as bench_run
     from bench.fleet_run import COMPILED, PURE
 
     scenario = Scenario("http-200", services=200, proxies=400)
-    job = FleetJob(scenario, (COMPILED, PURE), delta=(COMPILED,))
+    job = FleetJob(scenario, (COMPILED, PURE), delta=(COMPILED,), rounds=2)
     floors = (
         FloorJob(400, 1305, 80, "endpoint added (delta)", protocol="delta", scenario="http-200"),
         FloorJob(400, 1305, 47000, "endpoint added (sotw)", protocol="sotw", scenario="http-200"),
         FloorJob(400, 1305, 80, "no fleet run of its own", protocol="delta", scenario="elsewhere"),
+        FloorJob(
+            400,
+            500_000,
+            80,
+            "routes (delta)",
+            protocol="delta",
+            scenario="http-200",
+            change="virtual_service_changed",
+        ),
     )
     suite = bench_run.Suite("test", 0.1, (job,), (), floors)
     order: list[str] = []
 
-    def fleet(job: FleetJob, variant: Any, tmp: Any, protocol: str) -> dict[str, Any]:
+    def fleet(
+        job: FleetJob, variant: Any, tmp: Any, protocol: str, after_round: Any = None
+    ) -> dict[str, Any]:
         order.append(f"fleet {variant.name} {protocol}")
-        return {**_run(protocol, 0.3, 1500), "variant": variant.name}
+        made = _run(protocol, 0.3, 1500)
+        for n in range(job.rounds):
+            for change, received in (("endpoint_added", 1500 + n), ("virtual_service_changed", 400_000 + n)):
+                order.append(f"fleet round {change}")
+                after_round(change, {**made["endpoint_added"], "bytes_per_proxy": received})
+        return {**made, "variant": variant.name}
 
-    def floor(streams: int, size: int, ack: int, rounds: int) -> dict[str, Any]:
-        order.append(f"floor {ack}")
+    class Floor:
+        def __init__(self, streams: int, size: int, ack: int) -> None:
+            self.size, self.ack = size, ack
+            self.described = {"streams": streams, "message_bytes": size, "ack_bytes": ack}
+
+        def __enter__(self) -> Floor:
+            order.append(f"floor up {self.size} {self.ack}")
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            order.append(f"floor down {self.size}")
+
+        def round(self) -> dict[str, Any]:
+            order.append(f"floor round {self.size}")
+            return {"server_cpu_seconds": 0.1}
+
+    def alone(streams: int, size: int, ack: int, rounds: int) -> dict[str, Any]:
+        order.append(f"floor alone {ack}")
         return {"rounds": [{"server_cpu_seconds": 0.1}]}
 
     monkeypatch.setattr(bench_run, "run_fleet", fleet)
-    monkeypatch.setattr(bench_run.grpc_floor, "run", floor)
+    monkeypatch.setattr(bench_run.grpc_floor, "Floor", Floor)
+    monkeypatch.setattr(bench_run.grpc_floor, "run", alone)
     monkeypatch.setattr(bench_run, "host_speed", lambda: 0.2)
     results = bench_run.run_suite(suite, {"http-200", "floor"})
+    # Each floor at the bytes of its push's first round, a round after each of its push's rounds,
+    # and down when its fleet run ends; a floor whose push no fleet run made runs alone, last.
+    endpoint, routes = ["fleet round endpoint_added"], ["fleet round virtual_service_changed"]
     assert order == [
         "fleet compiled sotw",
-        "floor 9000",
+        *endpoint,
+        "floor up 1500 9000",
+        "floor round 1500",
+        *routes,
+        *endpoint,
+        "floor round 1500",
+        *routes,
+        "floor down 1500",
         "fleet compiled delta",
-        "floor 120",
+        *endpoint,
+        "floor up 1500 120",
+        "floor round 1500",
+        *routes,
+        "floor up 400000 120",
+        "floor round 400000",
+        *endpoint,
+        "floor round 1500",
+        *routes,
+        "floor round 400000",
+        "floor down 400000",
+        "floor down 1500",
         f"fleet {PURE.name} sotw",
-        "floor 80",
+        *endpoint,
+        *routes,
+        *endpoint,
+        *routes,
+        "floor alone 80",
     ]
     assert [f["stands_for"] for f in results["grpc_floor"]] == [f.stands_for for f in floors]
-    assert [f["sized_from"] for f in results["grpc_floor"]] == ["the fleet run", "the fleet run", "estimate"]
+    assert [f["sized_from"] for f in results["grpc_floor"]] == [
+        "the fleet run's first round",
+        "the fleet run's first round",
+        "estimate",
+        "the fleet run's first round",
+    ]
+    assert [len(f["rounds"]) for f in results["grpc_floor"]] == [2, 2, 1, 2]
