@@ -233,8 +233,9 @@ def floor_section(results: dict[str, Any]) -> list[str]:
         "an ACK of the size the simulator sends for that type and protocol (a state-of-the-world EDS ACK "
         "names every cluster again; a delta ACK carries only the type and the nonce). The sizes are "
         "those the simulator measured in the first round of this run's fleet run of the same push and "
-        "protocol where there was one ('sized from'), and then a round of the floor is measured right "
-        "after each round of that push, so that both sides of a ratio meet the host in the same minute; "
+        "protocol where there was one ('sized from'), and then (after one warm-up round, not counted) a "
+        "round of the floor is measured right after each round of that push, so that both sides of a "
+        "ratio meet the host in the same minute; "
         "else the floor runs alone at the estimate written in `bench/run.py`. Nothing is generated or "
         "recorded: this is what gRPC and asyncio alone cost on this machine"
         + _floor_allocator(floors)

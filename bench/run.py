@@ -21,7 +21,6 @@ the other, on the ServiceEntry form of the scenario (see ``bench.istiod``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -283,19 +282,25 @@ def _floor_result(job: FloorJob, sized_from: str, found: dict[str, Any]) -> dict
 
 class FloorsBeside:
     """The floors that stand beside one fleet run, each measured a round at a time right after each
-    round of its push (``run_fleet``'s ``after_round``), at the bytes the first round measured.
+    round of its push (``run_fleet``'s ``after_round``), at the bytes of the first round that put
+    any on the wire.
 
     Run after the fleet, a floor met the host of minutes later; run after all the fleets, of twenty
     minutes later, and the route push's ratio to it moved by a quarter between two runs while
     meshpilot's CPU did not (bench/notes.md). Round beside round, each ratio's two sides meet the
-    host in the same minute. The floor's server and clients wait, connected and idle, through the
-    fleet's rounds."""
+    host in the same minute. A floor's first round after it connects is a warm-up, kept apart (it
+    cost up to twice the others, state-of-the-world's large ACKs most); its server and clients then
+    wait, connected and idle, through the fleet's next rounds, and go once it measured as many
+    rounds as the fleet makes (``rounds``), before the fleet's reconnect and its peak RSS reading.
+    The fleet's server and sidecars wait, idle, through each floor round."""
 
-    def __init__(self, floors: dict[int, FloorJob]) -> None:
+    def __init__(self, floors: dict[int, FloorJob], rounds: int) -> None:
         #: The floors by their place in the suite (two equal jobs are each measured).
         self._floors = floors
+        self._rounds = rounds
         self._open: dict[int, grpc_floor.Floor] = {}
-        self._stack = contextlib.ExitStack()
+        #: Rounds of each change made so far (which one sized a floor).
+        self._made: dict[str, int] = {}
         #: What each floor measured, by its place in the suite: only floors whose push was made.
         self.results: dict[int, dict[str, Any]] = {}
 
@@ -303,14 +308,16 @@ class FloorsBeside:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        for floor in self._open.values():
+            floor.close()
 
     def after_round(self, change: str, measured: dict[str, Any]) -> None:
+        made = self._made[change] = self._made.get(change, 0) + 1
         for index, job in self._floors.items():
             if job.change != change:
                 continue
-            floor = self._open.get(index)
-            if floor is None:
+            found = self.results.get(index)
+            if found is None:
                 received, sent = measured.get("bytes_per_proxy"), measured.get("sent_bytes_per_proxy")
                 if not received or not sent:
                     continue  # nothing reached the proxies: the next round sizes it
@@ -319,13 +326,23 @@ class FloorsBeside:
                     f"gRPC floor, {sized.protocol}, {sized.streams} streams, {sized.message_bytes} B out, "
                     f"{sized.ack_bytes} B ACKs, a round after each round of the fleet's {change}"
                 )
-                floor = self._open[index] = self._stack.enter_context(
-                    grpc_floor.Floor(sized.streams, sized.message_bytes, sized.ack_bytes)
+                floor = self._open[index] = grpc_floor.Floor(
+                    sized.streams, sized.message_bytes, sized.ack_bytes
                 )
-                found = {**floor.described, "rounds": []}
-                self.results[index] = _floor_result(sized, "the fleet run's first round", found)
-            self.results[index]["rounds"].append(floor.round())
-            log(json.dumps(self.results[index]["rounds"][-1]))
+                floor.__enter__()
+                round_name = "first round" if made == 1 else f"round {made}"
+                found = self.results[index] = _floor_result(
+                    sized,
+                    f"the fleet run's {round_name}",
+                    {**floor.described, "rounds": []},
+                )
+            measuring = self._open.get(index)
+            if measuring is None:
+                continue  # measured all its rounds
+            found["rounds"].append(measuring.round())
+            log(json.dumps(found["rounds"][-1]))
+            if len(found["rounds"]) >= self._rounds:
+                self._open.pop(index).close()
 
 
 def run_floors(floors: tuple[FloorJob, ...], fleet_runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -378,7 +395,7 @@ def run_suite(
             beside = {i: f for i, f in enumerate(floors) if i not in floors_run and f.stands_beside(this_run)}
             with (
                 tempfile.TemporaryDirectory(prefix="meshpilot-bench-") as tmp,
-                FloorsBeside(beside) as measured_beside,
+                FloorsBeside(beside, job.rounds) as measured_beside,
             ):
                 result = run_fleet(
                     job, variant, Path(tmp), protocol=protocol, after_round=measured_beside.after_round

@@ -436,7 +436,7 @@ def test_each_floor_runs_a_round_after_each_round_of_the_push_it_stands_for(monk
             order.append(f"floor up {self.size} {self.ack}")
             return self
 
-        def __exit__(self, *exc: object) -> None:
+        def close(self) -> None:
             order.append(f"floor down {self.size}")
 
         def round(self) -> dict[str, Any]:
@@ -453,7 +453,8 @@ def test_each_floor_runs_a_round_after_each_round_of_the_push_it_stands_for(monk
     monkeypatch.setattr(bench_run, "host_speed", lambda: 0.2)
     results = bench_run.run_suite(suite, {"http-200", "floor"})
     # Each floor at the bytes of its push's first round, a round after each of its push's rounds,
-    # and down when its fleet run ends; a floor whose push no fleet run made runs alone, last.
+    # and down once it measured as many as the fleet makes; a floor whose push no fleet run made
+    # runs alone, last.
     endpoint, routes = ["fleet round endpoint_added"], ["fleet round virtual_service_changed"]
     assert order == [
         "fleet compiled sotw",
@@ -463,8 +464,8 @@ def test_each_floor_runs_a_round_after_each_round_of_the_push_it_stands_for(monk
         *routes,
         *endpoint,
         "floor round 1500",
-        *routes,
         "floor down 1500",
+        *routes,
         "fleet compiled delta",
         *endpoint,
         "floor up 1500 120",
@@ -474,10 +475,10 @@ def test_each_floor_runs_a_round_after_each_round_of_the_push_it_stands_for(monk
         "floor round 400000",
         *endpoint,
         "floor round 1500",
+        "floor down 1500",
         *routes,
         "floor round 400000",
         "floor down 400000",
-        "floor down 1500",
         f"fleet {PURE.name} sotw",
         *endpoint,
         *routes,

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 #: How long a new stream waits for this worker to catch up with the pushes already sent before it
 #: is served anyway (a worker far behind is stuck; its proxies are better served than refused).
 CATCH_UP_WAIT = 2.0
+#: At most one warning per this many seconds about streams served before catching up.
+BEHIND_LOG_INTERVAL = 10.0
 #: How long a question to the main process may take (it waits up to 5 s for the workers it asks).
 ASK_TIMEOUT = 8.0
 
@@ -74,6 +76,9 @@ class Replica:
         #: The main process died: the streams end at once rather than drain (``worker_main``).
         self.orphaned = False
         self._pushed = asyncio.Event()
+        #: Streams served before catching up since the last warning about them, and when that was.
+        self._served_behind = 0
+        self._behind_logged_at = -BEHIND_LOG_INTERVAL
         self._sinks: dict[str, ObjectSink] = {LOCAL: ObjectRouter(app.store, app.kube, app.credentials)}
         self._remote: dict[str, KubeRegistry] = {}
         #: The batches open per target, innermost last: as in the main process, one source's batch
@@ -214,11 +219,18 @@ class Replica:
                 await asyncio.wait_for(self._pushed.wait(), left)
         if self.push_seq < wanted:
             # Its proxy may hold a newer snapshot from the worker it left, and get an older one here.
-            log.warning(
-                "a new stream is served %d pushes behind the main process (waited %.0f s for them)",
-                wanted - self.push_seq,
-                CATCH_UP_WAIT,
-            )
+            # A reconnect storm brings thousands at once: one line per interval says how many.
+            self._served_behind += 1
+            now = time.monotonic()
+            if now - self._behind_logged_at >= BEHIND_LOG_INTERVAL:
+                log.warning(
+                    "%d new stream(s) served before this worker caught up with the main process "
+                    "(the last %d pushes behind, after waiting %.0f s)",
+                    self._served_behind,
+                    wanted - self.push_seq,
+                    CATCH_UP_WAIT,
+                )
+                self._served_behind, self._behind_logged_at = 0, now
 
     def ready(self) -> None:
         self.send(Ready())

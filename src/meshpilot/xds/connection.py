@@ -79,6 +79,10 @@ class Connection:
     #: server's newest: a request handled before a push queued for the stream would otherwise be
     #: answered from a newer snapshot than the push then sends, and the proxy's config go back.
     push: PushContext | None = None
+    #: The generation token that goes with ``push`` (istiod's ``LastPushTime``): when the stream
+    #: connected, then each push's. An answer from an older snapshot made after a newer one's cache
+    #: evictions is then not cached (``TypedCache.add``), as a fresh token would let it be.
+    push_token: int = 0
 
     def __post_init__(self) -> None:
         if not self.id:

@@ -25,6 +25,7 @@ from meshpilot.model.proxy import InvalidNode, NodeMetadata, locality_label, par
 from meshpilot.model.push_request import PushRequest, TriggerReason
 from meshpilot.push.history import ProxyPush, TypeSent
 from meshpilot.xds.auth import AuthorizationError, authorize
+from meshpilot.xds.cache import new_token
 from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.debug_access import DebugRefused
 from meshpilot.xds.delta_protocol import MAX_SUBSCRIPTIONS, RefusedRequest, check_names
@@ -212,10 +213,11 @@ class Stream(abc.ABC):
     async def _answer(self, type_url: str, names: frozenset[str] | None) -> None:
         """Respond to a request: ``names`` of the type (None: everything watched), from the snapshot
         the stream serves (``Connection.push``)."""
-        assert self.conn is not None
-        push = self.conn.push
-        assert push is not None
-        request = PushRequest(full=True, reasons=Counter({TriggerReason.PROXY: 1}), push=push)
+        conn = self.conn
+        assert conn is not None and conn.push is not None
+        request = PushRequest(
+            full=True, reasons=Counter({TriggerReason.PROXY: 1}), push=conn.push, token=conn.push_token
+        )
         await self._send(type_url, request, names, pushed=False)
 
     async def _answer_debug(self, known: TypeUrl, names: Iterable[str]) -> None:
@@ -267,7 +269,12 @@ class Stream(abc.ABC):
         assert push is not None, "streams are accepted only once ready"
         self.host.refresh_proxy(proxy, push)
         return Connection(
-            proxy=proxy, peer=self.context.peer(), identity=verified, protocol=self.protocol, push=push
+            proxy=proxy,
+            peer=self.context.peer(),
+            identity=verified,
+            protocol=self.protocol,
+            push=push,
+            push_token=new_token(),
         )
 
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
@@ -331,7 +338,7 @@ class Stream(abc.ABC):
     async def _push(self, request: PushRequest) -> None:
         conn = self.conn
         assert conn is not None and request.push is not None
-        conn.push = request.push
+        conn.push, conn.push_token = request.push, request.token or new_token()
         if request.full:
             self.host.refresh_proxy(conn.proxy, request.push)
         needed = proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace)
