@@ -299,6 +299,10 @@ class Floor:
         self.described: dict[str, Any] = {}
 
     def __enter__(self) -> Floor:
+        return self.start()
+
+    def start(self) -> Floor:
+        """Bring the server and clients up; if that fails, nothing is left running."""
         try:
             self._start()
         except BaseException:

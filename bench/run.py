@@ -86,13 +86,18 @@ class FloorJob:
         """The job at the bytes per proxy its push and ACKs measured in this run's fleet run of the
         same scenario, change and protocol (compiled server), and where the sizes came from."""
         for run in fleet_runs:
-            if not self.stands_beside(run):
-                continue
-            change = run.get(self.change) or {}
-            received, sent = change.get("bytes_per_proxy"), change.get("sent_bytes_per_proxy")
-            if received and sent:
-                return replace(self, message_bytes=int(received), ack_bytes=int(sent)), "the fleet run"
+            sized = self.at(run.get(self.change) or {}) if self.stands_beside(run) else None
+            if sized is not None:
+                return sized, "the fleet run"
         return self, "estimate"
+
+    def at(self, measured: dict[str, Any]) -> FloorJob | None:
+        """The job at the bytes per proxy a push measured each way (a change's figures, or one
+        round's); None when it put nothing on the wire."""
+        received, sent = measured.get("bytes_per_proxy"), measured.get("sent_bytes_per_proxy")
+        if not received or not sent:
+            return None
+        return replace(self, message_bytes=int(received), ack_bytes=int(sent))
 
 
 def _floors(http: Scenario) -> tuple[FloorJob, ...]:
@@ -318,18 +323,16 @@ class FloorsBeside:
                 continue
             found = self.results.get(index)
             if found is None:
-                received, sent = measured.get("bytes_per_proxy"), measured.get("sent_bytes_per_proxy")
-                if not received or not sent:
+                sized = job.at(measured)
+                if sized is None:
                     continue  # nothing reached the proxies: the next round sizes it
-                sized = replace(job, message_bytes=int(received), ack_bytes=int(sent))
                 log(
                     f"gRPC floor, {sized.protocol}, {sized.streams} streams, {sized.message_bytes} B out, "
                     f"{sized.ack_bytes} B ACKs, a round after each round of the fleet's {change}"
                 )
                 floor = self._open[index] = grpc_floor.Floor(
                     sized.streams, sized.message_bytes, sized.ack_bytes
-                )
-                floor.__enter__()
+                ).start()
                 round_name = "first round" if made == 1 else f"round {made}"
                 found = self.results[index] = _floor_result(
                     sized,

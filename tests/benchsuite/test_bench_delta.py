@@ -432,7 +432,7 @@ def test_each_floor_runs_a_round_after_each_round_of_the_push_it_stands_for(monk
             self.size, self.ack = size, ack
             self.described = {"streams": streams, "message_bytes": size, "ack_bytes": ack}
 
-        def __enter__(self) -> Floor:
+        def start(self) -> Floor:
             order.append(f"floor up {self.size} {self.ack}")
             return self
 
