@@ -30,7 +30,7 @@ from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.debug_access import DebugRefused
 from meshpilot.xds.delta_protocol import MAX_SUBSCRIPTIONS, RefusedRequest, check_names
 from meshpilot.xds.dependencies import proxy_needs_push
-from meshpilot.xds.generators.base import GenerationContext, Generator, Resource
+from meshpilot.xds.generators.base import GenerationContext, Generator, KeepsUnchanged, Resource
 from meshpilot.xds.generators.debug import answer_debug
 from meshpilot.xds.host import StreamHost
 from meshpilot.xds.stream_events import StreamEvents
@@ -73,7 +73,7 @@ class Stream(abc.ABC):
         self._sent: list[TypeSent] | None = None
         #: ``_push_order``'s answer, and the watched types it was worked out for.
         self._order_of: tuple[str, ...] = ()
-        self._order: tuple[tuple[str, Generator], ...] = ()
+        self._order: tuple[tuple[str, Generator, KeepsUnchanged | None], ...] = ()
 
     # -- what a protocol adds ----------------------------------------------------------
 
@@ -342,6 +342,9 @@ class Stream(abc.ABC):
         if request.full:
             self.host.refresh_proxy(conn.proxy, request.push)
         needed = proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace)
+        ordered = self._push_order(conn) if needed else ()
+        # Read of the previous scope as well, so asked before it is released.
+        kept = [t for t, _, k in ordered if k is not None and k.kept_for(conn.proxy, request)]
         if conn.proxy.previous_scope is not None:
             # The previous scope answers one question, whether the change that recomputed the
             # state concerns a host that just left the scope, and that is decided now. istiod keeps
@@ -351,14 +354,17 @@ class Stream(abc.ABC):
             conn.proxy.state = conn.proxy.state.settled()
         if not needed:
             return
-        ordered = self._push_order(conn)
         history = self.host.history
         sent: list[TypeSent] | None = [] if history is not None else None
         self._sent = sent
         started = time.monotonic()
         try:
-            for type_url, generator in ordered:
-                if generator.needs_push(request):
+            for type_url, generator, _ in ordered:
+                if not generator.needs_push(request):
+                    continue
+                if type_url in kept:
+                    self.host.metrics.for_type(generator.type_url.short).unchanged_skipped.inc()
+                else:
                     await self._send(type_url, request, None, pushed=True)
         finally:
             self._sent = None
@@ -370,9 +376,11 @@ class Stream(abc.ABC):
                 )
         self.host.metrics.convergence_time.observe(time.monotonic() - request.start)
 
-    def _push_order(self, conn: Connection) -> tuple[tuple[str, Generator], ...]:
+    def _push_order(self, conn: Connection) -> tuple[tuple[str, Generator, KeepsUnchanged | None], ...]:
         """The watched types this stream generates, in push order (``PUSH_ORDER``, then the rest as
-        first watched). Worked out again only when the watched types change, not once per push."""
+        first watched), each with its generator, again if the generator can tell that a push leaves
+        its resources as they were. Worked out again only when the watched types change, not once
+        per push."""
         watched = tuple(conn.watched)
         if watched != self._order_of:
             ordered: list[str] = [t for t in PUSH_ORDER if t in conn.watched]
@@ -382,7 +390,8 @@ class Stream(abc.ABC):
                 known = parse_type_url(type_url)
                 generator = self.generators.get(known) if known is not None else None
                 if generator is not None:
-                    pairs.append((type_url, generator))
+                    keeps = generator if isinstance(generator, KeepsUnchanged) else None
+                    pairs.append((type_url, generator, keeps))
             self._order_of, self._order = watched, tuple(pairs)
         return self._order
 

@@ -6,7 +6,7 @@ import hashlib
 import itertools
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from google.protobuf import any_pb2
 
@@ -222,6 +222,16 @@ class Generator(Protocol):
         None means "nothing to send for this request" (as opposed to an empty
         list, which for a wildcard type means "you have no resources").
         """
+
+
+@runtime_checkable
+class KeepsUnchanged(Protocol):
+    """A generator that can tell, per proxy, that a full push leaves its resources as they were."""
+
+    def kept_for(self, proxy: Proxy, request: PushRequest) -> bool:
+        """Whether ``request``'s changes leave this type's resources for ``proxy`` as they were, so
+        the push need not build them again to find that out. Asked after the proxy's refresh, while
+        its previous scope is still held (``Proxy.previous_scope``)."""
 
 
 def only_kinds(request: PushRequest, skipped: frozenset[Kind]) -> bool:

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from meshpilot.model.kind import Kind
-from meshpilot.model.proxy import NodeType
+from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest
 from meshpilot.networking.auto_passthrough import (
@@ -37,6 +37,7 @@ from meshpilot.networking.cluster_wire import OutboundClusterEncoder
 from meshpilot.networking.endpoint import proxy_signature
 from meshpilot.networking.envoyfilter.patches import patch_set
 from meshpilot.xds.connection import WatchedResource
+from meshpilot.xds.dependencies import imports_kept
 from meshpilot.xds.generators.base import (
     GenerationContext,
     Resource,
@@ -67,6 +68,10 @@ class ClusterGenerator:
 
     def needs_push(self, request: PushRequest) -> bool:
         return request.full and not only_kinds(request, _SKIPPED)
+
+    def kept_for(self, proxy: Proxy, request: PushRequest) -> bool:
+        # Clusters read no VirtualService, only what the scope imports.
+        return imports_kept(proxy, request)
 
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None

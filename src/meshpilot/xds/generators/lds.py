@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from meshpilot.model.kind import Kind
-from meshpilot.model.proxy import NodeType
+from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.push_request import PushRequest
 from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking import tracing
@@ -28,6 +28,7 @@ from meshpilot.networking.listener_inbound import build_inbound_listeners
 from meshpilot.networking.tcp_routes import source_label_key, uses_source_namespace
 from meshpilot.networking.tracing import HcmTracing
 from meshpilot.xds.connection import WatchedResource
+from meshpilot.xds.dependencies import imports_kept, l4_routes_kept
 from meshpilot.xds.generators.base import (
     GenerationContext,
     Resource,
@@ -124,6 +125,10 @@ class ListenerGenerator:
 
     def needs_push(self, request: PushRequest) -> bool:
         return request.full and not only_kinds(request, _SKIPPED)
+
+    def kept_for(self, proxy: Proxy, request: PushRequest) -> bool:
+        # A sidecar's listeners read VirtualServices only for their tcp and tls routes.
+        return imports_kept(proxy, request) and l4_routes_kept(proxy, request)
 
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None

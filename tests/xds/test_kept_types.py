@@ -1,0 +1,244 @@
+"""What a push of VirtualServices alone leaves of a sidecar's clusters and listeners
+(``xds.dependencies.imports_kept``, ``l4_routes_kept``): each case makes a change, builds the
+snapshot after it and asks the generators; a type said to be kept must build the same bytes as
+before, and each case that keeps nothing must be one whose output did change. Then a real server
+and delta client: the push builds routes only, and the next change of another kind builds clusters."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from envoy.service.discovery.v3 import discovery_pb2
+from support.kube import istio, workload, write
+from support.model import Model, build
+from support.xds_server import NODE, Server, three_services
+
+from meshpilot.model.config import ConfigKey
+from meshpilot.model.kind import Kind
+from meshpilot.model.proxy import Proxy
+from meshpilot.model.push_context import PushContext
+from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.xds.connection import WatchedResource
+from meshpilot.xds.generators.base import GenerationContext
+from meshpilot.xds.generators.cds import ClusterGenerator
+from meshpilot.xds.generators.lds import ListenerGenerator
+from meshpilot.xds.types import TypeUrl
+
+WEB = "sidecar~10.1.0.52~web-0.default~default.svc.cluster.local"
+# Sees its own namespace only (a Sidecar), and what its VirtualServices route to.
+LONER = "sidecar~10.1.0.61~loner-0.other~other.svc.cluster.local"
+GATEWAY = "router~10.1.0.71~gw-0.istio-system~istio-system.svc.cluster.local"
+API = "api.default.svc.cluster.local"
+DB = "db.default.svc.cluster.local"
+GENERATORS = {TypeUrl.CLUSTER: ClusterGenerator(), TypeUrl.LISTENER: ListenerGenerator()}
+
+
+def mesh() -> list[dict[str, Any]]:
+    return [
+        *workload("api", "default", "10.96.0.50", 9080, {"api-0": "10.1.0.51"}),
+        *workload("web", "default", "10.96.0.55", 8080, {"web-0": "10.1.0.52"}),
+        *workload("db", "default", "10.96.0.57", 5432, {"db-0": "10.1.0.53"}, port_name="tcp"),
+        *workload("loner", "other", "10.96.0.60", 8080, {"loner-0": "10.1.0.61"}),
+        istio("Sidecar", "default", "other", {"egress": [{"hosts": ["./*"]}]}),
+        http_routes("api-routes", "default", API, timeout="5s"),
+        tcp_routes("db-routes", DB, 5432),
+    ]
+
+
+def http_routes(name: str, namespace: str, host: str, **route: Any) -> dict[str, Any]:
+    return istio(
+        "VirtualService",
+        name,
+        namespace,
+        {"hosts": [host], "http": [{"route": [{"destination": {"host": host}}], **route}]},
+    )
+
+
+def tcp_routes(name: str, host: str, port: int) -> dict[str, Any]:
+    return istio(
+        "VirtualService",
+        name,
+        "default",
+        {"hosts": [host], "tcp": [{"match": [{"port": port}], "route": [{"destination": {"host": host}}]}]},
+    )
+
+
+def generated(proxy: Proxy, push: PushContext, model: Model) -> dict[TypeUrl, list[tuple[str, bytes]]]:
+    out = {}
+    for type_url, generator in GENERATORS.items():
+        ctx = GenerationContext(proxy, push, model.index, PushRequest(push=push))
+        resources = generator.generate(ctx, WatchedResource(type_url.value, wildcard=True), None) or []
+        out[type_url] = [(r.name, r.payload) for r in resources]
+    return out
+
+
+def pushed(
+    model: Model, node: str, *docs: Mapping[str, Any], kinds: tuple[Kind, ...] = ()
+) -> tuple[set[TypeUrl], dict[TypeUrl, bool]]:
+    """Applies ``docs`` as one push would: the types kept for ``node``, and whether each type's
+    output changed."""
+    proxy = model.proxy(node)
+    before = generated(proxy, model.push, model)
+    for doc in docs:
+        model.upsert(doc)
+    keys = {ConfigKey(Kind.VIRTUAL_SERVICE, d["metadata"]["name"], d["metadata"]["namespace"]) for d in docs}
+    keys |= {ConfigKey(kind, "any", "default") for kind in kinds}
+    model.push = model.env.build_push_context("test/2")
+    request = PushRequest(
+        full=True,
+        configs_updated=frozenset(keys),
+        reasons=Counter({TriggerReason.CONFIG: 1}),
+        push=model.push,
+    )
+    model.env.refresh_proxy(proxy, model.push)
+    assert proxy.previous_scope is not None
+    kept = {t for t, g in GENERATORS.items() if g.kept_for(proxy, request)}
+    after = generated(proxy, model.push, model)
+    return kept, {t: before[t] != after[t] for t in GENERATORS}
+
+
+@pytest.fixture
+def model() -> Model:
+    return build(mesh())
+
+
+def test_an_http_route_change_keeps_clusters_and_listeners(model: Model) -> None:
+    kept, changed = pushed(model, WEB, http_routes("api-routes", "default", API, timeout="9s"))
+    assert kept == {TypeUrl.CLUSTER, TypeUrl.LISTENER}
+    assert not any(changed.values())
+
+
+def test_a_new_http_virtual_service_keeps_both(model: Model) -> None:
+    kept, changed = pushed(model, WEB, http_routes("web-routes", "default", "web.default.svc.cluster.local"))
+    assert kept == {TypeUrl.CLUSTER, TypeUrl.LISTENER}
+    assert not any(changed.values())
+
+
+def test_a_tcp_route_change_builds_listeners_again(model: Model) -> None:
+    moved = tcp_routes("db-routes", DB, 5432)
+    moved["spec"]["tcp"][0]["route"][0]["destination"]["host"] = API
+    kept, changed = pushed(model, WEB, moved)
+    assert kept == {TypeUrl.CLUSTER}
+    assert changed[TypeUrl.LISTENER], "the tcp chain routes to api now"
+    assert not changed[TypeUrl.CLUSTER]
+
+
+def test_a_tcp_route_removed_builds_listeners_again(model: Model) -> None:
+    # The VirtualService keeps its name but loses its tcp routes: only the scope before had them.
+    emptied = http_routes("db-routes", "default", DB)
+    kept, changed = pushed(model, WEB, emptied)
+    assert kept == {TypeUrl.CLUSTER}
+    assert changed[TypeUrl.LISTENER]
+
+
+def test_a_destination_that_imports_a_service_keeps_nothing(model: Model) -> None:
+    # loner's Sidecar sees only its namespace; a VirtualService there routing to api brings api in.
+    kept, changed = pushed(model, LONER, http_routes("to-api", "other", API))
+    assert kept == set()
+    assert changed[TypeUrl.CLUSTER], "api's cluster is new"
+
+
+def test_a_sidecar_scope_keeps_clusters_only(model: Model) -> None:
+    kept, changed = pushed(
+        model, LONER, http_routes("loner-routes", "other", "loner.other.svc.cluster.local")
+    )
+    assert kept == {TypeUrl.CLUSTER}
+    assert not changed[TypeUrl.CLUSTER]
+
+
+def test_other_kinds_and_forced_pushes_keep_nothing(model: Model) -> None:
+    kept, _ = pushed(
+        model, WEB, http_routes("api-routes", "default", API, timeout="9s"), kinds=(Kind.DESTINATION_RULE,)
+    )
+    assert kept == set()
+    proxy = model.proxy(WEB)
+    model.env.refresh_proxy(proxy, model.push)
+    forced = PushRequest(
+        full=True, forced=True, configs_updated=frozenset({ConfigKey(Kind.VIRTUAL_SERVICE, "x", "default")})
+    )
+    assert not any(g.kept_for(proxy, forced) for g in GENERATORS.values())
+    endpoints = PushRequest(
+        full=False, configs_updated=frozenset({ConfigKey(Kind.VIRTUAL_SERVICE, "x", "default")})
+    )
+    assert not any(g.kept_for(proxy, endpoints) for g in GENERATORS.values())
+
+
+def test_a_router_and_a_first_push_keep_nothing(model: Model) -> None:
+    request = PushRequest(
+        full=True, configs_updated=frozenset({ConfigKey(Kind.VIRTUAL_SERVICE, "api-routes", "default")})
+    )
+    gateway = model.proxy(GATEWAY, {"LABELS": {"istio": "ingressgateway"}})
+    model.env.refresh_proxy(gateway, model.push)
+    assert gateway.previous_scope is not None
+    assert not any(g.kept_for(gateway, request) for g in GENERATORS.values())
+    # Just connected: no scope before this one to compare with.
+    web = model.proxy(WEB)
+    assert web.previous_scope is None
+    assert not any(g.kept_for(web, request) for g in GENERATORS.values())
+
+
+CDS, LDS, RDS = TypeUrl.CLUSTER.value, TypeUrl.LISTENER.value, TypeUrl.ROUTE.value
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[Server]:
+    async with three_services(tmp_path) as served:
+        yield served
+
+
+async def test_a_virtual_service_push_builds_routes_only(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = server.delta_client()
+    for type_url, names in ((CDS, None), (LDS, None), (RDS, ["9080"])):
+        client.send(type_url, names, node_id=NODE if type_url == CDS else None)
+        response = await client.recv()
+        assert response.type_url == type_url
+        client.ack(response)
+    assert await client.no_response(0.3)
+
+    built: list[TypeUrl] = []
+    for cls in (ClusterGenerator, ListenerGenerator):
+        original = cls.generate
+
+        def counting(self: Any, *args: Any, original: Any = original) -> Any:
+            built.append(self.type_url)
+            return original(self, *args)
+
+        monkeypatch.setattr(cls, "generate", counting)
+    skipped = {t: server.metric("meshpilot_xds_unchanged_skipped_total", type=t) for t in ("cds", "lds")}
+    reviews = istio(
+        "VirtualService",
+        "reviews",
+        "default",
+        {"hosts": ["reviews"], "http": [{"timeout": "3s", "route": [{"destination": {"host": "reviews"}}]}]},
+    )
+    write(server.config_dir / "vs.yaml", [reviews])
+    pushed = await client.recv(10)
+    assert pushed.type_url == RDS and [r.name for r in pushed.resources] == ["9080"]
+    client.ack(pushed)
+    assert await client.no_response(0.5)
+    assert built == [], "clusters and listeners were not built again"
+    for short, before in skipped.items():
+        assert server.metric("meshpilot_xds_unchanged_skipped_total", type=short) == before + 1
+
+    # A DestinationRule with subsets: clusters are built again, and the new ones sent.
+    rule = istio(
+        "DestinationRule",
+        "reviews",
+        "default",
+        {"host": "reviews", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]},
+    )
+    write(server.config_dir / "dr.yaml", [rule])
+    by_type: dict[str, discovery_pb2.DeltaDiscoveryResponse] = {}
+    while CDS not in by_type:
+        response = await client.recv(10)
+        by_type[response.type_url] = response
+        client.ack(response)
+    assert "outbound|9080|v1|reviews.default.svc.cluster.local" in [r.name for r in by_type[CDS].resources]
+    assert TypeUrl.CLUSTER in built
+    await client.close()
