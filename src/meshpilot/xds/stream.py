@@ -343,14 +343,15 @@ class Stream(abc.ABC):
             self.host.refresh_proxy(conn.proxy, request.push)
         needed = proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace)
         ordered = self._push_order(conn) if needed else ()
-        # Read of the previous scope as well, so asked before it is released.
-        kept = [t for t, _, k in ordered if k is not None and k.kept_for(conn.proxy, request)]
+        kept: list[str] = []
         if conn.proxy.previous_scope is not None:
-            # The previous scope answers one question, whether the change that recomputed the
-            # state concerns a host that just left the scope, and that is decided now. istiod keeps
-            # it until the next recomputation (its incremental CDS and EDS read it; nothing here
-            # does): kept, it would hold every service the proxy used to see (10,000 after a large
-            # file is removed) until the proxy's next full push.
+            # Only a full push has one (its refresh). It answers two questions, decided now: whether
+            # the change that recomputed the state concerns a host that just left the scope, and
+            # which types the change leaves as they were (``KeepsUnchanged``). istiod keeps it
+            # until the next recomputation (its incremental CDS and EDS read it; nothing here
+            # does): held that long, it would hold every service the proxy used to see (10,000
+            # after a large file is removed) until the proxy's next full push.
+            kept = [t for t, _, k in ordered if k is not None and k.kept_for(conn.proxy, request)]
             conn.proxy.state = conn.proxy.state.settled()
         if not needed:
             return
