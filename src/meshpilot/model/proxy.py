@@ -129,6 +129,10 @@ class ProxyState:
     #: The scope before the last recomputation; a change concerns the proxy if it
     #: concerns either scope (a host may have just left or entered it).
     previous_scope: SidecarScope | None = None
+    #: Whether the last recomputation read the workload again (its Pod, Node or services were other
+    #: objects), so labels, locality and service targets may differ from the state before. Only
+    #: meaningful beside ``previous_scope``, and dropped with it.
+    workload_reread: bool = False
     #: The registry objects ``labels``, ``locality`` and ``service_targets`` were read from
     #: (``workload_inputs``: the registries asked, with the Pod, Node and services found); None until
     #: the first refresh. The next refresh reuses all three while these are the same objects.

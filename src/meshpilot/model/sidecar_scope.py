@@ -48,6 +48,10 @@ NAMESPACED_POLICY_KINDS = frozenset(
 )
 
 
+#: Every kind but VirtualServices (``SidecarScope.snapshot_token``).
+_NOT_VIRTUAL_SERVICES = tuple(k for k in Kind if k is not Kind.VIRTUAL_SERVICE)
+
+
 @dataclass(slots=True)
 class SidecarScope:
     name: str
@@ -65,6 +69,10 @@ class SidecarScope:
     _by_host: dict[str, Service] = field(default_factory=dict)
     #: Values derived from the scope (cache key parts), computed once per snapshot.
     memo: dict[object, object] = field(default_factory=dict)
+    #: Its snapshot's ``kept_token`` of every kind but VirtualServices (with the services' token and
+    #: the MeshConfig): scopes whose tokens hold the same objects (``same_token``) come from snapshots
+    #: that differ at most in VirtualServices and endpoints (``xds.dependencies.clusters_kept``).
+    snapshot_token: tuple[object, ...] = ()
 
     def service(self, hostname: str) -> Service | None:
         return self._by_host.get(hostname)
@@ -331,6 +339,7 @@ def build_scope(
         # A VirtualService destination replaced a shared service: this namespace's own scope.
         scope = SidecarScope(name, namespace, sidecar, (), ingress, policy, egress_proxy)
         _assemble(push, scope, selector_rules, visible_services, None)
+    scope.snapshot_token = push.kept_token(_NOT_VIRTUAL_SERVICES)
     return scope
 
 

@@ -43,6 +43,19 @@ def _policy_for(rule: MergedDestinationRule | None, subset: str) -> Any | None:
     return found.traffic_policy if found is not None and found.HasField("traffic_policy") else None
 
 
+def _reads_endpoints(svc: Service, rule: MergedDestinationRule | None, subset: str) -> bool:
+    return svc.resolution is Resolution.PASSTHROUGH or _passthrough_lb(_policy_for(rule, subset))
+
+
+def mode_reads_endpoints(svc: Service, rule: MergedDestinationRule | None) -> bool:
+    """Whether the inferred mode of any of ``svc``'s clusters (``service_mtls_mode``) reads its
+    endpoints, which an endpoint push changes without building clusters again."""
+    if svc.mesh_external:
+        return False
+    subsets = [s.name for s in rule.subsets] if rule is not None else []
+    return any(_reads_endpoints(svc, rule, subset) for subset in ("", *subsets))
+
+
 def service_mtls_mode(
     push: PushContext,
     index: EndpointIndex,
@@ -54,7 +67,7 @@ def service_mtls_mode(
     """istiod's BestEffortInferServiceMTLSMode for one cluster."""
     if svc.mesh_external:
         return MtlsMode.UNKNOWN
-    if svc.resolution is Resolution.PASSTHROUGH or _passthrough_lb(_policy_for(rule, subset)):
+    if _reads_endpoints(svc, rule, subset):
         shards = index.shards(svc.hostname, svc.namespace)
         endpoints = [ep for _, ep in shards.endpoints()] if shards is not None else []
         served = [ep for ep in endpoints if ep.service_port_name == port.name]

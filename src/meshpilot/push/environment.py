@@ -114,6 +114,7 @@ class MeshEnvironment:
             sidecar_scope=push.sidecar_scope(proxy),
             previous_scope=before.sidecar_scope,
             workload_inputs=inputs,
+            workload_reread=True,
         ).with_signature_of(before)
 
     def _workload(self, proxy: Proxy) -> tuple[Mapping[str, str], Locality]:

@@ -1,5 +1,5 @@
 """Whether a push request concerns a proxy (istiod's ProxyNeedsPush), and what a VirtualService's
-push leaves of a sidecar's clusters and listeners (``imports_kept``, ``l4_routes_kept``).
+push leaves of a sidecar's clusters and listeners (``clusters_kept``, ``listeners_kept``).
 
 A push asks this of every proxy with the same request, so what depends only on the request, or on
 it and a sidecar scope that thousands of proxies share, is worked out once per request
@@ -8,17 +8,21 @@ it and a sidecar scope that thousands of proxies share, is worked out once per r
 
 from __future__ import annotations
 
+from typing import Any
+
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType, Proxy
+from meshpilot.model.push_context import same_token
 from meshpilot.model.push_request import PushRequest
 from meshpilot.model.sidecar_scope import SidecarScope
+from meshpilot.networking.auto_mtls import mode_reads_endpoints
 from meshpilot.xds.generators.base import memoized_by_identity
 
 _GATEWAY_ONLY = frozenset({Kind.GATEWAY})
 _GATEWAY_BOUND = frozenset({Kind.GATEWAY, Kind.VIRTUAL_SERVICE})
 _SIDECAR_SCOPE = "scope-concerned-sidecar"
 _SCOPE = "scope-concerned"
-_ROUTES_ONLY = frozenset({Kind.VIRTUAL_SERVICE})
+_VIRTUAL_SERVICES_ONLY = frozenset({Kind.VIRTUAL_SERVICE})
 
 
 def proxy_needs_push(proxy: Proxy, request: PushRequest, root_namespace: str) -> bool:
@@ -50,54 +54,81 @@ def proxy_needs_push(proxy: Proxy, request: PushRequest, root_namespace: str) ->
     return previous is not None and _scope_concerned(request, previous, sidecar, root_namespace)
 
 
-def imports_kept(proxy: Proxy, request: PushRequest) -> bool:
-    """Whether ``request`` changed only VirtualServices and a sidecar's scope, refreshed for it,
-    imports the same services and DestinationRules as its previous scope.
+def clusters_kept(proxy: Proxy, request: PushRequest) -> bool:
+    """Whether a sidecar's clusters, as built for its refreshed scope, are what they were for its
+    previous scope, for a full push whose changes are all VirtualServices.
 
-    What else changed since the previous scope was made (a service, a rule, an identity) has a push
-    of its own, which builds every type again; so the outputs that read of the snapshot only the
-    scope's imports (clusters) are as they were. A VirtualService can change the imports: its
-    destinations bring services into a Sidecar's scope."""
-    if not request.full or request.is_everything or request.updated_kinds != _ROUTES_ONLY:
+    The request names what changed, but the snapshot may hold more: changes made after the requests
+    were merged, whose own push comes next and may then reach nobody (neither scope depends on a
+    config already gone). So the snapshots are compared, not only the request: the scopes' snapshots
+    must hold the same objects of every other kind, the same services and MeshConfig
+    (``SidecarScope.snapshot_token``); the proxy's workload must be as it was (its Pod, Node and
+    services the same objects: labels, locality and service targets unchanged); and the scope must
+    import the same services and DestinationRules (a VirtualService's destinations can bring a
+    service in). Clusters read no VirtualService; of the endpoints, which change between full
+    pushes, only a DNS cluster's and the inferred mTLS mode of passthrough ones do
+    (``auto_mtls.mode_reads_endpoints``), so scopes importing such services are not kept."""
+    if not request.full or request.is_everything or request.updated_kinds != _VIRTUAL_SERVICES_ONLY:
         return False
-    scope, previous = proxy.sidecar_scope, proxy.previous_scope
-    if proxy.type is not NodeType.SIDECAR or scope is None or previous is None:
+    state = proxy.state
+    scope, previous = state.sidecar_scope, state.previous_scope
+    if proxy.type is not NodeType.SIDECAR or scope is None or previous is None or state.workload_reread:
         return False
     found: bool = memoized_by_identity(
         request.memoized,
-        ("imports-kept", id(scope), id(previous)),
+        ("clusters-kept", id(scope), id(previous)),
         (scope, previous),
-        # By identity: both scopes hold their services, so no two of them share an id.
-        lambda: scope.import_signature() == previous.import_signature(),
+        lambda: _same_imports(scope, previous) and not _reads_endpoints(scope),
     )
     return found
 
 
-def l4_routes_kept(proxy: Proxy, request: PushRequest) -> bool:
-    """Whether none of the VirtualServices ``request`` changed has tcp or tls routes, as a sidecar's
-    scope and previous scope see them, both a namespace's default scope (a Sidecar's egress
-    listeners take the services they import one by one). Asked after ``imports_kept``."""
+def listeners_kept(proxy: Proxy, request: PushRequest) -> bool:
+    """Whether a sidecar's listeners are what they were, for the push ``clusters_kept`` is asked of:
+    when its clusters are, both scopes are a namespace's default one (a Sidecar's egress listeners
+    take services one by one) and they hold the same VirtualServices with tcp or tls routes, the
+    only part of a VirtualService the listener builder reads (``tcp_routes``)."""
+    if not clusters_kept(proxy, request):
+        return False
     scope, previous = proxy.sidecar_scope, proxy.previous_scope
     assert scope is not None and previous is not None
     if scope.config is not None or previous.config is not None:
         return False
-    found: bool = memoized_by_identity(
-        request.memoized,
-        ("l4-routes-kept", id(scope), id(previous)),
-        (scope, previous),
-        lambda: not _changes_l4_routes(request, scope) and not _changes_l4_routes(request, previous),
+    # By identity: a config object is never edited, and both scopes hold theirs.
+    return _l4_routes(scope) == _l4_routes(previous)
+
+
+def _same_imports(scope: SidecarScope, previous: SidecarScope) -> bool:
+    # Services by identity: both scopes hold theirs, so no two of them share an id.
+    return same_token(scope.snapshot_token, previous.snapshot_token) and (
+        scope.import_signature() == previous.import_signature()
     )
+
+
+def _reads_endpoints(scope: SidecarScope) -> bool:
+    if scope.has_dns:
+        return True
+    found = scope.memo.get("mode-reads-endpoints")
+    if found is None:
+        found = scope.memo["mode-reads-endpoints"] = any(
+            mode_reads_endpoints(svc, scope.destination_rule(svc.hostname)) for svc in scope.services
+        )
+    return bool(found)
+
+
+def _l4_routes(scope: SidecarScope) -> tuple[tuple[int, ...], ...]:
+    found = scope.memo.get("l4-routes")
+    if found is None:
+        found = scope.memo["l4-routes"] = tuple(
+            tuple(id(vs.config) for vs in listener.virtual_services if _has_l4_routes(vs.config.spec))
+            for listener in scope.egress
+        )
+    assert isinstance(found, tuple)
     return found
 
 
-def _changes_l4_routes(request: PushRequest, scope: SidecarScope) -> bool:
-    changed = request.configs_updated
-    for listener in scope.egress:
-        for vs in listener.virtual_services:
-            spec = vs.config.spec
-            if (spec.tcp or spec.tls) and (vs.config.key in changed or not vs.delegates.isdisjoint(changed)):
-                return True
-    return False
+def _has_l4_routes(spec: Any) -> bool:
+    return bool(spec.tcp or spec.tls)
 
 
 def _scope_concerned(request: PushRequest, scope: SidecarScope, sidecar: bool, root_namespace: str) -> bool:

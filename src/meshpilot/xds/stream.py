@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 _ENDED = object()
 #: Distinct unserved type URLs logged per stream; more are only counted.
 _LOGGED_UNKNOWN_TYPES = 8
+#: ``Stream._push_order``'s answer: each watched type with its generator, and the generator again if
+#: it can tell that a push leaves its type as it was.
+_Order = tuple[tuple[str, Generator, KeepsUnchanged | None], ...]
 
 
 class Stream(abc.ABC):
@@ -73,7 +76,7 @@ class Stream(abc.ABC):
         self._sent: list[TypeSent] | None = None
         #: ``_push_order``'s answer, and the watched types it was worked out for.
         self._order_of: tuple[str, ...] = ()
-        self._order: tuple[tuple[str, Generator, KeepsUnchanged | None], ...] = ()
+        self._order: _Order = ()
 
     # -- what a protocol adds ----------------------------------------------------------
 
@@ -351,7 +354,7 @@ class Stream(abc.ABC):
             # until the next recomputation (its incremental CDS and EDS read it; nothing here
             # does): held that long, it would hold every service the proxy used to see (10,000
             # after a large file is removed) until the proxy's next full push.
-            kept = [t for t, _, k in ordered if k is not None and k.kept_for(conn.proxy, request)]
+            kept = self._kept(conn, ordered, request)
             conn.proxy.state = conn.proxy.state.settled()
         if not needed:
             return
@@ -377,7 +380,19 @@ class Stream(abc.ABC):
                 )
         self.host.metrics.convergence_time.observe(time.monotonic() - request.start)
 
-    def _push_order(self, conn: Connection) -> tuple[tuple[str, Generator, KeepsUnchanged | None], ...]:
+    @staticmethod
+    def _kept(conn: Connection, ordered: _Order, request: PushRequest) -> list[str]:
+        """The watched types whose generators tell that ``request`` leaves them as the proxy holds
+        them: as last built and sent (a type whose last build failed, or never sent whole, is not)."""
+        return [
+            type_url
+            for type_url, _, keeps in ordered
+            if keeps is not None
+            and conn.watched[type_url].digest_sent is not None
+            and keeps.kept_for(conn.proxy, request)
+        ]
+
+    def _push_order(self, conn: Connection) -> _Order:
         """The watched types this stream generates, in push order (``PUSH_ORDER``, then the rest as
         first watched), each with its generator, again if the generator can tell that a push leaves
         its resources as they were. Worked out again only when the watched types change, not once
@@ -415,6 +430,9 @@ class Stream(abc.ABC):
         except Exception:
             self.host.metrics.internal_errors.inc()
             log.exception("generating %s for %s failed", type_url, conn.id)
+            # What the proxy holds is no longer known to be this type's last output: the next push
+            # builds it again (``_kept``), whatever it changed.
+            watch.digest_sent = None
             return None
         if resources is None:
             return None

@@ -37,7 +37,7 @@ from meshpilot.networking.cluster_wire import OutboundClusterEncoder
 from meshpilot.networking.endpoint import proxy_signature
 from meshpilot.networking.envoyfilter.patches import patch_set
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.dependencies import imports_kept
+from meshpilot.xds.dependencies import clusters_kept
 from meshpilot.xds.generators.base import (
     GenerationContext,
     Resource,
@@ -70,8 +70,7 @@ class ClusterGenerator:
         return request.full and not only_kinds(request, _SKIPPED)
 
     def kept_for(self, proxy: Proxy, request: PushRequest) -> bool:
-        # Clusters read no VirtualService, only what the scope imports.
-        return imports_kept(proxy, request)
+        return clusters_kept(proxy, request)
 
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None

@@ -28,7 +28,7 @@ from meshpilot.networking.listener_inbound import build_inbound_listeners
 from meshpilot.networking.tcp_routes import source_label_key, uses_source_namespace
 from meshpilot.networking.tracing import HcmTracing
 from meshpilot.xds.connection import WatchedResource
-from meshpilot.xds.dependencies import imports_kept, l4_routes_kept
+from meshpilot.xds.dependencies import listeners_kept
 from meshpilot.xds.generators.base import (
     GenerationContext,
     Resource,
@@ -127,8 +127,7 @@ class ListenerGenerator:
         return request.full and not only_kinds(request, _SKIPPED)
 
     def kept_for(self, proxy: Proxy, request: PushRequest) -> bool:
-        # A sidecar's listeners read VirtualServices only for their tcp and tls routes.
-        return imports_kept(proxy, request) and l4_routes_kept(proxy, request)
+        return listeners_kept(proxy, request)
 
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
