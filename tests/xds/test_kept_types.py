@@ -1,12 +1,12 @@
 """What a push of VirtualServices alone leaves of a sidecar's clusters and listeners
-(``xds.dependencies.imports_kept``, ``l4_routes_kept``): each case makes a change, builds the
+(``xds.dependencies.clusters_kept``, ``listeners_kept``): each case makes a change, builds the
 snapshot after it and asks the generators; a type said to be kept must build the same bytes as
-before, and most cases that keep a type do so because its output changed. Then a real server and
-delta client: the push builds routes only, and a type whose last build failed is built again."""
+before, and most cases that refuse to keep a type do so because its output did change. Then a real
+server and delta client (``Stream._keep``): the push builds routes only; a type the push before did
+not build, or failed to, is built again."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from envoy.service.discovery.v3 import discovery_pb2
+from support.ads_client import DeltaClient
 from support.kube import istio, workload, write
 from support.model import Model, build
 from support.xds_server import NODE, Server, three_services
@@ -185,9 +186,44 @@ def test_a_workload_read_again_keeps_nothing(model: Model) -> None:
     assert kept == set()
 
 
-def test_clusters_that_read_endpoints_are_not_kept() -> None:
-    # A headless service's inferred mTLS mode reads its endpoints, which change between full pushes.
-    model = build([*mesh(), *workload("store", "default", "None", 7000, {"store-0": "10.1.0.54"})])
+DNS_SERVICE = istio(
+    "ServiceEntry",
+    "external",
+    "default",
+    {
+        "hosts": ["api.example.com"],
+        "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}],
+        "resolution": "DNS",
+        "location": "MESH_EXTERNAL",
+    },
+)
+PASSTHROUGH_SUBSET = istio(
+    "DestinationRule",
+    "api",
+    "default",
+    {
+        "host": API,
+        "subsets": [
+            {"name": "v1", "labels": {"v": "1"}, "trafficPolicy": {"loadBalancer": {"simple": "PASSTHROUGH"}}}
+        ],
+    },
+)
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [
+        # A headless service's inferred mTLS mode reads its endpoints, which change between full pushes.
+        workload("store", "default", "None", 7000, {"store-0": "10.1.0.54"}),
+        # So does a passthrough load balancer's, here a subset's.
+        [PASSTHROUGH_SUBSET],
+        # A DNS cluster carries its endpoints.
+        [DNS_SERVICE],
+    ],
+    ids=["headless", "passthrough-subset", "dns"],
+)
+def test_clusters_that_read_endpoints_are_not_kept(reading: list[dict[str, Any]]) -> None:
+    model = build([*mesh(), *reading])
     kept, _ = pushed(model, WEB, http_routes("api-routes", "default", API, timeout="9s"))
     assert kept == set()
 
@@ -232,6 +268,33 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
         yield served
 
 
+async def drained(
+    client: DeltaClient, within: float = 0.5
+) -> dict[str, discovery_pb2.DeltaDiscoveryResponse]:
+    """The responses that come until none does for ``within`` (at most eight), ACKed, by type."""
+    by_type = {}
+    for _ in range(8):
+        try:
+            response = await client.recv(within)
+        except TimeoutError:
+            break
+        by_type[response.type_url] = response
+        client.ack(response)
+    return by_type
+
+
+def reviews_routes(timeout: str) -> dict[str, Any]:
+    return istio(
+        "VirtualService",
+        "reviews",
+        "default",
+        {
+            "hosts": ["reviews"],
+            "http": [{"timeout": timeout, "route": [{"destination": {"host": "reviews"}}]}],
+        },
+    )
+
+
 async def test_a_virtual_service_push_builds_routes_only(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -245,33 +308,36 @@ async def test_a_virtual_service_push_builds_routes_only(
 
     built: list[TypeUrl] = []
     failing: set[TypeUrl] = set()
-    failed = asyncio.Event()
     for cls in (ClusterGenerator, ListenerGenerator):
         original = cls.generate
 
         def counting(self: Any, *args: Any, original: Any = original) -> Any:
             built.append(self.type_url)
             if self.type_url in failing:
-                failed.set()
                 raise RuntimeError("a bug in the cluster builder")
             return original(self, *args)
 
         monkeypatch.setattr(cls, "generate", counting)
     skipped = {t: server.metric("meshpilot_xds_unchanged_skipped_total", type=t) for t in ("cds", "lds")}
-    reviews = istio(
-        "VirtualService",
-        "reviews",
-        "default",
-        {"hosts": ["reviews"], "http": [{"timeout": "3s", "route": [{"destination": {"host": "reviews"}}]}]},
-    )
-    write(server.config_dir / "vs.yaml", [reviews])
-    pushed = await client.recv(10)
-    assert pushed.type_url == RDS and [r.name for r in pushed.resources] == ["9080"]
-    client.ack(pushed)
-    assert await client.no_response(0.5)
+    write(server.config_dir / "vs.yaml", [reviews_routes("3s")])
+    pushed = await drained(client, 1)
+    assert list(pushed) == [RDS] and [r.name for r in pushed[RDS].resources] == ["9080"]
     assert built == [], "clusters and listeners were not built again"
     for short, before in skipped.items():
         assert server.metric("meshpilot_xds_unchanged_skipped_total", type=short) == before + 1
+
+    # A push that builds listeners but not clusters (an AuthorizationPolicy): what the proxy holds
+    # of clusters was built for the scope before it, so the next VirtualService push builds them.
+    policy = istio(
+        "AuthorizationPolicy", "allow-all", "default", {"action": "ALLOW", "rules": [{}]}, group="security"
+    )
+    write(server.config_dir / "policy.yaml", [policy])
+    await drained(client, 1)
+    assert built == [TypeUrl.LISTENER]
+    built.clear()
+    write(server.config_dir / "vs.yaml", [reviews_routes("4s")])
+    assert list(await drained(client, 1)) == [RDS]
+    assert built == [TypeUrl.CLUSTER]
 
     # A DestinationRule with subsets, whose clusters fail to build: the next VirtualService push
     # builds them again (the proxy does not hold them) and sends the new ones.
@@ -283,21 +349,10 @@ async def test_a_virtual_service_push_builds_routes_only(
         {"host": "reviews", "subsets": [{"name": "v1", "labels": {"version": "v1"}}]},
     )
     write(server.config_dir / "dr.yaml", [rule])
-    await asyncio.wait_for(failed.wait(), 10)
-    for _ in range(8):  # what else the rule changed, without clusters
-        try:
-            response = await client.recv(0.5)
-        except TimeoutError:
-            break
-        assert response.type_url != CDS
-        client.ack(response)
+    assert CDS not in await drained(client, 1)
+    assert TypeUrl.CLUSTER in built
     failing.clear()
-    reviews["spec"]["http"][0]["timeout"] = "4s"
-    write(server.config_dir / "vs.yaml", [reviews])
-    by_type: dict[str, discovery_pb2.DeltaDiscoveryResponse] = {}
-    while CDS not in by_type or RDS not in by_type:
-        response = await client.recv(10)
-        by_type[response.type_url] = response
-        client.ack(response)
-    assert "outbound|9080|v1|reviews.default.svc.cluster.local" in [r.name for r in by_type[CDS].resources]
+    write(server.config_dir / "vs.yaml", [reviews_routes("5s")])
+    pushed = await drained(client, 1)
+    assert "outbound|9080|v1|reviews.default.svc.cluster.local" in [r.name for r in pushed[CDS].resources]
     await client.close()

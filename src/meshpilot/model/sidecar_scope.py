@@ -10,6 +10,7 @@ a change outside the scope does not push to the proxy. It follows istiod's
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ NAMESPACED_POLICY_KINDS = frozenset(
 
 #: Every kind but VirtualServices (``SidecarScope.snapshot_token``).
 _NOT_VIRTUAL_SERVICES = tuple(k for k in Kind if k is not Kind.VIRTUAL_SERVICE)
+_SERIALS = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -72,7 +74,10 @@ class SidecarScope:
     #: Its snapshot's ``kept_token`` of every kind but VirtualServices (with the services' token and
     #: the MeshConfig): scopes whose tokens hold the same objects (``same_token``) come from snapshots
     #: that differ at most in VirtualServices and endpoints (``xds.dependencies.clusters_kept``).
-    snapshot_token: tuple[object, ...] = ()
+    #: A scope not made by ``build_scope`` matches no other.
+    snapshot_token: tuple[object, ...] = field(default_factory=lambda: (object(),))
+    #: Tells scopes apart for as long as the process lives (``WatchedResource.built_for``).
+    serial: int = field(default_factory=lambda: next(_SERIALS))
 
     def service(self, hostname: str) -> Service | None:
         return self._by_host.get(hostname)

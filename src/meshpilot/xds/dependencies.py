@@ -55,19 +55,14 @@ def proxy_needs_push(proxy: Proxy, request: PushRequest, root_namespace: str) ->
 
 
 def clusters_kept(proxy: Proxy, request: PushRequest) -> bool:
-    """Whether a sidecar's clusters, as built for its refreshed scope, are what they were for its
-    previous scope, for a full push whose changes are all VirtualServices.
+    """Whether a sidecar's clusters, built for its refreshed scope, would be what they were for its
+    previous scope, for a full push whose changes are all VirtualServices (which clusters do not read).
 
-    The request names what changed, but the snapshot may hold more: changes made after the requests
-    were merged, whose own push comes next and may then reach nobody (neither scope depends on a
-    config already gone). So the snapshots are compared, not only the request: the scopes' snapshots
-    must hold the same objects of every other kind, the same services and MeshConfig
-    (``SidecarScope.snapshot_token``); the proxy's workload must be as it was (its Pod, Node and
-    services the same objects: labels, locality and service targets unchanged); and the scope must
-    import the same services and DestinationRules (a VirtualService's destinations can bring a
-    service in). Clusters read no VirtualService; of the endpoints, which change between full
-    pushes, only a DNS cluster's and the inferred mTLS mode of passthrough ones do
-    (``auto_mtls.mode_reads_endpoints``), so scopes importing such services are not kept."""
+    The snapshot may hold changes the request does not name (made after it was merged; their own push
+    may reach nobody), so the snapshots are compared: the same objects of every other kind, services
+    and MeshConfig (``SidecarScope.snapshot_token``), the workload not read again, the same imported
+    services and DestinationRules (a destination can bring a service in), and no cluster that reads
+    endpoints, which change between full pushes (DNS, passthrough auto mTLS)."""
     if not request.full or request.is_everything or request.updated_kinds != _VIRTUAL_SERVICES_ONLY:
         return False
     state = proxy.state
@@ -78,15 +73,16 @@ def clusters_kept(proxy: Proxy, request: PushRequest) -> bool:
         request.memoized,
         ("clusters-kept", id(scope), id(previous)),
         (scope, previous),
-        lambda: _same_imports(scope, previous) and not _reads_endpoints(scope),
+        lambda: _same_imports(scope, previous) and not _clusters_read_endpoints(scope),
     )
     return found
 
 
 def listeners_kept(proxy: Proxy, request: PushRequest) -> bool:
-    """Whether a sidecar's listeners are what they were, for the push ``clusters_kept`` is asked of:
-    when its clusters are, both scopes are a namespace's default one (a Sidecar's egress listeners
-    take services one by one) and they hold the same VirtualServices with tcp or tls routes, the
+    """Whether a sidecar's listeners would be what they were, for the push ``clusters_kept`` is asked
+    of: when its clusters would, both scopes are a namespace's default one (a Sidecar's egress
+    listeners each import services of their own, which a destination can change without changing
+    the scope's whole imports), and they hold the same VirtualServices with tcp or tls routes, the
     only part of a VirtualService the listener builder reads (``tcp_routes``)."""
     if not clusters_kept(proxy, request):
         return False
@@ -94,7 +90,8 @@ def listeners_kept(proxy: Proxy, request: PushRequest) -> bool:
     assert scope is not None and previous is not None
     if scope.config is not None or previous.config is not None:
         return False
-    # By identity: a config object is never edited, and both scopes hold theirs.
+    # By identity: a config object is never edited, and both scopes hold theirs. A VirtualService
+    # with delegates is merged anew for each snapshot, so never compares the same.
     return _l4_routes(scope) == _l4_routes(previous)
 
 
@@ -105,7 +102,7 @@ def _same_imports(scope: SidecarScope, previous: SidecarScope) -> bool:
     )
 
 
-def _reads_endpoints(scope: SidecarScope) -> bool:
+def _clusters_read_endpoints(scope: SidecarScope) -> bool:
     if scope.has_dns:
         return True
     found = scope.memo.get("mode-reads-endpoints")

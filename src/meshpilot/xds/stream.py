@@ -345,7 +345,6 @@ class Stream(abc.ABC):
         if request.full:
             self.host.refresh_proxy(conn.proxy, request.push)
         needed = proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace)
-        ordered = self._push_order(conn) if needed else ()
         kept: list[str] = []
         if conn.proxy.previous_scope is not None:
             # Only a full push has one (its refresh). It answers two questions, decided now: whether
@@ -354,10 +353,13 @@ class Stream(abc.ABC):
             # until the next recomputation (its incremental CDS and EDS read it; nothing here
             # does): held that long, it would hold every service the proxy used to see (10,000
             # after a large file is removed) until the proxy's next full push.
-            kept = self._kept(conn, ordered, request)
+            # Also for a proxy the push does not concern: what it holds stays as built for the
+            # refreshed scope, so its next VirtualService push may leave it unbuilt too.
+            kept = self._keep(conn, self._push_order(conn), request)
             conn.proxy.state = conn.proxy.state.settled()
         if not needed:
             return
+        ordered = self._push_order(conn)
         history = self.host.history
         sent: list[TypeSent] | None = [] if history is not None else None
         self._sent = sent
@@ -381,16 +383,27 @@ class Stream(abc.ABC):
         self.host.metrics.convergence_time.observe(time.monotonic() - request.start)
 
     @staticmethod
-    def _kept(conn: Connection, ordered: _Order, request: PushRequest) -> list[str]:
-        """The watched types whose generators tell that ``request`` leaves them as the proxy holds
-        them: as last built and sent (a type whose last build failed, or never sent whole, is not)."""
-        return [
-            type_url
-            for type_url, _, keeps in ordered
-            if keeps is not None
-            and conn.watched[type_url].digest_sent is not None
-            and keeps.kept_for(conn.proxy, request)
-        ]
+    def _keep(conn: Connection, ordered: _Order, request: PushRequest) -> list[str]:
+        """The watched types that ``request`` leaves as the proxy holds them, by their generators'
+        word (``KeepsUnchanged``): each was last built for the previous scope, so what it holds
+        is that scope's output. Each is then held as built for the refreshed scope."""
+        state = conn.proxy.state
+        assert state.sidecar_scope is not None and state.previous_scope is not None
+        previous, scope = state.previous_scope.serial, state.sidecar_scope.serial
+        kept = []
+        for type_url, _, keeps in ordered:
+            watch = conn.watched[type_url]
+            if keeps is not None and watch.built_for == previous and keeps.kept_for(conn.proxy, request):
+                watch.built_for = scope
+                kept.append(type_url)
+        return kept
+
+    def _held_whole(self, watch: WatchedResource, digest: int | None) -> None:
+        """Record what the proxy holds of ``watch``'s type after a response to it, or a push that
+        found it unchanged: ``digest`` of the whole state, None after a partial response."""
+        watch.digest_sent = digest
+        scope = self.conn.proxy.sidecar_scope if self.conn is not None else None
+        watch.built_for = scope.serial if digest is not None and scope is not None else None
 
     def _push_order(self, conn: Connection) -> _Order:
         """The watched types this stream generates, in push order (``PUSH_ORDER``, then the rest as
@@ -430,9 +443,6 @@ class Stream(abc.ABC):
         except Exception:
             self.host.metrics.internal_errors.inc()
             log.exception("generating %s for %s failed", type_url, conn.id)
-            # What the proxy holds is no longer known to be this type's last output: the next push
-            # builds it again (``_kept``), whatever it changed.
-            watch.digest_sent = None
             return None
         if resources is None:
             return None
