@@ -221,7 +221,8 @@ async def test_once_a_push_reached_every_connection_the_previous_snapshot_is_let
         stale_ref = weakref.ref(before.carried(("test", "stale"), _Held))
         del before
         write(server.config_dir / "vs.yaml", [ROUTE])
-        # The clusters come out the same and are not sent: the push is over when that is counted.
+        # The clusters are the same and are not sent (not even built): the push is over when that
+        # is counted.
         for _ in range(200):
             if server.metric("meshpilot_xds_unchanged_skipped_total", type="cds") >= 1:
                 break

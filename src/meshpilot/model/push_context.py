@@ -307,9 +307,10 @@ class PushContext:
 
         For outputs that are a function of their key (which names its inputs by ``id``, and then the
         entry holds those objects, so that no other object takes their ids while it lives), or whose
-        caller checks what it is handed (``same_list``, keyed by a digest). A VirtualService push so
-        reuses the lists every workload was sent last time (its clusters and listeners, a thousand
-        entries each in the benchmark) instead of building them again. What the previous snapshot
+        caller checks what it is handed (``same_list``, keyed by a digest). A push that builds a
+        workload's clusters and listeners again so reuses the lists it was sent last time (a
+        thousand entries each in the benchmark) when they are the same; a VirtualService push
+        mostly does not build them at all (``xds.dependencies.clusters_kept``). What the previous snapshot
         held is let go when the push queue is next idle (``release_carried``); entries this snapshot
         did not ask for go with it.
         """

@@ -77,7 +77,7 @@ class SidecarScope:
     #: A scope not made by ``build_scope`` matches no other.
     snapshot_token: tuple[object, ...] = field(default_factory=lambda: (object(),))
     #: Tells scopes apart for as long as the process lives (``WatchedResource.built_for``).
-    serial: int = field(default_factory=lambda: next(_SERIALS))
+    serial: int = field(init=False, default_factory=lambda: next(_SERIALS))
 
     def service(self, hostname: str) -> Service | None:
         return self._by_host.get(hostname)

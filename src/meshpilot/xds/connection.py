@@ -53,9 +53,9 @@ class WatchedResource:
     #: partial one. A push whose full state has the same digest is not sent again.
     digest_sent: int | None = None
     #: ``SidecarScope.serial`` of the scope the proxy's whole state of this type was last built for
-    #: (sent, found unchanged, or left unbuilt as unchanged); None after a partial response. A push may
-    #: leave the type unbuilt only if this is the previous scope (``Stream._keep``): not after a build
-    #: that failed, nor after a push that did not build it.
+    #: (sent, found unchanged, or left unbuilt as unchanged: ``Stream._record_held``, ``_keep``); None
+    #: after a partial response. A push may leave the type unbuilt only if this is the previous
+    #: scope: not after a build that failed, nor after a push that did not build it.
     built_for: int | None = None
     #: Delta only: the resources the proxy holds, by name, with the version of each
     #: (``delta_protocol.resource_version``): what was sent, or what the proxy said it

@@ -140,14 +140,14 @@ class DeltaStream(Stream):
         digest = digest_of(resources) if whole else None
         if pushed and digest is not None and digest == watch.digest_sent:
             by_type.unchanged_skipped.inc()
-            self._held_whole(watch, digest)
+            self._record_held(watch, digest)
             return
         changes = delta_protocol.changes(watch, resources, whole=whole)
         kept = len(resources) - len(changes.updated)
         if kept:
             by_type.delta_kept.inc(kept)
         if pushed and not changes:
-            self._held_whole(watch, digest)
+            self._record_held(watch, digest)
             by_type.unchanged_skipped.inc()
             return
         # A request is always answered, even with nothing: Envoy's initial fetch waits for a response.
@@ -191,7 +191,7 @@ class DeltaStream(Stream):
         watch.nonce_sent = nonce
         watch.version_sent = version
         watch.last_sent = time.time()
-        self._held_whole(watch, digest)
+        self._record_held(watch, digest)
         if warming:
             await self._send(TypeUrl.ENDPOINT, request, warming, pushed=False)
 

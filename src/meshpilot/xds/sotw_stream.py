@@ -118,7 +118,7 @@ class SotwStream(Stream):
             # SotW lets a server stay silent when nothing changed; Envoy would
             # only compare and drop the same config again.
             metrics.for_type(known.short).unchanged_skipped.inc()
-            self._held_whole(watch, digest)
+            self._record_held(watch, digest)
             return
         version = request.push.version
         payloads = [r.payload for r in resources]
@@ -160,7 +160,7 @@ class SotwStream(Stream):
             version=version,
         )
         _record_sent(watch, version, nonce, sent_names, partial=partial)
-        self._held_whole(watch, digest)
+        self._record_held(watch, digest)
 
     async def _write_once(
         self, type_url: TypeUrl, version: str, resources: list[Resource], control_plane: str

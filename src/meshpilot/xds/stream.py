@@ -345,8 +345,10 @@ class Stream(abc.ABC):
         if request.full:
             self.host.refresh_proxy(conn.proxy, request.push)
         needed = proxy_needs_push(conn.proxy, request, request.push.mesh.root_namespace)
+        previous = conn.proxy.previous_scope
+        ordered = self._push_order(conn) if needed or previous is not None else ()
         kept: list[str] = []
-        if conn.proxy.previous_scope is not None:
+        if previous is not None:
             # Only a full push has one (its refresh). It answers two questions, decided now: whether
             # the change that recomputed the state concerns a host that just left the scope, and
             # which types the change leaves as they were (``KeepsUnchanged``). istiod keeps it
@@ -355,11 +357,10 @@ class Stream(abc.ABC):
             # after a large file is removed) until the proxy's next full push.
             # Also for a proxy the push does not concern: what it holds stays as built for the
             # refreshed scope, so its next VirtualService push may leave it unbuilt too.
-            kept = self._keep(conn, self._push_order(conn), request)
+            kept = self._keep(ordered, request)
             conn.proxy.state = conn.proxy.state.settled()
         if not needed:
             return
-        ordered = self._push_order(conn)
         history = self.host.history
         sent: list[TypeSent] | None = [] if history is not None else None
         self._sent = sent
@@ -382,27 +383,42 @@ class Stream(abc.ABC):
                 )
         self.host.metrics.convergence_time.observe(time.monotonic() - request.start)
 
-    @staticmethod
-    def _keep(conn: Connection, ordered: _Order, request: PushRequest) -> list[str]:
+    def _keep(self, ordered: _Order, request: PushRequest) -> list[str]:
         """The watched types that ``request`` leaves as the proxy holds them, by their generators'
         word (``KeepsUnchanged``): each was last built for the previous scope, so what it holds
         is that scope's output. Each is then held as built for the refreshed scope."""
+        conn = self.conn
+        assert conn is not None
         state = conn.proxy.state
         assert state.sidecar_scope is not None and state.previous_scope is not None
         previous, scope = state.previous_scope.serial, state.sidecar_scope.serial
         kept = []
         for type_url, _, keeps in ordered:
+            if keeps is None:
+                continue
             watch = conn.watched[type_url]
-            if keeps is not None and watch.built_for == previous and keeps.kept_for(conn.proxy, request):
+            if watch.built_for != previous:
+                continue
+            try:
+                same = keeps.kept_for(conn.proxy, request)
+            except Exception:
+                # Asked of every stream on every full push: a fault here builds the type instead.
+                self.host.metrics.internal_errors.inc()
+                log.exception("deciding whether %s is kept for %s failed", type_url, conn.id)
+                same = False
+            if same:
                 watch.built_for = scope
                 kept.append(type_url)
         return kept
 
-    def _held_whole(self, watch: WatchedResource, digest: int | None) -> None:
+    def _record_held(self, watch: WatchedResource, digest: int | None) -> None:
         """Record what the proxy holds of ``watch``'s type after a response to it, or a push that
-        found it unchanged: ``digest`` of the whole state, None after a partial response."""
+        found it unchanged: ``digest`` of the whole state, None after a partial response; and the
+        scope it was built for (the generators read the proxy's)."""
+        conn = self.conn
+        assert conn is not None
         watch.digest_sent = digest
-        scope = self.conn.proxy.sidecar_scope if self.conn is not None else None
+        scope = conn.proxy.sidecar_scope
         watch.built_for = scope.serial if digest is not None and scope is not None else None
 
     def _push_order(self, conn: Connection) -> _Order:
