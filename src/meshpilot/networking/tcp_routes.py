@@ -127,6 +127,12 @@ def virtual_services_for_host(
     return [vs for vs in virtual_services if any(host_matches(h, hostname) for h in vs.hosts)]
 
 
+def listeners_read(spec: Any) -> bool:
+    """Whether a sidecar's outbound listeners read anything of this VirtualService: its tcp and tls
+    routes are all they read of one (``service_chains``; ``xds.dependencies.listeners_kept``)."""
+    return bool(spec.tcp or spec.tls)
+
+
 def uses_source_labels(virtual_services: Sequence[VirtualServiceEntry]) -> bool:
     """Whether a tcp or tls match depends on the proxy's labels (then listeners are shared only by
     proxies with the same labels: ``source_label_key``)."""

@@ -8,14 +8,13 @@ it and a sidecar scope that thousands of proxies share, is worked out once per r
 
 from __future__ import annotations
 
-from typing import Any
-
 from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import NodeType, Proxy
 from meshpilot.model.push_context import same_token
 from meshpilot.model.push_request import PushRequest
 from meshpilot.model.sidecar_scope import SidecarScope
 from meshpilot.networking.auto_mtls import mode_reads_endpoints
+from meshpilot.networking.tcp_routes import listeners_read
 from meshpilot.xds.generators.base import memoized_by_identity
 
 _GATEWAY_ONLY = frozenset({Kind.GATEWAY})
@@ -82,8 +81,8 @@ def listeners_kept(proxy: Proxy, request: PushRequest) -> bool:
     """Whether a sidecar's listeners would be what they were, for the push ``clusters_kept`` is asked
     of: when its clusters would, both scopes are a namespace's default one (a Sidecar's egress
     listeners each import services of their own, which a destination can change without changing
-    the scope's whole imports), and they hold the same VirtualServices with tcp or tls routes, the
-    only part of a VirtualService the listener builder reads (``tcp_routes``)."""
+    the scope's whole imports), and they hold the same VirtualServices that listeners read
+    (``tcp_routes.listeners_read``)."""
     if not clusters_kept(proxy, request):
         return False
     scope, previous = proxy.sidecar_scope, proxy.previous_scope
@@ -117,15 +116,11 @@ def _l4_routes(scope: SidecarScope) -> tuple[tuple[int, ...], ...]:
     found = scope.memo.get("l4-routes")
     if found is None:
         found = scope.memo["l4-routes"] = tuple(
-            tuple(id(vs.config) for vs in listener.virtual_services if _has_l4_routes(vs.config.spec))
+            tuple(id(vs.config) for vs in listener.virtual_services if listeners_read(vs.config.spec))
             for listener in scope.egress
         )
     assert isinstance(found, tuple)
     return found
-
-
-def _has_l4_routes(spec: Any) -> bool:
-    return bool(spec.tcp or spec.tls)
 
 
 def _scope_concerned(request: PushRequest, scope: SidecarScope, sidecar: bool, root_namespace: str) -> bool:
