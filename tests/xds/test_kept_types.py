@@ -2,8 +2,8 @@
 (``xds.dependencies.clusters_kept``, ``listeners_kept``): each case makes a change, builds the
 snapshot after it and asks the generators; a type said to be kept must build the same bytes as
 before, and most cases that refuse to keep a type do so because its output did change. Then a real
-server and delta client (``Stream._keep``): the push builds routes only; a type the push before did
-not build, or failed to, is built again."""
+server and a client of each protocol (``Stream._keep``): the push builds routes only; a type the
+push before did not build, or failed to, is built again."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.route.v3 import route_pb2
 from envoy.service.discovery.v3 import discovery_pb2
-from support.ads_client import DeltaClient
+from support.ads_client import AdsClient, DeltaClient
 from support.kube import istio, workload, write
 from support.model import Model, build
 from support.xds_server import NODE, Server, three_services
@@ -269,9 +271,31 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
         yield served
 
 
-async def drained(
-    client: DeltaClient, first: float = 10.0, gap: float = 1.0
-) -> dict[str, discovery_pb2.DeltaDiscoveryResponse]:
+#: The names a state-of-the-world client watches of a non-wildcard type, sent again with each ACK.
+WATCHED = {RDS: ["9080"]}
+
+
+def client_for(server: Server, protocol: str) -> AdsClient | DeltaClient:
+    return server.delta_client() if protocol == "delta" else server.client()
+
+
+def resource_names(response: Any) -> list[str]:
+    """The names a response carries: delta names each resource; state-of-the-world's are in them."""
+    if isinstance(response, discovery_pb2.DeltaDiscoveryResponse):
+        return [r.name for r in response.resources]
+    if response.type_url == CDS:
+        return [cluster_pb2.Cluster.FromString(r.value).name for r in response.resources]
+    return [route_pb2.RouteConfiguration.FromString(r.value).name for r in response.resources]
+
+
+def ack(client: AdsClient | DeltaClient, response: Any) -> None:
+    if isinstance(client, DeltaClient):
+        client.ack(response)
+    else:
+        client.ack(response, WATCHED.get(response.type_url))
+
+
+async def drained(client: AdsClient | DeltaClient, first: float = 10.0, gap: float = 1.0) -> dict[str, Any]:
     """The responses that come, ACKed, by type: the first within ``first`` seconds (a file change goes
     through the loader and the debounce), then each within ``gap`` of the one before, at most eight."""
     by_type = {}
@@ -281,7 +305,7 @@ async def drained(
         except TimeoutError:
             break
         by_type[response.type_url] = response
-        client.ack(response)
+        ack(client, response)
     return by_type
 
 
@@ -297,15 +321,16 @@ def reviews_routes(timeout: str) -> dict[str, Any]:
     )
 
 
+@pytest.mark.parametrize("protocol", ["delta", "sotw"])
 async def test_a_virtual_service_push_builds_routes_only(
-    server: Server, monkeypatch: pytest.MonkeyPatch
+    server: Server, monkeypatch: pytest.MonkeyPatch, protocol: str
 ) -> None:
-    client = server.delta_client()
-    for type_url, names in ((CDS, None), (LDS, None), (RDS, ["9080"])):
-        client.send(type_url, names, node_id=NODE if type_url == CDS else None)
+    client = client_for(server, protocol)
+    for type_url in (CDS, LDS, RDS):
+        client.send(type_url, WATCHED.get(type_url), node_id=NODE if type_url == CDS else None)
         response = await client.recv()
         assert response.type_url == type_url
-        client.ack(response)
+        ack(client, response)
     assert await client.no_response(0.3)
 
     built: list[TypeUrl] = []
@@ -325,7 +350,7 @@ async def test_a_virtual_service_push_builds_routes_only(
     skipped = {t: server.metric("meshpilot_xds_unchanged_skipped_total", type=t) for t in ("cds", "lds")}
     write(server.config_dir / "vs.yaml", [reviews_routes("3s")])
     pushed = await drained(client)
-    assert list(pushed) == [RDS] and [r.name for r in pushed[RDS].resources] == ["9080"]
+    assert list(pushed) == [RDS] and resource_names(pushed[RDS]) == ["9080"]
     assert built == [], "clusters and listeners were not built again"
     for short, before in skipped.items():
         assert server.metric("meshpilot_xds_unchanged_skipped_total", type=short) == before + 1
@@ -363,5 +388,5 @@ async def test_a_virtual_service_push_builds_routes_only(
     failing.clear()
     write(server.config_dir / "vs.yaml", [reviews_routes("5s")])
     pushed = await drained(client)
-    assert "outbound|9080|v1|reviews.default.svc.cluster.local" in [r.name for r in pushed[CDS].resources]
+    assert "outbound|9080|v1|reviews.default.svc.cluster.local" in resource_names(pushed[CDS])
     await client.close()
