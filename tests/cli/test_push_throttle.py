@@ -3,10 +3,15 @@ left to stall every push."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from meshpilot.cli.main import build_parser
+from meshpilot.pool.supervisor import worker_settings
 from meshpilot.push.throttle import PushSlots
+from meshpilot.server.settings import DiscoverySettings
+from meshpilot.xds.server import default_push_throttle
 
 
 def test_zero_is_the_default_and_a_count_is_taken() -> None:
@@ -31,3 +36,13 @@ def test_the_variable_is_checked_as_the_flag_is(monkeypatch: pytest.MonkeyPatch)
 def test_slots_below_one_are_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         PushSlots(0)
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 64])
+def test_the_automatic_throttle_does_not_follow_the_cpus(cpus: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # istiod's min(15 + 5 per CPU, 100) would be 20, 25 and 100: its pushes run on every CPU, a
+    # process's here on one event loop (xds.server.default_push_throttle).
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    assert default_push_throttle() == 100
+    # A pool shares it: two workers hold 50 each, as one process holds 100.
+    assert worker_settings(DiscoverySettings(), 2).push_throttle == 50

@@ -51,7 +51,7 @@ def _push_workers(text: str) -> int:
 
 
 def _push_throttle(text: str) -> int:
-    """Concurrent pushes; 0 is istiod's automatic value (``xds.server.default_push_throttle``)."""
+    """Concurrent pushes; 0 is the automatic value (``xds.server.default_push_throttle``)."""
     try:
         count = int(text)
     except ValueError:
@@ -200,7 +200,7 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--push-throttle",
         type=_push_throttle,
         default=env_default("PILOT_PUSH_THROTTLE", "0"),
-        help="concurrent pushes; 0 means min(15+5*CPUs, 100) (default $PILOT_PUSH_THROTTLE or 0)",
+        help="concurrent pushes; 0 means 100, istiod's most (default $PILOT_PUSH_THROTTLE or 0)",
     )
     p.add_argument(
         "--push-workers",

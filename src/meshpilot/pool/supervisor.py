@@ -39,7 +39,7 @@ MAX_FAILED_STARTS = 3
 
 def worker_settings(settings: DiscoverySettings, workers: int) -> DiscoverySettings:
     """A worker's settings: no sources, no webhooks; its share of the server's concurrent pushes, so
-    that the pool as a whole keeps istiod's limit. (The new-stream rate is one bucket that every
+    that the pool as a whole keeps the server's limit. (The new-stream rate is one bucket that every
     worker takes from: ``PoolShared``.)"""
     throttle = settings.push_throttle or default_push_throttle()
     return dataclasses.replace(

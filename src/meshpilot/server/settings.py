@@ -86,7 +86,7 @@ class DiscoverySettings:
     #: Quiet period and maximum delay of debounce (PILOT_DEBOUNCE_AFTER / _MAX).
     debounce_after: float = 0.1
     debounce_max: float = 10.0
-    #: Concurrent pushes; 0 is istiod's automatic value (PILOT_PUSH_THROTTLE).
+    #: Concurrent pushes (PILOT_PUSH_THROTTLE); 0 is automatic (``xds.server.default_push_throttle``).
     push_throttle: int = 0
     #: XdsCache entries per type (PILOT_XDS_CACHE_SIZE); 0 disables it (PILOT_ENABLE_XDS_CACHE=false).
     xds_cache_size: int = 60000
