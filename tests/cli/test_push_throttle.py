@@ -44,5 +44,6 @@ def test_the_automatic_throttle_does_not_follow_the_cpus(cpus: int, monkeypatch:
     # process's here on one event loop (xds.server.default_push_throttle).
     monkeypatch.setattr(os, "cpu_count", lambda: cpus)
     assert default_push_throttle() == 100
-    # A pool shares it: two workers hold 50 each, as one process holds 100.
-    assert worker_settings(DiscoverySettings(), 2).push_throttle == 50
+    # Each of a pool's loops has the automatic value; a value the operator set is shared among them.
+    assert worker_settings(DiscoverySettings(), 4).push_throttle == 100
+    assert worker_settings(DiscoverySettings(push_throttle=7), 2).push_throttle == 4

@@ -38,15 +38,16 @@ MAX_FAILED_STARTS = 3
 
 
 def worker_settings(settings: DiscoverySettings, workers: int) -> DiscoverySettings:
-    """A worker's settings: no sources, no webhooks; its share of the server's concurrent pushes, so
-    that the pool as a whole keeps the server's limit. (The new-stream rate is one bucket that every
-    worker takes from: ``PoolShared``.)"""
-    throttle = settings.push_throttle or default_push_throttle()
+    """A worker's settings: no sources, no webhooks; its share of a push throttle the operator set, so
+    that the pool as a whole keeps that limit. Unset, each worker has the automatic value: it is a
+    figure per event loop (``default_push_throttle``), and split it would shrink with the cores.
+    (The new-stream rate is one bucket that every worker takes from: ``PoolShared``.)"""
+    throttle = settings.push_throttle
     return dataclasses.replace(
         settings,
         config_dir=None,
         webhook_addr=None,
-        push_throttle=max(1, math.ceil(throttle / workers)),
+        push_throttle=max(1, math.ceil(throttle / workers)) if throttle else default_push_throttle(),
         push_workers=1,
     )
 
