@@ -200,7 +200,10 @@ def _add_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--push-throttle",
         type=_push_throttle,
         default=env_default("PILOT_PUSH_THROTTLE", "0"),
-        help="concurrent pushes; 0 means 100, istiod's most (default $PILOT_PUSH_THROTTLE or 0)",
+        help=(
+            "concurrent pushes, split among push workers; 0: 100 per process "
+            "(default $PILOT_PUSH_THROTTLE or 0)"
+        ),
     )
     p.add_argument(
         "--push-workers",
