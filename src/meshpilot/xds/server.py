@@ -68,7 +68,7 @@ def default_push_throttle() -> int:
     100, the most that istiod's automatic value, min(15 + 5 per CPU, 100), reaches. istiod scales it
     with the CPUs because its pushes run on all of them at once. A meshpilot process runs its pushes
     on one event loop, where a slot buys no CPU, and few slots leave the loop waiting for write
-    completions between pushes: on 2 CPUs, a VirtualService push to 2,000 proxies cost about 12% less
+    completions between pushes: on 2 CPUs, a VirtualService push to 2,000 proxies cost about 13% less
     server CPU with 100 than with istiod's 25, the endpoint push the same (bench/notes.md)."""
     return 100
 
