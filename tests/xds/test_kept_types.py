@@ -27,10 +27,12 @@ from meshpilot.model.kind import Kind
 from meshpilot.model.proxy import Proxy
 from meshpilot.model.push_context import PushContext
 from meshpilot.model.push_request import PushRequest, TriggerReason
+from meshpilot.xds import dependencies
 from meshpilot.xds.connection import WatchedResource
 from meshpilot.xds.generators.base import GenerationContext
 from meshpilot.xds.generators.cds import ClusterGenerator
 from meshpilot.xds.generators.lds import ListenerGenerator
+from meshpilot.xds.generators.rds import RouteGenerator
 from meshpilot.xds.types import TypeUrl
 
 WEB = "sidecar~10.1.0.52~web-0.default~default.svc.cluster.local"
@@ -231,6 +233,31 @@ def test_clusters_that_read_endpoints_are_not_kept(reading: list[dict[str, Any]]
     assert kept == set()
 
 
+@pytest.mark.parametrize("reads", [False, True], ids=["kept", "reading-endpoints"])
+def test_a_scope_with_the_same_imports_takes_the_answer_of_the_one_before(
+    reads: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether any cluster reads endpoints is worked out for a scope that imports something new,
+    then carried to the next scopes that import the same (``_clusters_read_endpoints``)."""
+    model = build([*mesh(), *([PASSTHROUGH_SUBSET] if reads else [])])
+    walked: list[str] = []
+    original = dependencies.mode_reads_endpoints
+
+    def counting(svc: Any, rule: Any) -> bool:
+        walked.append(svc.hostname)
+        return original(svc, rule)
+
+    monkeypatch.setattr(dependencies, "mode_reads_endpoints", counting)
+    for timeout in ("7s", "8s", "9s"):
+        walked.clear()
+        kept, _ = pushed(model, WEB, http_routes("api-routes", "default", API, timeout=timeout))
+        assert kept == (set() if reads else {TypeUrl.CLUSTER, TypeUrl.LISTENER})
+        if timeout == "7s":
+            assert API in walked  # the first push's scope: nothing to take it from
+        else:
+            assert walked == []
+
+
 def test_other_kinds_and_forced_pushes_keep_nothing(model: Model) -> None:
     kept, _ = pushed(
         model, WEB, http_routes("api-routes", "default", API, timeout="9s"), kinds=(Kind.DESTINATION_RULE,)
@@ -391,3 +418,58 @@ async def test_a_virtual_service_push_builds_routes_only(
     pushed = await drained(client)
     assert "outbound|9080|v1|reviews.default.svc.cluster.local" in resource_names(pushed[CDS])
     await client.close()
+
+
+async def test_proxies_alike_share_the_answers(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a push keeps a type, and whether a type needs it at all, is asked once per push for the
+    proxies alike in what the answer reads (``KeepsUnchanged``, ``needs_push``), not once per proxy;
+    each proxy still gets the answer of its own scope."""
+    nodes = {
+        "default": NODE,
+        "default-2": "sidecar~127.0.0.21~reviews-v1.default~default.svc.cluster.local",
+        "other": "sidecar~127.0.0.41~other-0.other~other.svc.cluster.local",
+    }
+    clients = {}
+    for name, node in nodes.items():
+        client = clients[name] = server.delta_client()
+        for type_url in (CDS, LDS, RDS):
+            first = type_url == CDS
+            namespace = node.split("~")[2].split(".")[1]
+            metadata = {"NAMESPACE": namespace, "ISTIO_VERSION": "1.28.0", "INTERCEPTION_MODE": "NONE"}
+            client.send(
+                type_url,
+                WATCHED.get(type_url),
+                node_id=node if first else None,
+                node_metadata=metadata if first else None,
+            )
+            response = await client.recv()
+            assert response.type_url == type_url
+            client.ack(response)
+    for client in clients.values():
+        assert await client.no_response(0.3)
+
+    asked: Counter[tuple[str, str]] = Counter()
+    for cls in (ClusterGenerator, ListenerGenerator):
+        original = cls.kept_for
+
+        def counting(self: Any, proxy: Proxy, request: PushRequest, original: Any = original) -> bool:
+            asked[(self.type_url.short, proxy.config_namespace)] += 1
+            return bool(original(self, proxy, request))
+
+        monkeypatch.setattr(cls, "kept_for", counting)
+    needs: Counter[str] = Counter()
+    original_needs = RouteGenerator.needs_push
+
+    def counting_needs(self: Any, request: PushRequest) -> bool:
+        needs[self.type_url.short] += 1
+        return bool(original_needs(self, request))
+
+    monkeypatch.setattr(RouteGenerator, "needs_push", counting_needs)
+    write(server.config_dir / "vs.yaml", [reviews_routes("3s")])
+    for name, client in clients.items():
+        assert list(await drained(client)) == [RDS], name
+    # One scope for the two proxies of "default", another for "other".
+    assert asked == {("cds", "default"): 1, ("lds", "default"): 1, ("cds", "other"): 1, ("lds", "other"): 1}
+    assert needs == {"rds": 1}
+    for client in clients.values():
+        await client.close()

@@ -22,6 +22,8 @@ _GATEWAY_BOUND = frozenset({Kind.GATEWAY, Kind.VIRTUAL_SERVICE})
 _SIDECAR_SCOPE = "scope-concerned-sidecar"
 _SCOPE = "scope-concerned"
 _VIRTUAL_SERVICES_ONLY = frozenset({Kind.VIRTUAL_SERVICE})
+#: A scope's memo: whether any of its clusters reads endpoints (``_clusters_read_endpoints``).
+_READS_ENDPOINTS = "clusters-read-endpoints"
 
 
 def proxy_needs_push(proxy: Proxy, request: PushRequest, root_namespace: str) -> bool:
@@ -72,7 +74,7 @@ def clusters_kept(proxy: Proxy, request: PushRequest) -> bool:
         request.memoized,
         ("clusters-kept", id(scope), id(previous)),
         (scope, previous),
-        lambda: _same_imports(scope, previous) and not _clusters_read_endpoints(scope),
+        lambda: _same_imports(scope, previous) and not _clusters_read_endpoints(scope, previous),
     )
     return found
 
@@ -101,14 +103,19 @@ def _same_imports(scope: SidecarScope, previous: SidecarScope) -> bool:
     )
 
 
-def _clusters_read_endpoints(scope: SidecarScope) -> bool:
-    if scope.has_dns:
-        return True
-    found = scope.memo.get("mode-reads-endpoints")
+def _clusters_read_endpoints(scope: SidecarScope, previous: SidecarScope) -> bool:
+    """Asked only of a scope that imports what ``previous`` did (``_same_imports``): the same
+    services and DestinationRules, so ``previous``'s answer, when it has one, is this scope's too.
+    Carried from scope to scope, the imported services are walked for a scope whose imports are new,
+    not for every namespace's scope of every snapshot (a thousand services each, per full push)."""
+    found = scope.memo.get(_READS_ENDPOINTS)
     if found is None:
-        found = scope.memo["mode-reads-endpoints"] = any(
-            mode_reads_endpoints(svc, scope.destination_rule(svc.hostname)) for svc in scope.services
-        )
+        found = previous.memo.get(_READS_ENDPOINTS)
+        if found is None:
+            found = scope.has_dns or any(
+                mode_reads_endpoints(svc, scope.destination_rule(svc.hostname)) for svc in scope.services
+            )
+        scope.memo[_READS_ENDPOINTS] = found
     return bool(found)
 
 

@@ -30,7 +30,13 @@ from meshpilot.xds.connection import Connection, WatchedResource
 from meshpilot.xds.debug_access import DebugRefused
 from meshpilot.xds.delta_protocol import MAX_SUBSCRIPTIONS, RefusedRequest, check_names
 from meshpilot.xds.dependencies import proxy_needs_push
-from meshpilot.xds.generators.base import GenerationContext, Generator, KeepsUnchanged, Resource
+from meshpilot.xds.generators.base import (
+    GenerationContext,
+    Generator,
+    KeepsUnchanged,
+    Resource,
+    memoized_by_identity,
+)
 from meshpilot.xds.generators.debug import answer_debug
 from meshpilot.xds.host import StreamHost
 from meshpilot.xds.stream_events import StreamEvents
@@ -45,6 +51,8 @@ _LOGGED_UNKNOWN_TYPES = 8
 #: ``Stream._push_order``'s answer: each watched type with its generator, and the generator again if
 #: it can tell that a push leaves its type as it was.
 _Order = tuple[tuple[str, Generator, KeepsUnchanged | None], ...]
+#: The types of an ``_Order`` whose generators can tell that, each with its generator.
+_Keepers = tuple[tuple[str, KeepsUnchanged], ...]
 
 
 class Stream(abc.ABC):
@@ -77,6 +85,10 @@ class Stream(abc.ABC):
         #: ``_push_order``'s answer, and the watched types it was worked out for.
         self._order_of: tuple[str, ...] = ()
         self._order: _Order = ()
+        #: ``_order``'s generators, in its order.
+        self._order_generators: tuple[Generator, ...] = ()
+        #: The types of ``_order`` whose generators can tell that a push keeps them, with those.
+        self._keepers: _Keepers = ()
 
     # -- what a protocol adds ----------------------------------------------------------
 
@@ -357,7 +369,7 @@ class Stream(abc.ABC):
             # after a large file is removed) until the proxy's next full push.
             # Also for a proxy the push does not concern: what it holds stays as built for the
             # refreshed scope, so its next VirtualService push may leave it unbuilt too.
-            kept = self._keep(ordered, request)
+            kept = self._keep(request)
             conn.proxy.state = conn.proxy.state.settled()
         if not needed:
             return
@@ -366,8 +378,14 @@ class Stream(abc.ABC):
         self._sent = sent
         started = time.monotonic()
         try:
-            for type_url, generator, _ in ordered:
-                if not generator.needs_push(request):
+            # Whether each generator's type needs the push reads only the request (``needs_push``):
+            # asked once per push for the streams that watch the same, not once per stream.
+            generators = self._order_generators
+            pushing: tuple[bool, ...] = request.memoized(
+                ("pushing", generators), lambda: tuple(g.needs_push(request) for g in generators)
+            )
+            for (type_url, generator, _), push_it in zip(ordered, pushing, strict=True):
+                if not push_it:
                     continue
                 if type_url in kept:
                     self.host.metrics.for_type(generator.type_url.short).unchanged_skipped.inc()
@@ -383,33 +401,51 @@ class Stream(abc.ABC):
                 )
         self.host.metrics.convergence_time.observe(time.monotonic() - request.start)
 
-    def _keep(self, ordered: _Order, request: PushRequest) -> list[str]:
+    def _keep(self, request: PushRequest) -> list[str]:
         """The watched types that ``request`` leaves as the proxy holds them, by their generators'
         word (``KeepsUnchanged``): each was last built for the previous scope, so what it holds
         is that scope's output. Each is then held as built for the refreshed scope."""
         conn = self.conn
         assert conn is not None
-        state = conn.proxy.state
-        assert state.sidecar_scope is not None and state.previous_scope is not None
-        previous, scope = state.previous_scope.serial, state.sidecar_scope.serial
+        keepers = self._keepers
+        if not keepers:
+            return []
+        proxy = conn.proxy
+        state = proxy.state
+        scope, previous = state.sidecar_scope, state.previous_scope
+        assert scope is not None and previous is not None
+        # ``kept_for`` reads no more of the proxy than the key names (``KeepsUnchanged``): asked once
+        # per push for the proxies alike in it, not once per proxy.
+        answers: tuple[bool, ...] = memoized_by_identity(
+            request.memoized,
+            ("kept", keepers, proxy.type, id(scope), id(previous), state.workload_reread),
+            (scope, previous),
+            lambda: self._kept_answers(keepers, request),
+        )
         kept = []
-        for type_url, _, keeps in ordered:
-            if keeps is None:
+        for (type_url, _), same in zip(keepers, answers, strict=True):
+            if not same:
                 continue
             watch = conn.watched[type_url]
-            if watch.built_for != previous:
-                continue
+            if watch.built_for == previous.serial:
+                watch.built_for = scope.serial
+                kept.append(type_url)
+        return kept
+
+    def _kept_answers(self, keepers: _Keepers, request: PushRequest) -> tuple[bool, ...]:
+        conn = self.conn
+        assert conn is not None
+        answers = []
+        for type_url, keeps in keepers:
             try:
                 same = keeps.kept_for(conn.proxy, request)
             except Exception:
-                # Asked of every stream on every full push: a fault here builds the type instead.
+                # Asked on every full push: a fault here builds the type instead.
                 self.host.metrics.internal_errors.inc()
                 log.exception("deciding whether %s is kept for %s failed", type_url, conn.id)
                 same = False
-            if same:
-                watch.built_for = scope
-                kept.append(type_url)
-        return kept
+            answers.append(same)
+        return tuple(answers)
 
     def _record_held(self, watch: WatchedResource, digest: int | None) -> None:
         """Record what the proxy holds of ``watch``'s type after a response to it, or a push that
@@ -438,6 +474,8 @@ class Stream(abc.ABC):
                     keeps = generator if isinstance(generator, KeepsUnchanged) else None
                     pairs.append((type_url, generator, keeps))
             self._order_of, self._order = watched, tuple(pairs)
+            self._order_generators = tuple(generator for _, generator, _ in pairs)
+            self._keepers = tuple((type_url, keeps) for type_url, _, keeps in pairs if keeps is not None)
         return self._order
 
     def _generate(

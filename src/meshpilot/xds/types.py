@@ -19,12 +19,9 @@ class TypeUrl(enum.StrEnum):
     DEBUG_SYNCZ = "istio.io/debug/syncz"
     DEBUG_CONFIG_DUMP = "istio.io/debug/config_dump"
 
-    @property
-    def short(self) -> str:
-        """The short name used in metrics labels and debug output (cds, eds, ...)."""
-        # Not .get(self, self.value): the default would be evaluated (a descriptor call) every time.
-        short = _SHORT.get(self)
-        return short if short is not None else self.value
+    #: The short name used in metrics labels and debug output (cds, eds, ...; the URL itself for
+    #: types without one). An attribute of each member, set below: read for every proxy of a push.
+    short: str
 
     @property
     def is_debug(self) -> bool:
@@ -46,6 +43,8 @@ _SHORT = {
     TypeUrl.NAME_TABLE: "nds",
     TypeUrl.PROXY_CONFIG: "pcds",
 }
+for _member in TypeUrl:
+    _member.short = _SHORT.get(_member, _member.value)
 _DEBUG = frozenset({TypeUrl.DEBUG, TypeUrl.DEBUG_SYNCZ, TypeUrl.DEBUG_CONFIG_DUMP})
 _NON_WILDCARD = frozenset({TypeUrl.ENDPOINT, TypeUrl.ROUTE, TypeUrl.SECRET})
 

@@ -212,7 +212,8 @@ class Generator(Protocol):
     type_url: TypeUrl
 
     def needs_push(self, request: PushRequest) -> bool:
-        """Whether a change (as the request describes it) can change this type's resources."""
+        """Whether a change (as the request describes it) can change this type's resources. Reads
+        the request only: a push asks once for all the streams with the same generators."""
 
     def generate(
         self, ctx: GenerationContext, watch: WatchedResource, names: frozenset[str] | None
@@ -231,7 +232,11 @@ class KeepsUnchanged(Protocol):
     def kept_for(self, proxy: Proxy, request: PushRequest) -> bool:
         """Whether ``request``'s changes leave this type's resources for ``proxy`` as they were, so
         the push need not build them again to find that out. Asked after the proxy's refresh, while
-        its previous scope is still held (``Proxy.previous_scope``)."""
+        its previous scope is still held (``Proxy.previous_scope``).
+
+        The answer may read of the proxy only its type, its scope, its previous scope and whether
+        the refresh read its workload again (``ProxyState.workload_reread``): a push asks once for
+        all the proxies alike in these and applies the answer to each (``Stream._keep``)."""
 
 
 def only_kinds(request: PushRequest, skipped: frozenset[Kind]) -> bool:
