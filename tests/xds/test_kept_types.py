@@ -238,7 +238,7 @@ def test_a_scope_with_the_same_imports_takes_the_answer_of_the_one_before(
     reads: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whether any cluster reads endpoints is worked out for a scope that imports something new,
-    then carried to the next scopes that import the same (``_clusters_read_endpoints``)."""
+    then carried to the next scopes that import the same (``dependencies._same_clusters``)."""
     model = build([*mesh(), *([PASSTHROUGH_SUBSET] if reads else [])])
     walked: list[str] = []
     original = dependencies.mode_reads_endpoints

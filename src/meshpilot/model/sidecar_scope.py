@@ -69,7 +69,8 @@ class SidecarScope:
     destination_rules: dict[str, MergedDestinationRule | None] = field(default_factory=dict)
     dependencies: frozenset[ConfigKey] = frozenset()
     _by_host: dict[str, Service] = field(default_factory=dict)
-    #: Values derived from the scope (cache key parts), computed once per snapshot.
+    #: Values derived from the scope (cache key parts), computed once per scope; one is carried on to
+    #: the next snapshot's scope of the same imports (``xds.dependencies._same_clusters``).
     memo: dict[object, object] = field(default_factory=dict)
     #: Its snapshot's ``kept_token`` of every kind but VirtualServices (with the services' token and
     #: the MeshConfig): scopes whose tokens hold the same objects (``same_token``) come from snapshots

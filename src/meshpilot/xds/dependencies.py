@@ -22,7 +22,7 @@ _GATEWAY_BOUND = frozenset({Kind.GATEWAY, Kind.VIRTUAL_SERVICE})
 _SIDECAR_SCOPE = "scope-concerned-sidecar"
 _SCOPE = "scope-concerned"
 _VIRTUAL_SERVICES_ONLY = frozenset({Kind.VIRTUAL_SERVICE})
-#: A scope's memo: whether any of its clusters reads endpoints (``_clusters_read_endpoints``).
+#: A scope's memo: whether any of its clusters reads endpoints (``_same_clusters``).
 _READS_ENDPOINTS = "clusters-read-endpoints"
 
 
@@ -74,7 +74,7 @@ def clusters_kept(proxy: Proxy, request: PushRequest) -> bool:
         request.memoized,
         ("clusters-kept", id(scope), id(previous)),
         (scope, previous),
-        lambda: _same_imports(scope, previous) and not _clusters_read_endpoints(scope, previous),
+        lambda: _same_clusters(scope, previous),
     )
     return found
 
@@ -103,11 +103,15 @@ def _same_imports(scope: SidecarScope, previous: SidecarScope) -> bool:
     )
 
 
-def _clusters_read_endpoints(scope: SidecarScope, previous: SidecarScope) -> bool:
-    """Asked only of a scope that imports what ``previous`` did (``_same_imports``): the same
-    services and DestinationRules, so ``previous``'s answer, when it has one, is this scope's too.
-    Carried from scope to scope, the imported services are walked for a scope whose imports are new,
-    not for every namespace's scope of every snapshot (a thousand services each, per full push)."""
+def _same_clusters(scope: SidecarScope, previous: SidecarScope) -> bool:
+    """Whether ``scope`` imports what ``previous`` did and none of its clusters reads endpoints.
+
+    With the same imports (the same services, DestinationRules and MeshConfig), ``previous``'s answer
+    to the second question, when it has one, is this scope's too: carried from scope to scope, the
+    imported services are walked for a scope whose imports are new, not for every namespace's scope
+    of every snapshot (a thousand services each, per full push)."""
+    if not _same_imports(scope, previous):
+        return False
     found = scope.memo.get(_READS_ENDPOINTS)
     if found is None:
         found = previous.memo.get(_READS_ENDPOINTS)
@@ -116,7 +120,7 @@ def _clusters_read_endpoints(scope: SidecarScope, previous: SidecarScope) -> boo
                 mode_reads_endpoints(svc, scope.destination_rule(svc.hostname)) for svc in scope.services
             )
         scope.memo[_READS_ENDPOINTS] = found
-    return bool(found)
+    return not found
 
 
 def _l4_routes(scope: SidecarScope) -> tuple[tuple[int, ...], ...]:

@@ -380,7 +380,7 @@ class Stream(abc.ABC):
         try:
             # Whether each generator's type needs the push reads only the request (``needs_push``):
             # asked once per push for the streams that watch the same, not once per stream.
-            generators = self._order_generators
+            generators = self._order_generators  # set with ``ordered``
             pushing: tuple[bool, ...] = request.memoized(
                 ("pushing", generators), lambda: tuple(g.needs_push(request) for g in generators)
             )
@@ -407,7 +407,7 @@ class Stream(abc.ABC):
         is that scope's output. Each is then held as built for the refreshed scope."""
         conn = self.conn
         assert conn is not None
-        keepers = self._keepers
+        keepers = self._keepers  # set with the order (``_push_order``), which ``_push`` asks first
         if not keepers:
             return []
         proxy = conn.proxy
@@ -440,9 +440,9 @@ class Stream(abc.ABC):
             try:
                 same = keeps.kept_for(conn.proxy, request)
             except Exception:
-                # Asked on every full push: a fault here builds the type instead.
+                # A fault here builds the type instead, for every proxy alike (counted and logged once).
                 self.host.metrics.internal_errors.inc()
-                log.exception("deciding whether %s is kept for %s failed", type_url, conn.id)
+                log.exception("deciding whether %s is kept for %s and those alike failed", type_url, conn.id)
                 same = False
             answers.append(same)
         return tuple(answers)

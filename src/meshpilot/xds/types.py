@@ -45,6 +45,7 @@ _SHORT = {
 }
 for _member in TypeUrl:
     _member.short = _SHORT.get(_member, _member.value)
+del _member
 _DEBUG = frozenset({TypeUrl.DEBUG, TypeUrl.DEBUG_SYNCZ, TypeUrl.DEBUG_CONFIG_DUMP})
 _NON_WILDCARD = frozenset({TypeUrl.ENDPOINT, TypeUrl.ROUTE, TypeUrl.SECRET})
 

@@ -227,7 +227,7 @@ class Generator(Protocol):
 
 @runtime_checkable
 class KeepsUnchanged(Protocol):
-    """A generator that can tell, per proxy, that a full push leaves its resources as they were."""
+    """A generator that can tell, for a proxy, that a full push leaves its resources as they were."""
 
     def kept_for(self, proxy: Proxy, request: PushRequest) -> bool:
         """Whether ``request``'s changes leave this type's resources for ``proxy`` as they were, so
